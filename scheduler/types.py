@@ -1,0 +1,53 @@
+"""Value types shared by the scheduler and everything that drives it (pure Python)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Priority(enum.IntEnum):
+    """Priority class; a lower value is served first (matches the jobs topic the request came from)."""
+
+    HIGH = 0
+    NORMAL = 1
+    LOW = 2
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # EOS token or a stop string/token
+    LENGTH = "length"  # max_tokens reached (or the model's context is full)
+    ABORT = "abort"  # cancelled by the caller
+    EXPIRED = "expired"  # deadline passed before completion
+    REJECTED = "rejected"  # can never fit (e.g. larger than the whole KV cache)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request decoding settings. temperature == 0 means greedy."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = disabled
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class SequenceRequest:
+    """Everything the scheduler needs to admit one request."""
+
+    seq_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    priority: Priority = Priority.NORMAL
+    tenant: str = "default"
+    arrival: float = 0.0  # caller's clock (seconds); orders requests within a class
+    deadline: float | None = None  # same clock; past it the sequence ends as EXPIRED
+    eos_token_id: int | None = None

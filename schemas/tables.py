@@ -1,0 +1,82 @@
+"""SQLAlchemy table definitions of the contract. Migrations in migrations/ create exactly these."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Index,
+    Column,
+    DateTime,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+JOB_STATUSES = ("queued", "running", "succeeded", "failed", "rejected", "cancelled", "expired")
+TERMINAL_STATUSES = ("succeeded", "failed", "rejected", "cancelled", "expired")
+BULK_STATUSES = ("validating", "submitting", "running", "finalizing", "completed", "cancelled", "failed")
+
+metadata = MetaData()
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("job_id", String(128), primary_key=True),
+    Column("tenant", String(128), nullable=False, server_default="default"),
+    Column("priority", String(16), nullable=False),  # high | normal | low
+    Column("status", String(16), nullable=False),  # one of JOB_STATUSES
+    Column("prompt", Text),
+    Column("params", JSONB),  # the request as received (sampling parameters, stop, metadata)
+    Column("output_text", Text),
+    Column("finish_reason", String(32)),
+    Column("prompt_tokens", Integer),
+    Column("completion_tokens", Integer),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("worker_id", String(128)),
+    Column("bulk_id", String(64)),
+    Column("error", Text),
+    Column("source_topic", String(255)),
+    Column("source_partition", Integer),
+    Column("source_offset", BigInteger),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("queued_at", DateTime(timezone=True)),  # when a worker took it off Kafka
+    Column("started_at", DateTime(timezone=True)),  # first scheduled
+    Column("first_token_at", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("ttft_ms", Float),
+    Column("mean_itl_ms", Float),
+    Column("e2e_ms", Float),
+    Column("queue_ms", Float),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # what history queries filter on: one tenant over a time range, a status, recent completions, a bulk job
+    Index("ix_jobs_tenant_created_at", "tenant", "created_at"),
+    Index("ix_jobs_status", "status"),
+    Index("ix_jobs_finished_at", "finished_at"),
+    Index("ix_jobs_bulk_id", "bulk_id"),
+)
+
+bulk_jobs = Table(
+    "bulk_jobs",
+    metadata,
+    Column("bulk_id", String(64), primary_key=True),
+    Column("tenant", String(128), nullable=False, server_default="default"),
+    Column("priority", String(16), nullable=False, server_default="low"),
+    Column("status", String(16), nullable=False),  # one of BULK_STATUSES
+    Column("endpoint", String(64)),  # /v1/completions | /v1/chat/completions
+    Column("input_path", Text),
+    Column("output_path", Text),
+    Column("error_path", Text),
+    Column("total_lines", Integer, nullable=False, server_default="0"),
+    Column("invalid_lines", Integer, nullable=False, server_default="0"),
+    Column("submitted_lines", Integer, nullable=False, server_default="0"),
+    Column("error", Text),
+    Column("metadata", JSONB),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("started_at", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True)),
+)

@@ -1,0 +1,43 @@
+"""`inferq` — the one command-line entry point. Each verb lives in a module of workers/commands/."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Each module defines `register(subparsers)`, adding its verbs with `set_defaults(func=...)`.
+# Heavy imports (torch, Kafka, SQL) happen inside the verbs, so `inferq --help` stays fast.
+COMMAND_MODULES = (
+    "workers.commands.services",  # up, down, status, db
+    "workers.commands.worker",  # worker
+    "workers.commands.jobs",  # submit, cancel, tail, jobs, schema
+    "workers.commands.demo",  # demo
+    "workers.commands.bench",  # bench engine
+    "workers.commands.history",  # history
+    "workers.commands.bulk",  # bulk submit|status|wait|fetch|cancel, bulk-worker
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="inferq",
+        description="Kafka-driven continuous-batching LLM inference worker with job history in PostgreSQL.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Producer-side verbs: `submit`, `cancel`, `tail`, `jobs`, `schema`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("submit", help="post jobs to Kafka", description="Post a prompt, or a JSONL file "
+                              "of JobRequest objects, to a priority topic; optionally stream tokens or wait.")  # fmt: skip
+    p.add_argument("prompt", nargs="?", help="the prompt (or use --file)")
+    p.add_argument("--file", type=Path, help="JSONL file, one JobRequest per line")
+    p.add_argument("--priority", default="normal", choices=["high", "normal", "low"])
+    p.add_argument("--tenant", default=None)
+    p.add_argument("--job-id", default=None, help="idempotency key (default: a new UUID)")
+    p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--timeout-s", type=float, default=None, help="job deadline, from posting")
+    p.add_argument("--stream", action="store_true", help="print tokens live from the tokens topic")
+    p.add_argument("--wait", action="store_true", help="print the result from the results topic")
+    p.add_argument("--wait-timeout", type=float, default=300.0, help="seconds to wait with --stream/--wait")
+    p.set_defaults(func=submit)
+
+    c = subparsers.add_parser("cancel", help="cancel a job", description="Cancel a queued or running job.")
+    c.add_argument("job_id")
+    c.set_defaults(func=cancel)
+
+    t = subparsers.add_parser("tail", help="stream a job's tokens", description="Print a job's tokens as they "
+                              "are generated (from the tokens topic), then its status.")  # fmt: skip
+    t.add_argument("job_id")
+    t.add_argument("--timeout", type=float, default=300.0)
+    t.set_defaults(func=tail)
+
+    j = subparsers.add_parser("jobs", help="recent jobs from PostgreSQL", description="List recent job rows.")
+    j.add_argument("--status", default=None)
+    j.add_argument("--tenant", default=None)
+    j.add_argument("--bulk-id", default=None)
+    j.add_argument("--limit", type=int, default=20)
+    j.add_argument("--json", action="store_true", help="one JSON object per line")
+    j.set_defaults(func=list_jobs)
+
+    s = subparsers.add_parser("schema", help="print JSON Schema of the messages",
+                              description="JSON Schema producers and consumers can validate against.")  # fmt: skip
+    s.add_argument("name", nargs="?", default="JobRequest",
+                   choices=["JobRequest", "CancelRequest", "TokenEvent", "JobResult", "Rejection"])  # fmt: skip
+    s.set_defaults(func=schema)
+
+
+def _jobs_from_args(args: argparse.Namespace) -> list[dict]:
+    overrides = {k: v for k, v in {
+        "tenant": args.tenant, "max_tokens": args.max_tokens, "temperature": args.temperature,
+        "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed, "stop": args.stop,
+        "timeout_s": args.timeout_s, "job_id": args.job_id}.items() if v is not None}  # fmt: skip
+    if args.file:
+        lines = [ln for ln in args.file.read_text().splitlines() if ln.strip()]
+        return [{**json.loads(ln), **{k: v for k, v in overrides.items() if k != "job_id"}} for ln in lines]
+    if args.prompt is None:
+        raise SystemExit("inferq submit: give a prompt or --file")
+    return [{"prompt": args.prompt, **overrides}]
+
+
+def submit(args: argparse.Namespace) -> int:
+    from workers.client import JobClient
+
+    with JobClient() as client:
+        ids = [client.submit(job, args.priority) for job in _jobs_from_args(args)]
+        client.flush()
+        for job_id in ids:
+            print(job_id, file=sys.stderr if args.stream else sys.stdout)
+        for job_id in ids:
+            if args.stream:
+                _print_stream(client, job_id, args.wait_timeout)
+            if args.wait:
+                print(client.wait(job_id, args.wait_timeout).model_dump_json(indent=2))
+    return 0
+
+
+def _print_stream(client, job_id: str, timeout: float, since_ms: int | None = None) -> str | None:
+    attempt = None
+    for event in client.stream(job_id, timeout, since_ms):
+        if attempt is not None and event.attempt != attempt:
+            print(f"\n[attempt {event.attempt} restarts the output]", file=sys.stderr)
+        attempt = event.attempt
+        print(event.text, end="", flush=True)
+        if event.finish_reason:
+            print(f"\n[{event.finish_reason}]", file=sys.stderr)
+            return event.finish_reason
+    return None
+
+
+def cancel(args: argparse.Namespace) -> int:
+    from workers.client import JobClient
+
+    with JobClient() as client:
+        client.cancel(args.job_id)
+    print(f"cancel sent for {args.job_id}")
+    return 0
+
+
+def tail(args: argparse.Namespace) -> int:
+    from sqlalchemy import select
+
+    from schemas.tables import jobs
+    from workers.client import JobClient
+    from workers.store import make_engine
+
+    with JobClient() as client:
+        db = make_engine(client.settings.database_url)
+        with db.connect() as conn:
+            row = conn.execute(select(jobs.c.created_at).where(jobs.c.job_id == args.job_id)).first()
+        since = int(row.created_at.timestamp() * 1000) - 1000 if row else 0
+        _print_stream(client, args.job_id, args.timeout, since)
+    return 0
+
+
+def list_jobs(args: argparse.Namespace) -> int:
+    from sqlalchemy import select
+
+    from schemas.tables import jobs
+    from workers.settings import Settings
+    from workers.store import make_engine
+
+    cols = [jobs.c.job_id, jobs.c.tenant, jobs.c.priority, jobs.c.status, jobs.c.finish_reason,
+            jobs.c.prompt_tokens, jobs.c.completion_tokens, jobs.c.ttft_ms, jobs.c.e2e_ms, jobs.c.created_at,
+            jobs.c.output_text, jobs.c.error]  # fmt: skip
+    query = select(*cols).order_by(jobs.c.created_at.desc()).limit(args.limit)
+    for col, value in ((jobs.c.status, args.status), (jobs.c.tenant, args.tenant), (jobs.c.bulk_id, args.bulk_id)):
+        if value is not None:
+            query = query.where(col == value)
+    with make_engine(Settings.from_env().database_url).connect() as conn:
+        rows = [dict(r._mapping) for r in conn.execute(query)]
+    if args.json:
+        for r in rows:
+            print(json.dumps(r, default=str))
+        return 0
+    print_rows(rows)
+    return 0
+
+
+def print_rows(rows: list[dict], width: int = 40) -> None:
+    """A plain aligned table; long cells (outputs) are cut to `width` characters."""
+    if not rows:
+        print("(no rows)")
+        return
+    def cell(v: object) -> str:
+        text = "" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v))
+        text = text.replace("\n", " ")
+        return text if len(text) <= width else text[: width - 1] + "…"
+    headers = list(rows[0])
+    table = [[cell(r[h]) for h in headers] for r in rows]
+    widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+
+
+def schema(args: argparse.Namespace) -> int:
+    import schemas.jobs as messages
+
+    print(json.dumps(getattr(messages, args.name).model_json_schema(), indent=2))
+    return 0

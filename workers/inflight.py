@@ -1,0 +1,118 @@
+"""A job this worker is running: where it came from, its timings, its output so far."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from schemas.jobs import JobRequest, JobResult, Timings, Usage
+from workers.store import Terminal
+
+# Engine finish reasons → job status and the finish_reason stored and published.
+STATUS_OF_FINISH = {
+    "stop": "succeeded",
+    "length": "succeeded",
+    "abort": "cancelled",
+    "expired": "expired",
+    "rejected": "rejected",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class InFlightJob:
+    job_id: str
+    attempt: int
+    priority: str
+    request: JobRequest
+    created_at: datetime  # the Kafka timestamp: when the producer posted it
+    sources: list[tuple[str, int, int]]  # (topic, partition, offset) of every message carrying this job
+    prompt_tokens: int = 0
+    queued_mono: float = field(default_factory=time.monotonic)
+    queued_at: datetime = field(default_factory=utcnow)
+    started_at: datetime | None = None
+    first_token_at: datetime | None = None
+    first_token_mono: float | None = None
+    last_token_mono: float | None = None
+    completion_tokens: int = 0
+    output: list[str] = field(default_factory=list)
+
+    def on_tokens(self, count: int, text: str) -> None:
+        now = time.monotonic()
+        if count and self.first_token_mono is None:
+            self.first_token_mono = now
+            self.first_token_at = self._wall(now)
+        if count:
+            self.last_token_mono = now
+        self.completion_tokens += count
+        self.output.append(text)
+
+    def _wall(self, mono: float) -> datetime:
+        return self.queued_at + timedelta(seconds=mono - self.queued_mono)
+
+    def _timings(self, finished_at: datetime) -> Timings:
+        def ms(later: datetime | None, earlier: datetime | None) -> float | None:
+            if later is None or earlier is None:
+                return None
+            return max(0.0, (later - earlier).total_seconds() * 1000)
+
+        itl = None
+        if self.completion_tokens > 1 and self.first_token_mono is not None and self.last_token_mono:
+            itl = (self.last_token_mono - self.first_token_mono) * 1000 / (self.completion_tokens - 1)
+        return Timings(
+            created_at=self.created_at,
+            started_at=self.started_at,
+            first_token_at=self.first_token_at,
+            finished_at=finished_at,
+            queue_ms=ms(self.started_at, self.created_at),
+            ttft_ms=ms(self.first_token_at, self.created_at),
+            mean_itl_ms=itl,
+            e2e_ms=ms(finished_at, self.created_at),
+        )
+
+    def conclude(self, finish: str, worker_id: str, error: str | None = None) -> tuple[Terminal, JobResult]:
+        """The terminal row and the result message for how this attempt ended."""
+        finished_at = utcnow()
+        status = STATUS_OF_FINISH.get(finish, "failed")
+        timings = self._timings(finished_at)
+        text = "".join(self.output)
+        usage = Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens)
+        row = Terminal(
+            job_id=self.job_id,
+            status=status,
+            values={
+                "output_text": text,
+                "finish_reason": finish,
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "worker_id": worker_id,
+                "error": error,
+                "started_at": self.started_at,
+                "first_token_at": self.first_token_at,
+                "finished_at": finished_at,
+                "ttft_ms": timings.ttft_ms,
+                "mean_itl_ms": timings.mean_itl_ms,
+                "e2e_ms": timings.e2e_ms,
+                "queue_ms": timings.queue_ms,
+            },
+        )
+        result = JobResult(
+            job_id=self.job_id,
+            status=status,
+            tenant=self.request.tenant,
+            priority=self.priority,
+            output_text=text,
+            finish_reason=finish,
+            usage=usage,
+            timings=timings,
+            attempt=self.attempt,
+            worker_id=worker_id,
+            bulk_id=self.request.bulk_id,
+            error=error,
+            metadata=self.request.metadata,
+        )
+        return row, result

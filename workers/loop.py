@@ -1,0 +1,150 @@
+"""The worker's engine loop: intake → schedule+execute (one engine step) → emit → commit, one step at a time."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from gpu.engine import Engine, RequestOutput
+from schemas.validation import Limits
+from workers.dispatch import Dispatcher
+from workers.kafka_io import BroadcastReader, GroupConsumer, Producer
+from workers.metrics import WorkerMetrics
+from workers.offsets import OffsetTracker
+from workers.persister import Persister
+from workers.settings import Settings
+from workers.store import make_engine
+
+log = logging.getLogger(__name__)
+
+GROUP_ID = "inferq-workers"
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    worker_id: str
+    max_waiting: int = 256  # jobs waiting locally before low, then normal, partitions are paused
+    coalesce_ms: float = 20.0  # token events of a job are sent at most this often (the last one at once)
+    commit_interval_s: float = 0.2
+    idle_poll_s: float = 0.05  # poll timeout when the engine has nothing to do
+    grace_s: float = 30.0  # on shutdown, time to finish in-flight jobs before aborting them
+    limits: Limits = Limits()
+
+
+class Worker:
+    def __init__(self, settings: Settings, engine: Engine, options: WorkerOptions,
+                 metrics: WorkerMetrics | None = None) -> None:  # fmt: skip
+        self.settings = settings
+        self.engine = engine
+        self.options = options
+        self.metrics = metrics or WorkerMetrics()
+        topics = settings.topics
+        cid = f"inferq-{options.worker_id}"
+        self.consumer = GroupConsumer(settings.kafka, GROUP_ID, topics.all_jobs, cid)
+        self.control = BroadcastReader(settings.kafka, topics.control, cid + "-control")
+        self.producer = Producer(settings.kafka, cid)
+        self.db = make_engine(settings.database_url)
+        self.offsets = OffsetTracker()
+        self.persister = Persister(
+            self.db,
+            publish=lambda r: self.producer.send(topics.results, r.job_id, r.model_dump_json().encode()),
+            flush=self.producer.flush,
+        )
+        self.dispatch = Dispatcher(self, topics)
+        self._stop_at: float | None = None
+        self._last_commit = 0.0
+        self._paused: set[str] = set()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        if self._stop_at is None:
+            self._stop_at = time.monotonic() + self.options.grace_s
+            log.info("stopping: no new jobs; %d in flight get %.0fs", len(self.dispatch.jobs), self.options.grace_s)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_at is not None
+
+    def run(self) -> None:
+        self.persister.start()
+        log.info("worker %s serving %s", self.options.worker_id, ", ".join(self.settings.topics.all_jobs))
+        try:
+            while not self._done():
+                self.run_once()
+        finally:
+            self._shutdown()
+
+    def _done(self) -> bool:
+        if self._stop_at is None:
+            return False
+        return not self.dispatch.jobs or time.monotonic() >= self._stop_at
+
+    def run_once(self) -> None:
+        """One iteration: intake, one engine step, emit, commit."""
+        self.dispatch.handle_rebalances(self.consumer.rebalances.drain())
+        busy = self.engine.has_unfinished()
+        if not self.stopping:
+            records = self.consumer.poll(0.0 if busy else self.options.idle_poll_s, self._room())
+            self.dispatch.intake(records)
+        self.dispatch.control(self.control.poll(0.0))
+        if self.engine.has_unfinished():
+            self.handle_outputs(self.engine.step())
+        self.dispatch.flush(force=False)
+        self._commit(force=False)
+        self._backpressure()
+        self._observe()
+
+    def handle_outputs(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            self.dispatch.on_output(out)
+
+    # ---- flow control ----------------------------------------------------------------------
+    def _room(self) -> int:
+        return max(1, 2 * self.options.max_waiting - self._waiting())
+
+    def _waiting(self) -> int:
+        return sum(self.engine.stats().waiting.values())
+
+    def _backpressure(self) -> None:
+        """Pause low, then normal, partitions when the local queue is full; high keeps flowing."""
+        waiting, limit = self._waiting(), self.options.max_waiting
+        topics = self.settings.topics
+        for priority, threshold in (("low", limit), ("normal", int(limit * 1.5))):
+            topic = topics.jobs(priority)
+            if topic not in self._paused and waiting >= threshold:
+                self.consumer.pause([topic])
+                self._paused.add(topic)
+            elif topic in self._paused and waiting < threshold * 3 // 4:
+                self.consumer.resume([topic])
+                self._paused.discard(topic)
+
+    def _commit(self, force: bool) -> None:
+        for topic, partition, offset in self.persister.acked():
+            self.offsets.ack((topic, partition), offset)
+        now = time.monotonic()
+        if not force and now - self._last_commit < self.options.commit_interval_s:
+            return
+        self._last_commit = now
+        offsets = self.offsets.committable()
+        owned = self.consumer.assignment()
+        offsets = {p: o for p, o in offsets.items() if p in owned}
+        if offsets and self.consumer.commit(offsets):
+            self.offsets.committed(offsets)
+
+    def _observe(self) -> None:
+        s = self.engine.stats()
+        waiting = {p.name.lower(): n for p, n in s.waiting.items()}
+        self.metrics.observe_engine(s.running, waiting, s.kv_blocks_used, s.kv_blocks_total, s.preemptions)
+
+    def _shutdown(self) -> None:
+        self.dispatch.abort_all()  # past the grace period: no terminal row, the group redoes them
+        self.dispatch.flush(force=True)
+        self.persister.close()
+        self._commit(force=True)
+        self.producer.flush(10)
+        self.producer.close()
+        self.control.close()
+        self.consumer.close()
+        self.db.dispose()
+        log.info("worker %s stopped", self.options.worker_id)

@@ -1,0 +1,56 @@
+"""Prometheus metrics of one worker, named after vLLM's (`vllm:` → `inferq:`) where they mean the same."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class WorkerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram(
+            "inferq:time_to_first_token_seconds", "Time from posting to the first token.",
+            ["priority"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "inferq:inter_token_latency_seconds", "Mean time between output tokens of a job.",
+            ["priority"], buckets=_ITL_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "inferq:e2e_request_latency_seconds", "Time from posting to the final token.",
+            ["priority"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.queue_time = Histogram(
+            "inferq:request_queue_time_seconds", "Time from posting to the first schedule.",
+            ["priority"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.running = Gauge("inferq:num_requests_running", "Sequences in the batch.", registry=r)
+        self.waiting = Gauge(
+            "inferq:num_requests_waiting", "Sequences waiting, per class.", ["priority"], registry=r
+        )
+        self.kv_usage = Gauge("inferq:kv_cache_usage_perc", "Fraction of KV blocks in use.", registry=r)
+        self.preemptions = Counter("inferq:num_preemptions", "Sequences preempted.", registry=r)
+        self.prompt_tokens = Counter("inferq:prompt_tokens", "Prompt tokens admitted.", registry=r)
+        self.generation_tokens = Counter("inferq:generation_tokens", "Tokens generated.", registry=r)
+        self.finished = Counter(
+            "inferq:request_success", "Jobs ended, by status.", ["status"], registry=r
+        )
+        self.rejected = Counter("inferq:requests_rejected", "Messages sent to the DLQ.", registry=r)
+        self._preemptions_seen = 0
+
+    def serve(self, port: int) -> None:
+        start_http_server(port, addr="0.0.0.0", registry=self.registry)
+
+    def observe_engine(self, running: int, waiting: dict[str, int], kv_used: int, kv_total: int,
+                       preemptions_total: int) -> None:  # fmt: skip
+        self.running.set(running)
+        for priority, n in waiting.items():
+            self.waiting.labels(priority).set(n)
+        self.kv_usage.set(kv_used / kv_total if kv_total else 0.0)
+        if preemptions_total > self._preemptions_seen:
+            self.preemptions.inc(preemptions_total - self._preemptions_seen)
+            self._preemptions_seen = preemptions_total

@@ -1,0 +1,72 @@
+"""Token events: per-job text deltas, coalesced so Kafka is not sent one message per token under load."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from schemas.jobs import TokenEvent, Usage
+
+
+@dataclass
+class _Pending:
+    attempt: int
+    seq: int = 0
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    since: float = 0.0  # monotonic time of the oldest unsent delta
+
+
+class TokenStreamer:
+    """Buffers deltas per job and emits a TokenEvent when the oldest one is `coalesce_s` old.
+
+    The last event of an attempt (finish_reason set) is emitted at once, with whatever is buffered.
+    Deltas of one job concatenate exactly to its final output, since nothing is ever dropped.
+    """
+
+    def __init__(self, emit: Callable[[TokenEvent], None], coalesce_s: float) -> None:
+        self._emit = emit
+        self._coalesce_s = coalesce_s
+        self._jobs: dict[str, _Pending] = {}
+
+    def start(self, job_id: str, attempt: int) -> None:
+        self._jobs[job_id] = _Pending(attempt=attempt)
+
+    def add(self, job_id: str, text: str, token_ids: tuple[int, ...]) -> None:
+        p = self._jobs[job_id]
+        if not p.token_ids and not p.text:
+            p.since = time.monotonic()
+        p.text.append(text)
+        p.token_ids.extend(token_ids)
+
+    def finish(self, job_id: str, finish_reason: str, usage: Usage) -> None:
+        p = self._jobs.pop(job_id, None)
+        if p is not None:
+            self._send(job_id, p, finish_reason, usage)
+
+    def drop(self, job_id: str) -> None:
+        """Forget a job without a final event (aborted locally; another worker redoes it)."""
+        self._jobs.pop(job_id, None)
+
+    def flush_due(self, force: bool = False) -> None:
+        now = time.monotonic()
+        for job_id, p in self._jobs.items():
+            if p.token_ids and (force or now - p.since >= self._coalesce_s):
+                self._send(job_id, p, None, None)
+
+    def _send(self, job_id: str, p: _Pending, finish_reason: str | None, usage: Usage | None) -> None:
+        self._emit(
+            TokenEvent(
+                job_id=job_id,
+                attempt=p.attempt,
+                seq=p.seq,
+                text="".join(p.text),
+                token_ids=list(p.token_ids),
+                finish_reason=finish_reason,
+                usage=usage,
+            )
+        )
+        p.seq += 1
+        p.text.clear()
+        p.token_ids.clear()
