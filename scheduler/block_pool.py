@@ -1,0 +1,105 @@
+"""Fixed-size KV blocks: a free pool, ref counts, and the prefix-cache map with LRU eviction."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None  # set while the block is in the prefix cache (full, KV computed)
+
+
+class BlockPool:
+    """Owns every block. A free block that still has a hash stays reusable until its id is needed.
+
+    Free blocks live in one ordered map; allocation takes from the front. Uncached free blocks are put at
+    the front (taken first) and cached ones at the back, so cached blocks are evicted least recently used.
+    """
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+        if num_blocks <= 0:
+            raise ValueError("num_blocks must be positive")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._cached: dict[int, int] = {}  # block hash -> block id
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._cached)
+
+    def can_allocate(self, n: int) -> bool:
+        return n <= len(self._free)
+
+    def allocate(self, n: int) -> list[int] | None:
+        """Take n blocks (evicting cached free ones as needed); None if fewer than n are free."""
+        if n > len(self._free):
+            return None
+        ids = []
+        for _ in range(n):
+            block_id, _ = self._free.popitem(last=False)
+            block = self.blocks[block_id]
+            self._evict(block)
+            block.ref_count = 1
+            ids.append(block_id)
+        return ids
+
+    def lookup(self, block_hash: int) -> int | None:
+        """The block caching this prefix hash, if any (in use or free)."""
+        return self._cached.get(block_hash)
+
+    def share(self, block_id: int) -> None:
+        """Take one more reference to a cached block (a prefix-cache hit); revives it if it was free."""
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self._free[block_id]
+        block.ref_count += 1
+
+    def free(self, block_ids: list[int]) -> None:
+        """Drop one reference per id; a block whose count reaches zero becomes free."""
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            if block.ref_count <= 0:
+                raise RuntimeError(f"block {block_id} freed twice")
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block_id] = None
+                if block.block_hash is None:
+                    self._free.move_to_end(block_id, last=False)
+
+    def cache(self, block_id: int, block_hash: int) -> bool:
+        """Register a full, computed block under its prefix hash. False if that prefix is already cached."""
+        if not self.enable_caching:
+            return False
+        block = self.blocks[block_id]
+        if block.block_hash is not None:
+            return block.block_hash == block_hash
+        if block_hash in self._cached:
+            return False  # same content computed twice concurrently: keep the first, this one stays private
+        block.block_hash = block_hash
+        self._cached[block_hash] = block_id
+        return True
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (e.g. after the runner reloads weights)."""
+        for block in self.blocks:
+            block.block_hash = None
+        self._cached.clear()
+
+    def _evict(self, block: Block) -> None:
+        if block.block_hash is not None:
+            del self._cached[block.block_hash]
+            block.block_hash = None

@@ -1,0 +1,50 @@
+"""When a request can never run, and when a generated token ends a sequence."""
+
+from __future__ import annotations
+
+from scheduler.config import SchedulerConfig
+from scheduler.sequence import Sequence
+from scheduler.types import FinishReason, SequenceRequest
+
+
+def why_never_fits(request: SequenceRequest, config: SchedulerConfig) -> str:
+    """A clear reason if the request could never complete under this config; "" if it can."""
+    num_prompt = len(request.prompt_token_ids)
+    max_tokens = request.sampling.max_tokens
+    if num_prompt == 0:
+        return "empty prompt"
+    if max_tokens < 1:
+        return f"max_tokens must be at least 1 (got {max_tokens})"
+    total = num_prompt + max_tokens
+    if total > config.max_model_len:
+        return (
+            f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) = {total} tokens exceeds "
+            f"max_model_len {config.max_model_len}"
+        )
+    # The last sampled token is never fed back, so it needs no KV slot.
+    num_blocks = -(-(total - 1) // config.block_size)
+    if num_blocks > config.num_blocks:
+        return (
+            f"needs {num_blocks} KV blocks of {config.block_size} tokens ({total - 1} tokens) but the "
+            f"whole cache has {config.num_blocks}"
+        )
+    return ""
+
+
+def stop_reason(seq: Sequence, token: int, max_model_len: int) -> FinishReason | None:
+    """Why the token just appended ends the sequence, if it does."""
+    params = seq.sampling
+    if not params.ignore_eos and token == seq.request.eos_token_id:
+        return FinishReason.STOP
+    if token in params.stop_token_ids:
+        return FinishReason.STOP
+    if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= max_model_len:
+        return FinishReason.LENGTH
+    return None
+
+
+def check_config(config: SchedulerConfig) -> None:
+    """Refuse limits under which nothing could ever be scheduled."""
+    for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        if getattr(config, name) < 1:
+            raise ValueError(f"SchedulerConfig.{name} must be at least 1 (got {getattr(config, name)})")

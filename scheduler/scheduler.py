@@ -1,0 +1,277 @@
+"""Iteration-level scheduler: each step lets every sequence's num_computed_tokens catch up with its tokens.
+
+A step, in order: end what expired or can never fit → promote aged waiting sequences → free seats for
+better-class waiting work when the running set is full → schedule running sequences (decode tokens first,
+then the rest of their prefills; preempt the lowest-class, latest-arrived one when KV blocks run out) →
+admit waiting sequences with prefill chunks into the remaining token budget.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from scheduler.config import SchedulerConfig
+from scheduler.fairness import TenantLedger
+from scheduler.kv_manager import KVCacheManager
+from scheduler.limits import check_config, stop_reason, why_never_fits
+from scheduler.output import FinishedSequence, ScheduledChunk, SchedulerOutput, TokenUpdate
+from scheduler.sequence import Sequence, SequenceStatus
+from scheduler.types import FinishReason, Priority, SequenceRequest
+from scheduler.waiting_queue import WaitingQueue
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    running: int
+    waiting: dict[Priority, int]
+    kv_blocks_used: int
+    kv_blocks_total: int
+    preemptions: int  # total since start
+    prefix_cache_hits: int  # tokens served from the prefix cache, total since start
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig) -> None:
+        check_config(config)
+        self.config = config
+        self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self._ledger = TenantLedger()
+        self._waiting = WaitingQueue(self._ledger, config.aging_s)
+        self._running: list[Sequence] = []
+        self._seqs: dict[str, Sequence] = {}  # every live (waiting or running) sequence
+        self._deadlines: list[tuple[float, int, Sequence]] = []  # heap; ended sequences are skipped
+        self._rejected: list[FinishedSequence] = []  # refused by add(), reported by the next schedule()
+        self._order = itertools.count()
+        self._num_preemptions = 0
+        self._prefix_hit_tokens = 0
+
+    # ---- requests in and out -------------------------------------------------------------------------
+
+    def add(self, request: SequenceRequest) -> None:
+        """Queue a request. A request that can never fit is ended as REJECTED by the next schedule()."""
+        if request.seq_id in self._seqs:
+            raise ValueError(f"sequence {request.seq_id!r} is already queued or running")
+        reason = why_never_fits(request, self.config)
+        if reason:
+            self._rejected.append(FinishedSequence(request.seq_id, FinishReason.REJECTED, reason))
+            return
+        seq = Sequence(request, next(self._order))
+        self._seqs[seq.seq_id] = seq
+        self._ledger.join(seq.tenant)
+        self._waiting.add(seq)
+        if request.deadline is not None:
+            heapq.heappush(self._deadlines, (request.deadline, seq.order, seq))
+
+    def abort(self, seq_id: str) -> FinishedSequence | None:
+        """Cancel a waiting or running sequence now (blocks freed); None if unknown or already ended."""
+        return self.finish(seq_id, FinishReason.ABORT)
+
+    def finish(self, seq_id: str, reason: FinishReason) -> FinishedSequence | None:
+        """End a running sequence for a reason found outside (e.g. a stop string matched by the engine)."""
+        seq = self._seqs.get(seq_id)
+        return None if seq is None else self._end(seq, reason)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs) or bool(self._rejected)
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            running=len(self._running),
+            waiting=self._waiting.counts(),
+            kv_blocks_used=self.kv.pool.num_used,
+            kv_blocks_total=self.kv.num_blocks,
+            preemptions=self._num_preemptions,
+            prefix_cache_hits=self._prefix_hit_tokens,
+        )
+
+    def sequence(self, seq_id: str) -> Sequence | None:
+        """The live sequence with this id (read it, do not change it); None once it has ended."""
+        return self._seqs.get(seq_id)
+
+    def running_sequences(self) -> tuple[Sequence, ...]:
+        """Sequences holding a seat (and KV blocks), best class first as of the last schedule()."""
+        return tuple(self._running)
+
+    def waiting_sequences(self) -> tuple[Sequence, ...]:
+        """Queued sequences, in no particular order (they hold no KV blocks)."""
+        return tuple(self._waiting)
+
+    # ---- one step ------------------------------------------------------------------------------------
+
+    def schedule(self, now: float) -> SchedulerOutput:
+        """Pick this step's chunks under the token, sequence and KV-block budgets."""
+        finished, self._rejected = self._rejected, []
+        finished += self._expire(now)
+        self._waiting.promote_aged(now)
+        preempted = self._preempt_for_priority(now)
+        budget = _TokenBudget(self.config.max_num_batched_tokens)
+        chunks, kv_preempted = self._schedule_running(now, budget)
+        preempted += kv_preempted
+        if not kv_preempted:  # blocks just ran out: admitting now would only preempt again
+            chunks += self._admit_waiting(budget)
+        chunks.sort(key=_is_prefill)  # stable: decode chunks first, each group in scheduling order
+        return SchedulerOutput(
+            chunks=tuple(chunks),
+            num_tokens=budget.used,
+            preempted=tuple(preempted),
+            finished=tuple(finished),
+        )
+
+    def update(self, output: SchedulerOutput, sampled: Mapping[str, int]) -> list[TokenUpdate]:
+        """Advance num_computed_tokens for every chunk, append sampled tokens, detect EOS/stop/max_tokens."""
+        updates = []
+        for chunk in output.chunks:
+            seq = self._seqs.get(chunk.seq_id)
+            if seq is None or seq.status is not SequenceStatus.RUNNING:
+                continue  # ended (aborted, finished) between schedule() and update()
+            if seq.num_computed_tokens != chunk.start_position:
+                raise ValueError(f"chunk of {chunk.seq_id!r} does not continue the sequence (stale output?)")
+            seq.num_computed_tokens += len(chunk.token_ids)
+            self.kv.cache_full_blocks(seq)
+            if not chunk.sample:
+                continue
+            if chunk.seq_id not in sampled:
+                raise KeyError(f"no sampled token for {chunk.seq_id!r}, whose chunk asked for one")
+            token = sampled[chunk.seq_id]
+            seq.token_ids.append(token)
+            reason = stop_reason(seq, token, self.config.max_model_len)
+            if reason is not None:
+                self._end(seq, reason)
+            updates.append(TokenUpdate(seq.seq_id, token, reason))
+        return updates
+
+    # ---- steps of schedule() -------------------------------------------------------------------------
+
+    def _expire(self, now: float) -> list[FinishedSequence]:
+        ended = []
+        while self._deadlines and self._deadlines[0][0] < now:
+            _, _, seq = heapq.heappop(self._deadlines)
+            if not seq.is_finished:
+                ended.append(self._end(seq, FinishReason.EXPIRED, "deadline passed"))
+        return ended
+
+    def _preempt_for_priority(self, now: float) -> list[str]:
+        """When the running set is full, make seats for waiting work of a strictly better class."""
+        preempted: list[str] = []
+        if len(self._running) < self.config.max_num_seqs:
+            return preempted
+        while self._running:
+            victim = max(self._running, key=Sequence.sort_key)
+            free_seats = self.config.max_num_seqs - len(self._running)
+            if self._waiting.num_better_than(victim.queue_class) <= free_seats:
+                break
+            self._preempt(victim, now)
+            preempted.append(victim.seq_id)
+        return preempted
+
+    def _schedule_running(self, now: float, budget: _TokenBudget) -> tuple[list[ScheduledChunk], list[str]]:
+        """Give each running sequence its next tokens, best class first; decodes are never crowded out."""
+        self._running.sort(key=Sequence.sort_key)
+        decodes_left = sum(1 for s in self._running if s.num_uncomputed_tokens == 1)
+        chunks: list[ScheduledChunk] = []
+        preempted: list[str] = []
+        i = 0
+        while i < len(self._running):
+            seq = self._running[i]
+            uncomputed = seq.num_uncomputed_tokens
+            if uncomputed == 1:
+                decodes_left -= 1
+                n = min(1, budget.left)
+            else:  # the rest of a prefill, leaving one token for each decode still to come
+                n = min(uncomputed, budget.left - decodes_left)
+            if n <= 0:
+                i += 1
+                continue
+            while self.kv.allocate(seq, n) is None:
+                victim = self._running[-1]  # lowest class, latest arrival, not yet scheduled
+                if victim is not seq and victim.num_uncomputed_tokens == 1:
+                    decodes_left -= 1
+                self._preempt(victim, now)
+                preempted.append(victim.seq_id)
+                if victim is seq:
+                    break
+            else:
+                chunks.append(self._chunk(seq, n, budget))
+                i += 1
+        return chunks, preempted
+
+    def _admit_waiting(self, budget: _TokenBudget) -> list[ScheduledChunk]:
+        """Admit in queue order while tokens, seats and blocks allow; stop at the first that does not fit."""
+        chunks = []
+        while budget.left > 0 and len(self._running) < self.config.max_num_seqs:
+            seq = self._waiting.peek()
+            if seq is None:
+                break
+            cached = self.kv.find_cached_prefix(seq)
+            num_cached_tokens = len(cached) * self.kv.block_size
+            n = min(seq.num_tokens - num_cached_tokens, budget.left)
+            if self.kv.allocate(seq, n, cached) is None:
+                break
+            self._waiting.remove(seq)
+            seq.status = SequenceStatus.RUNNING
+            self._running.append(seq)
+            self._prefix_hit_tokens += num_cached_tokens
+            chunks.append(self._chunk(seq, n, budget))
+        return chunks
+
+    def _chunk(self, seq: Sequence, n: int, budget: _TokenBudget) -> ScheduledChunk:
+        start = seq.num_computed_tokens
+        budget.take(n)
+        self._ledger.charge(seq.tenant, n)
+        return ScheduledChunk(
+            seq_id=seq.seq_id,
+            token_ids=tuple(seq.token_ids[start : start + n]),
+            start_position=start,
+            block_table=tuple(seq.block_table),
+            sample=start + n == seq.num_tokens,
+            sampling=seq.sampling,
+            num_generated=seq.num_output_tokens,
+        )
+
+    # ---- sequence transitions ------------------------------------------------------------------------
+
+    def _preempt(self, seq: Sequence, now: float) -> None:
+        """Recompute-style preemption: drop its KV, keep its tokens, back to the front of its class."""
+        self._running.remove(seq)
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self._num_preemptions += 1
+        self._waiting.push_front(seq, now)
+
+    def _end(self, seq: Sequence, reason: FinishReason, detail: str = "") -> FinishedSequence:
+        """The one place a live sequence ends: its blocks are freed here, exactly once."""
+        if seq.status is SequenceStatus.RUNNING:
+            self._running.remove(seq)
+            self.kv.free(seq)
+        else:
+            self._waiting.remove(seq)  # waiting sequences hold no blocks
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        del self._seqs[seq.seq_id]
+        self._ledger.leave(seq.tenant)
+        return FinishedSequence(seq.seq_id, reason, detail)
+
+
+class _TokenBudget:
+    """Tokens left in this step."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    @property
+    def left(self) -> int:
+        return self.limit - self.used
+
+    def take(self, n: int) -> None:
+        self.used += n
+
+
+def _is_prefill(chunk: ScheduledChunk) -> bool:
+    """Anything but a decode step (one token continuing a sequence already past its prompt)."""
+    return not (len(chunk.token_ids) == 1 and chunk.sample and chunk.num_generated > 0)
