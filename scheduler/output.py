@@ -32,7 +32,7 @@ class SchedulerOutput:
     chunks: tuple[ScheduledChunk, ...]  # decode chunks first, then prefill chunks
     num_tokens: int  # sum of len(chunk.token_ids): never above the step's token budget
     preempted: tuple[str, ...]  # sequences preempted this step (blocks freed; recomputed later)
-    finished: tuple[FinishedSequence, ...]  # ended while scheduling (expired, aborted, rejected)
+    finished: tuple[FinishedSequence, ...]  # ended while scheduling (expired, rejected); aborts return directly
 
     @property
     def empty(self) -> bool:

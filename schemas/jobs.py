@@ -27,7 +27,7 @@ class JobRequest(_Message):
     tenant: str = Field("default", min_length=1, max_length=128)
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
-    max_tokens: int = Field(128, ge=1)
+    max_tokens: int | None = Field(None, ge=1)  # None: the worker's default (Limits.default_max_tokens)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)

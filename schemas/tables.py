@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
-    Index,
     Column,
     DateTime,
     Float,
+    Index,
     Integer,
     MetaData,
     String,

@@ -19,6 +19,7 @@ class Limits:
     max_message_bytes: int = 1_000_000
     max_prompt_bytes: int = 256_000
     max_tokens: int = 4096  # cap on a job's max_tokens
+    default_max_tokens: int = 128  # for a job that names none (never above the cap)
     max_stop: int = 8  # stop strings per job
     max_stop_bytes: int = 256  # per stop string
     max_metadata_bytes: int = 16_000
@@ -53,7 +54,7 @@ def _check_limits(job: JobRequest, limits: Limits) -> None:
         prompt_bytes = sum(len(m.content.encode()) for m in job.messages)
     if prompt_bytes > limits.max_prompt_bytes:
         raise InvalidMessage(f"prompt is {prompt_bytes} bytes; the limit is {limits.max_prompt_bytes}")
-    if job.max_tokens > limits.max_tokens:
+    if job.max_tokens is not None and job.max_tokens > limits.max_tokens:
         raise InvalidMessage(f"max_tokens {job.max_tokens} is over the limit {limits.max_tokens}")
     if len(job.stop) > limits.max_stop:
         raise InvalidMessage(f"{len(job.stop)} stop strings; at most {limits.max_stop}")

@@ -1,13 +1,13 @@
 """A small client for producer services: submit jobs, cancel them, stream their tokens, wait for results.
 
-    from workers.client import JobClient
-    from schemas.jobs import JobRequest
+from workers.client import JobClient
+from schemas.jobs import JobRequest
 
-    with JobClient() as client:
-        job_id = client.submit(JobRequest(job_id="order-42", prompt="Hello"), priority="high")
-        for event in client.stream(job_id):
-            print(event.text, end="", flush=True)
-        print(client.wait(job_id).status)
+with JobClient() as client:
+    job_id = client.submit(JobRequest(job_id="order-42", prompt="Hello"), priority="high")
+    for event in client.stream(job_id):
+        print(event.text, end="", flush=True)
+    print(client.wait(job_id).status)
 """
 
 from __future__ import annotations
@@ -65,7 +65,9 @@ class JobClient:
     def flush(self) -> None:
         self._producer.flush()
 
-    def stream(self, job_id: str, timeout_s: float | None = None, since_ms: int | None = None) -> Iterator[TokenEvent]:
+    def stream(
+        self, job_id: str, timeout_s: float | None = None, since_ms: int | None = None
+    ) -> Iterator[TokenEvent]:
         """Token events of the job's latest attempt, until its final event.
 
         A new attempt (a worker died and another redid the job) restarts the text: an event with a
@@ -73,7 +75,9 @@ class JobClient:
         """
         self._producer.flush()
         since = since_ms if since_ms is not None else self._submitted_ms.get(job_id, 0)
-        reader = TopicReader(self.settings.kafka, self.settings.topics.tokens, since, "inferq-stream", key=job_id)
+        reader = TopicReader(
+            self.settings.kafka, self.settings.topics.tokens, since, "inferq-stream", key=job_id
+        )
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         seen: set[tuple[int, int]] = set()
         try:
@@ -94,7 +98,9 @@ class JobClient:
         """The job's result from the results topic."""
         self._producer.flush()
         since = since_ms if since_ms is not None else self._submitted_ms.get(job_id, 0)
-        reader = TopicReader(self.settings.kafka, self.settings.topics.results, since, "inferq-wait", key=job_id)
+        reader = TopicReader(
+            self.settings.kafka, self.settings.topics.results, since, "inferq-wait", key=job_id
+        )
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             while deadline is None or time.monotonic() < deadline:

@@ -14,8 +14,13 @@ from workers.settings import Settings
 from workers.store import make_engine
 
 
-def follow_tokens(settings: Settings, labels: dict[str, str], since_ms: int, timeout_s: float,
-                  worker: subprocess.Popen | None = None) -> dict[str, str]:  # fmt: skip
+def follow_tokens(
+    settings: Settings,
+    labels: dict[str, str],
+    since_ms: int,
+    timeout_s: float,
+    worker: subprocess.Popen | None = None,
+) -> dict[str, str]:
     """Print each token event as a line `label | delta` until every job's final event; returns the texts."""
     reader = TopicReader(settings.kafka, settings.topics.tokens, since_ms, "inferq-demo")
     texts: dict[str, str] = {job_id: "" for job_id in labels}
@@ -46,14 +51,27 @@ def follow_tokens(settings: Settings, labels: dict[str, str], since_ms: int, tim
 def wait_for_rows(settings: Settings, job_ids: list[str], timeout_s: float) -> list[dict]:
     """The jobs' rows once all are terminal (results are published only after the rows commit)."""
     db = make_engine(settings.database_url)
-    cols = [jobs.c.job_id, jobs.c.tenant, jobs.c.priority, jobs.c.status, jobs.c.finish_reason,
-            jobs.c.prompt_tokens, jobs.c.completion_tokens, jobs.c.ttft_ms, jobs.c.mean_itl_ms, jobs.c.e2e_ms,
-            jobs.c.attempts, jobs.c.output_text]  # fmt: skip
+    cols = [
+        jobs.c.job_id,
+        jobs.c.tenant,
+        jobs.c.priority,
+        jobs.c.status,
+        jobs.c.finish_reason,
+        jobs.c.prompt_tokens,
+        jobs.c.completion_tokens,
+        jobs.c.ttft_ms,
+        jobs.c.mean_itl_ms,
+        jobs.c.e2e_ms,
+        jobs.c.attempts,
+        jobs.c.output_text,
+    ]
     deadline = time.monotonic() + timeout_s
     try:
         while True:
             with db.connect() as conn:
-                rows = [dict(r._mapping) for r in conn.execute(select(*cols).where(jobs.c.job_id.in_(job_ids)))]
+                rows = [
+                    dict(r._mapping) for r in conn.execute(select(*cols).where(jobs.c.job_id.in_(job_ids)))
+                ]
             if (len(rows) == len(job_ids) and all(r["status"] in TERMINAL_STATUSES for r in rows)) or (
                 time.monotonic() > deadline
             ):

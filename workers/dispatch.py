@@ -72,11 +72,17 @@ class Dispatcher:
         now = utcnow()
         rows = [
             Admission(
-                job_id=a.job_id, tenant=a.job.tenant, priority=a.priority, prompt=a.prompt_text,
+                job_id=a.job_id,
+                tenant=a.job.tenant,
+                priority=a.priority,
+                prompt=a.prompt_text,
                 params=a.job.model_dump(mode="json", exclude={"prompt", "messages", "job_id"}),
-                bulk_id=a.job.bulk_id, created_at=_kafka_time(a.record), queued_at=now,
-                worker_id=self.w.options.worker_id, source=self._src(a.record),
-            )  # fmt: skip
+                bulk_id=a.job.bulk_id,
+                created_at=_kafka_time(a.record),
+                queued_at=now,
+                worker_id=self.w.options.worker_id,
+                source=self._src(a.record),
+            )
             for a in accepted
         ]
         with self.w.db.begin() as conn:
@@ -89,27 +95,38 @@ class Dispatcher:
 
     def _start(self, a: Accepted, attempt: int) -> None:
         job = InFlightJob(
-            job_id=a.job_id, attempt=attempt, priority=a.priority, request=a.job,
-            created_at=_kafka_time(a.record), sources=[self._src(a.record)],
+            job_id=a.job_id,
+            attempt=attempt,
+            priority=a.priority,
+            request=a.job,
+            created_at=_kafka_time(a.record),
+            sources=[self._src(a.record)],
             prompt_tokens=len(a.prompt_token_ids),
-        )  # fmt: skip
+        )
         deadline = None
         if a.job.timeout_s is not None:
             remaining = (job.created_at + timedelta(seconds=a.job.timeout_s) - utcnow()).total_seconds()
             deadline = time.monotonic() + remaining
         sampling = SamplingParams(
-            max_tokens=a.max_tokens, temperature=a.job.temperature, top_p=a.job.top_p,
-            top_k=a.job.top_k, seed=a.job.seed,
-        )  # fmt: skip
+            max_tokens=a.max_tokens,
+            temperature=a.job.temperature,
+            top_p=a.job.top_p,
+            top_k=a.job.top_k,
+            seed=a.job.seed,
+        )
         self.jobs[a.job_id] = job
         self.streamer.start(a.job_id, attempt)
         self.w.metrics.prompt_tokens.inc(job.prompt_tokens)
         self.w.engine.add_request(
             EngineRequest(
-                request_id=a.job_id, prompt_token_ids=a.prompt_token_ids, sampling=sampling,
-                stop=tuple(a.job.stop), priority=PRIORITIES[a.priority], tenant=a.job.tenant,
+                request_id=a.job_id,
+                prompt_token_ids=a.prompt_token_ids,
+                sampling=sampling,
+                stop=tuple(a.job.stop),
+                priority=PRIORITIES[a.priority],
+                tenant=a.job.tenant,
                 deadline=deadline,
-            )  # fmt: skip
+            )
         )
 
     def _reject(self, r: Rejected) -> None:
@@ -123,17 +140,31 @@ class Dispatcher:
         self.w.producer.send(self.topics.dlq, rec.key, rec.value or b"", headers)
         self.w.metrics.rejected.inc()
         log.warning("rejected %s (%s:%d@%d): %s", r.job_id, rec.topic, rec.partition, rec.offset, r.error)
-        values = {"priority": r.priority, "error": r.error, "finish_reason": "rejected",
-                  "created_at": _kafka_time(rec), "finished_at": utcnow(),
-                  "prompt": (rec.value or b"")[:4096].decode("utf-8", "replace"),
-                  "source_topic": rec.topic, "source_partition": rec.partition, "source_offset": rec.offset,
-                  "worker_id": self.w.options.worker_id}  # fmt: skip
+        values = {
+            "priority": r.priority,
+            "error": r.error,
+            "finish_reason": "rejected",
+            "created_at": _kafka_time(rec),
+            "finished_at": utcnow(),
+            "prompt": (rec.value or b"")[:4096].decode("utf-8", "replace"),
+            "source_topic": rec.topic,
+            "source_partition": rec.partition,
+            "source_offset": rec.offset,
+            "worker_id": self.w.options.worker_id,
+        }
 
         def write(conn) -> list[JobResult]:
             if not insert_terminal(conn, r.job_id, "rejected", values):
                 return []  # that id already has a row: leave it alone
-            return [JobResult(job_id=r.job_id, status="rejected", priority=r.priority,
-                              finish_reason="rejected", error=r.error)]  # fmt: skip
+            return [
+                JobResult(
+                    job_id=r.job_id,
+                    status="rejected",
+                    priority=r.priority,
+                    finish_reason="rejected",
+                    error=r.error,
+                )
+            ]
 
         self.batch.custom.append((write, [self._src(rec)]))
 
@@ -154,8 +185,13 @@ class Dispatcher:
 
     def _precancel(self, job_id: str) -> None:
         """Cancel a job no worker has taken yet: its row becomes terminal, so intake will skip it."""
-        values = {"priority": "unknown", "finish_reason": "abort", "finished_at": utcnow(),
-                  "worker_id": self.w.options.worker_id, "error": "cancelled before it started"}  # fmt: skip
+        values = {
+            "priority": "unknown",
+            "finish_reason": "abort",
+            "finished_at": utcnow(),
+            "worker_id": self.w.options.worker_id,
+            "error": "cancelled before it started",
+        }
 
         def write(conn) -> list[JobResult]:
             if not insert_terminal(conn, job_id, "cancelled", values):
@@ -190,7 +226,12 @@ class Dispatcher:
     def _observe_result(self, result: JobResult) -> None:
         m, t, p = self.w.metrics, result.timings, result.priority
         m.finished.labels(result.status).inc()
-        for hist, value in ((m.ttft, t.ttft_ms), (m.itl, t.mean_itl_ms), (m.e2e, t.e2e_ms), (m.queue_time, t.queue_ms)):
+        for hist, value in (
+            (m.ttft, t.ttft_ms),
+            (m.itl, t.mean_itl_ms),
+            (m.e2e, t.e2e_ms),
+            (m.queue_time, t.queue_ms),
+        ):
             if value is not None:
                 hist.labels(p).observe(value / 1000)
 

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
+from gpu.tokenizer import Tokenizer
 from schemas.jobs import JobRequest
 from schemas.topics import Topics
 from schemas.validation import InvalidMessage, Limits, parse_job, peek_job_id
 from workers.kafka_io import Record
-
-
-class Tokenizer(Protocol):
-    def encode(self, text: str) -> list[int]: ...
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]: ...
 
 
 @dataclass(frozen=True)
@@ -60,7 +55,8 @@ class Intake:
         if room < 1:
             error = f"prompt is {len(ids)} tokens; the model's context is {self.max_model_len} tokens"
             return Rejected(record, job_id, priority, error)
-        return Accepted(record, job_id, priority, job, prompt_text, tuple(ids), min(job.max_tokens, room))
+        wanted = job.max_tokens or min(self.limits.default_max_tokens, self.limits.max_tokens)
+        return Accepted(record, job_id, priority, job, prompt_text, tuple(ids), min(wanted, room))
 
     def _tokenize(self, job: JobRequest) -> tuple[str, list[int]]:
         if job.prompt is not None:

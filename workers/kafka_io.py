@@ -136,7 +136,9 @@ class BroadcastReader:
     """Reads every partition of a topic from its end, outside any group: every worker sees every message."""
 
     def __init__(self, bootstrap: str, topic: str, client_id: str) -> None:
-        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id=client_id, enable_auto_commit=False)
+        self._consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap, client_id=client_id, enable_auto_commit=False
+        )
         parts = self._consumer.partitions_for_topic(topic) or {0}
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         self._consumer.assign(tps)
@@ -151,15 +153,18 @@ class BroadcastReader:
 
 
 class TopicReader:
-    """Reads a topic from a point in time outside any group; with `key`, only that key's partition and records.
+    """Reads a topic from a point in time, outside any group; with `key`, only that key's records.
 
     Used by `tail`, `submit --stream/--wait` and the demo. `since_ms=None` starts at the end.
     """
 
-    def __init__(self, bootstrap: str, topic: str, since_ms: int | None, client_id: str,
-                 key: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, bootstrap: str, topic: str, since_ms: int | None, client_id: str, key: str | None = None
+    ) -> None:
         self.key = key.encode() if key is not None else None
-        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id=client_id, enable_auto_commit=False)
+        self._consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap, client_id=client_id, enable_auto_commit=False
+        )
         parts = sorted(self._consumer.partitions_for_topic(topic) or {0})
         if key is not None:
             parts = [parts[partition_for_key(key, len(parts))]]
@@ -203,3 +208,17 @@ class Producer:
 
     def close(self, timeout_s: float = 10.0) -> None:
         self._producer.close(timeout=timeout_s)
+
+
+def group_client_ids(bootstrap: str, group_id: str) -> set[str]:
+    """client_ids of a consumer group's live members (bulk maintenance uses it to find dead workers)."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="inferq-admin")
+    try:
+        group = admin.describe_groups([group_id])[group_id]
+    finally:
+        admin.close()
+    if group.get("error"):
+        raise KafkaError(group["error"])
+    return {member["client_id"] for member in group.get("members", [])}

@@ -1,4 +1,4 @@
-"""The worker's engine loop: intake → schedule+execute (one engine step) → emit → commit, one step at a time."""
+"""The worker's engine loop: intake → one engine step (schedule + execute) → emit → commit."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from gpu.engine import Engine, RequestOutput
+from gpu.engine import Engine, EngineStats, RequestOutput
 from schemas.validation import Limits
 from workers.dispatch import Dispatcher
 from workers.kafka_io import BroadcastReader, GroupConsumer, Producer
@@ -18,7 +18,10 @@ from workers.store import make_engine
 
 log = logging.getLogger(__name__)
 
-GROUP_ID = "inferq-workers"
+
+def group_id(topic_prefix: str) -> str:
+    """`inferq-workers` for the default prefix: each deployment (prefix) has its own consumer group."""
+    return f"{topic_prefix}-workers"
 
 
 @dataclass(frozen=True)
@@ -33,15 +36,16 @@ class WorkerOptions:
 
 
 class Worker:
-    def __init__(self, settings: Settings, engine: Engine, options: WorkerOptions,
-                 metrics: WorkerMetrics | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, settings: Settings, engine: Engine, options: WorkerOptions, metrics: WorkerMetrics | None = None
+    ) -> None:
         self.settings = settings
         self.engine = engine
         self.options = options
         self.metrics = metrics or WorkerMetrics()
         topics = settings.topics
         cid = f"inferq-{options.worker_id}"
-        self.consumer = GroupConsumer(settings.kafka, GROUP_ID, topics.all_jobs, cid)
+        self.consumer = GroupConsumer(settings.kafka, group_id(settings.topic_prefix), topics.all_jobs, cid)
         self.control = BroadcastReader(settings.kafka, topics.control, cid + "-control")
         self.producer = Producer(settings.kafka, cid)
         self.db = make_engine(settings.database_url)
@@ -55,12 +59,14 @@ class Worker:
         self._stop_at: float | None = None
         self._last_commit = 0.0
         self._paused: set[str] = set()
+        self._waiting = 0  # sequences waiting in the engine, as of the last iteration
 
     # ---- lifecycle -------------------------------------------------------------------------
     def request_stop(self) -> None:
         if self._stop_at is None:
             self._stop_at = time.monotonic() + self.options.grace_s
-            log.info("stopping: no new jobs; %d in flight get %.0fs", len(self.dispatch.jobs), self.options.grace_s)
+            in_flight, grace = len(self.dispatch.jobs), self.options.grace_s
+            log.info("stopping: no new jobs; %d in flight get %.0fs", in_flight, grace)
 
     @property
     def stopping(self) -> bool:
@@ -92,8 +98,10 @@ class Worker:
             self.handle_outputs(self.engine.step())
         self.dispatch.flush(force=False)
         self._commit(force=False)
+        stats = self.engine.stats()
+        self._waiting = sum(stats.waiting.values())
         self._backpressure()
-        self._observe()
+        self._observe(stats)
 
     def handle_outputs(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
@@ -101,14 +109,11 @@ class Worker:
 
     # ---- flow control ----------------------------------------------------------------------
     def _room(self) -> int:
-        return max(1, 2 * self.options.max_waiting - self._waiting())
-
-    def _waiting(self) -> int:
-        return sum(self.engine.stats().waiting.values())
+        return max(1, 2 * self.options.max_waiting - self._waiting)
 
     def _backpressure(self) -> None:
         """Pause low, then normal, partitions when the local queue is full; high keeps flowing."""
-        waiting, limit = self._waiting(), self.options.max_waiting
+        waiting, limit = self._waiting, self.options.max_waiting
         topics = self.settings.topics
         for priority, threshold in (("low", limit), ("normal", int(limit * 1.5))):
             topic = topics.jobs(priority)
@@ -132,8 +137,7 @@ class Worker:
         if offsets and self.consumer.commit(offsets):
             self.offsets.committed(offsets)
 
-    def _observe(self) -> None:
-        s = self.engine.stats()
+    def _observe(self, s: EngineStats) -> None:
         waiting = {p.name.lower(): n for p, n in s.waiting.items()}
         self.metrics.observe_engine(s.running, waiting, s.kv_blocks_used, s.kv_blocks_total, s.preemptions)
 

@@ -13,21 +13,33 @@ class WorkerMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.ttft = Histogram(
-            "inferq:time_to_first_token_seconds", "Time from posting to the first token.",
-            ["priority"], buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "inferq:time_to_first_token_seconds",
+            "Time from posting to the first token.",
+            ["priority"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.itl = Histogram(
-            "inferq:inter_token_latency_seconds", "Mean time between output tokens of a job.",
-            ["priority"], buckets=_ITL_BUCKETS, registry=r,
-        )  # fmt: skip
+            "inferq:inter_token_latency_seconds",
+            "Mean time between output tokens of a job.",
+            ["priority"],
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        )
         self.e2e = Histogram(
-            "inferq:e2e_request_latency_seconds", "Time from posting to the final token.",
-            ["priority"], buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "inferq:e2e_request_latency_seconds",
+            "Time from posting to the final token.",
+            ["priority"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.queue_time = Histogram(
-            "inferq:request_queue_time_seconds", "Time from posting to the first schedule.",
-            ["priority"], buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "inferq:request_queue_time_seconds",
+            "Time from posting to the first schedule.",
+            ["priority"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.running = Gauge("inferq:num_requests_running", "Sequences in the batch.", registry=r)
         self.waiting = Gauge(
             "inferq:num_requests_waiting", "Sequences waiting, per class.", ["priority"], registry=r
@@ -36,17 +48,16 @@ class WorkerMetrics:
         self.preemptions = Counter("inferq:num_preemptions", "Sequences preempted.", registry=r)
         self.prompt_tokens = Counter("inferq:prompt_tokens", "Prompt tokens admitted.", registry=r)
         self.generation_tokens = Counter("inferq:generation_tokens", "Tokens generated.", registry=r)
-        self.finished = Counter(
-            "inferq:request_success", "Jobs ended, by status.", ["status"], registry=r
-        )
+        self.finished = Counter("inferq:request_success", "Jobs ended, by status.", ["status"], registry=r)
         self.rejected = Counter("inferq:requests_rejected", "Messages sent to the DLQ.", registry=r)
         self._preemptions_seen = 0
 
     def serve(self, port: int) -> None:
         start_http_server(port, addr="0.0.0.0", registry=self.registry)
 
-    def observe_engine(self, running: int, waiting: dict[str, int], kv_used: int, kv_total: int,
-                       preemptions_total: int) -> None:  # fmt: skip
+    def observe_engine(
+        self, running: int, waiting: dict[str, int], kv_used: int, kv_total: int, preemptions_total: int
+    ) -> None:
         self.running.set(running)
         for priority, n in waiting.items():
             self.waiting.labels(priority).set(n)

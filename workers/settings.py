@@ -34,6 +34,7 @@ class Settings:
     database_url: str = f"postgresql+psycopg2://postgres@127.0.0.1:{POSTGRES_PORT}/inferq"
     topic_prefix: str = "inferq"
     celery_broker: str = ""  # empty: the project's PostgreSQL through SQLAlchemy
+    retention_days: float = 30.0  # bulk maintenance purges finished jobs and bulk jobs older than this
     state_dir: Path = field(default_factory=_state_dir)
     cache_dir: Path = field(default_factory=_cache_dir)
 
@@ -54,6 +55,7 @@ class Settings:
             database_url=env.get("INFERQ_DATABASE_URL", defaults.database_url),
             topic_prefix=env.get("INFERQ_TOPIC_PREFIX", defaults.topic_prefix),
             celery_broker=env.get("INFERQ_CELERY_BROKER", ""),
+            retention_days=float(env.get("INFERQ_RETENTION_DAYS", defaults.retention_days)),
             state_dir=_state_dir(),
             cache_dir=_cache_dir(),
         )

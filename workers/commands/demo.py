@@ -23,9 +23,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "demo",
         help="run the end-to-end demo",
         description="Start a worker with the default model, post a handful of prompts across priorities and "
-        "tenants, stream their tokens live from Kafka, then print their rows from PostgreSQL. Needs `inferq up`.",
+        "tenants, stream their tokens live from Kafka, then print their rows from PostgreSQL. "
+        "Needs `inferq up`.",
     )
-    p.add_argument("--model", default=None, help="local Hugging Face checkpoint dir (default: built-in small Llama)")
+    p.add_argument(
+        "--model", default=None, help="local Hugging Face checkpoint dir (default: built-in small Llama)"
+    )
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--timeout", type=float, default=300.0)
     p.set_defaults(func=run)
@@ -58,22 +61,31 @@ def run(args: argparse.Namespace) -> int:
         with JobClient(settings) as client:
             since_ms = int(time.time() * 1000) - 1000
             for i, (priority, tenant, prompt) in enumerate(DEMO_JOBS):
-                job = {"job_id": f"demo-{run_id}-{i}", "tenant": tenant, "prompt": prompt,
-                       "max_tokens": args.max_tokens}  # fmt: skip
+                job = {
+                    "job_id": f"demo-{run_id}-{i}",
+                    "tenant": tenant,
+                    "prompt": prompt,
+                    "max_tokens": args.max_tokens,
+                }
                 job_id = client.submit(job, priority)
                 labels[job_id] = f"{priority:>6}/{tenant:<7}"
                 print(f"posted {job_id} [{priority}] {prompt}")
             client.flush()
-        print("\nstreaming tokens from Kafka as they are generated (the default model is randomly "
-              "initialised, so its text is noise; pass --model DIR for a real checkpoint):\n")  # fmt: skip
+        print(
+            "\nstreaming tokens from Kafka as they are generated (the default model is randomly "
+            "initialised, so its text is noise; pass --model DIR for a real checkpoint):\n"
+        )
         outputs = follow_tokens(settings, labels, since_ms, args.timeout, worker)
         print("\nrows in PostgreSQL:\n")
         rows = wait_for_rows(settings, list(labels), args.timeout)
         print_rows(rows, width=32)
         ok = all(r["status"] == "succeeded" for r in rows)
         ok = ok and all(outputs.get(r["job_id"]) == r["output_text"] for r in rows)
-        print("\nevery job succeeded and its streamed text equals the stored output" if ok
-              else "\nsome jobs did not succeed, or streams differ from the rows: see the worker log")  # fmt: skip
+        print(
+            "\nevery job succeeded and its streamed text equals the stored output"
+            if ok
+            else "\nsome jobs did not succeed, or streams differ from the rows: see the worker log"
+        )
         return 0 if ok else 1
     finally:
         _stop(worker)

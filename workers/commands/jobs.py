@@ -9,8 +9,12 @@ from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("submit", help="post jobs to Kafka", description="Post a prompt, or a JSONL file "
-                              "of JobRequest objects, to a priority topic; optionally stream tokens or wait.")  # fmt: skip
+    p = subparsers.add_parser(
+        "submit",
+        help="post jobs to Kafka",
+        description="Post a prompt, or a JSONL file "
+        "of JobRequest objects, to a priority topic; optionally stream tokens or wait.",
+    )
     p.add_argument("prompt", nargs="?", help="the prompt (or use --file)")
     p.add_argument("--file", type=Path, help="JSONL file, one JobRequest per line")
     p.add_argument("--priority", default="normal", choices=["high", "normal", "low"])
@@ -32,8 +36,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("job_id")
     c.set_defaults(func=cancel)
 
-    t = subparsers.add_parser("tail", help="stream a job's tokens", description="Print a job's tokens as they "
-                              "are generated (from the tokens topic), then its status.")  # fmt: skip
+    t = subparsers.add_parser(
+        "tail",
+        help="stream a job's tokens",
+        description="Print a job's tokens as they are generated (from the tokens topic), then its status.",
+    )
     t.add_argument("job_id")
     t.add_argument("--timeout", type=float, default=300.0)
     t.set_defaults(func=tail)
@@ -46,18 +53,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     j.add_argument("--json", action="store_true", help="one JSON object per line")
     j.set_defaults(func=list_jobs)
 
-    s = subparsers.add_parser("schema", help="print JSON Schema of the messages",
-                              description="JSON Schema producers and consumers can validate against.")  # fmt: skip
-    s.add_argument("name", nargs="?", default="JobRequest",
-                   choices=["JobRequest", "CancelRequest", "TokenEvent", "JobResult", "Rejection"])  # fmt: skip
+    s = subparsers.add_parser(
+        "schema",
+        help="print JSON Schema of the messages",
+        description="JSON Schema producers and consumers can validate against.",
+    )
+    s.add_argument(
+        "name",
+        nargs="?",
+        default="JobRequest",
+        choices=["JobRequest", "CancelRequest", "TokenEvent", "JobResult", "Rejection"],
+    )
     s.set_defaults(func=schema)
 
 
 def _jobs_from_args(args: argparse.Namespace) -> list[dict]:
-    overrides = {k: v for k, v in {
-        "tenant": args.tenant, "max_tokens": args.max_tokens, "temperature": args.temperature,
-        "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed, "stop": args.stop,
-        "timeout_s": args.timeout_s, "job_id": args.job_id}.items() if v is not None}  # fmt: skip
+    overrides = {
+        k: v
+        for k, v in {
+            "tenant": args.tenant,
+            "max_tokens": args.max_tokens,
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "top_k": args.top_k,
+            "seed": args.seed,
+            "stop": args.stop,
+            "timeout_s": args.timeout_s,
+            "job_id": args.job_id,
+        }.items()
+        if v is not None
+    }
     if args.file:
         lines = [ln for ln in args.file.read_text().splitlines() if ln.strip()]
         return [{**json.loads(ln), **{k: v for k, v in overrides.items() if k != "job_id"}} for ln in lines]
@@ -127,11 +152,26 @@ def list_jobs(args: argparse.Namespace) -> int:
     from workers.settings import Settings
     from workers.store import make_engine
 
-    cols = [jobs.c.job_id, jobs.c.tenant, jobs.c.priority, jobs.c.status, jobs.c.finish_reason,
-            jobs.c.prompt_tokens, jobs.c.completion_tokens, jobs.c.ttft_ms, jobs.c.e2e_ms, jobs.c.created_at,
-            jobs.c.output_text, jobs.c.error]  # fmt: skip
+    cols = [
+        jobs.c.job_id,
+        jobs.c.tenant,
+        jobs.c.priority,
+        jobs.c.status,
+        jobs.c.finish_reason,
+        jobs.c.prompt_tokens,
+        jobs.c.completion_tokens,
+        jobs.c.ttft_ms,
+        jobs.c.e2e_ms,
+        jobs.c.created_at,
+        jobs.c.output_text,
+        jobs.c.error,
+    ]
     query = select(*cols).order_by(jobs.c.created_at.desc()).limit(args.limit)
-    for col, value in ((jobs.c.status, args.status), (jobs.c.tenant, args.tenant), (jobs.c.bulk_id, args.bulk_id)):
+    for col, value in (
+        (jobs.c.status, args.status),
+        (jobs.c.tenant, args.tenant),
+        (jobs.c.bulk_id, args.bulk_id),
+    ):
         if value is not None:
             query = query.where(col == value)
     with make_engine(Settings.from_env().database_url).connect() as conn:
@@ -149,10 +189,12 @@ def print_rows(rows: list[dict], width: int = 40) -> None:
     if not rows:
         print("(no rows)")
         return
+
     def cell(v: object) -> str:
         text = "" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v))
         text = text.replace("\n", " ")
         return text if len(text) <= width else text[: width - 1] + "…"
+
     headers = list(rows[0])
     table = [[cell(r[h]) for h in headers] for r in rows]
     widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]

@@ -11,7 +11,9 @@ import socket
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="local Hugging Face checkpoint dir (default: built-in small Llama)")
+    g.add_argument(
+        "--model", default=None, help="local Hugging Face checkpoint dir (default: built-in small Llama)"
+    )
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     g.add_argument("--max-num-seqs", type=int, default=64, help="running sequences per step at most")
@@ -40,15 +42,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "worker",
         help="run an inference worker",
-        description="Consume jobs from the priority topics, generate with continuous batching, stream tokens, "
-        "persist every job in PostgreSQL. SIGTERM/SIGINT: stop intake, finish in-flight jobs within the grace "
-        "period, commit, exit 0; a second signal exits at once.",
+        description="Consume jobs from the priority topics, generate with continuous batching, stream "
+        "tokens, persist every job in PostgreSQL. SIGTERM/SIGINT: stop intake, finish in-flight jobs "
+        "within the grace period, commit, exit 0; a second signal exits at once.",
     )
     add_engine_options(p)
     p.add_argument("--worker-id", default=None, help="name in the jobs table (default: host-pid)")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
     p.add_argument("--max-waiting", type=int, default=256, help="local queue size before pausing low/normal")
-    p.add_argument("--coalesce-ms", type=float, default=20.0, help="send token events of a job at most this often")
+    p.add_argument(
+        "--coalesce-ms", type=float, default=20.0, help="send token events of a job at most this often"
+    )
     p.add_argument("--grace-s", type=float, default=30.0, help="time to finish in-flight jobs on shutdown")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)

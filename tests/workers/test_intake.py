@@ -1,0 +1,59 @@
+"""Intake rules: records become engine-ready jobs or rejections, with stable ids."""
+
+from __future__ import annotations
+
+import json
+
+from gpu.tokenizer import ByteTokenizer
+from schemas.topics import Topics
+from schemas.validation import Limits
+from workers.intake import Accepted, Intake, Rejected
+from workers.kafka_io import Record
+
+TOPICS = Topics("inferq")
+
+
+def make_intake(max_model_len: int = 64, **limits) -> Intake:
+    return Intake(TOPICS, Limits(**limits), ByteTokenizer(32000), max_model_len)
+
+
+def make_record(value, topic: str = "inferq.jobs.low", offset: int = 7) -> Record:
+    raw = value if isinstance(value, bytes) else json.dumps(value).encode()
+    return Record(topic, 2, offset, b"k", raw, 1_700_000_000_000)
+
+
+def test_accepts_with_priority_from_topic_and_clamps_to_context():
+    decision = make_intake().accept(make_record({"job_id": "j1", "prompt": "hello", "max_tokens": 500}))
+    assert isinstance(decision, Accepted)
+    assert decision.priority == "low" and decision.job_id == "j1"
+    assert decision.prompt_token_ids == tuple(ByteTokenizer().encode("hello"))
+    assert decision.max_tokens == 64 - 6  # the context has room for 58 more tokens
+
+
+def test_default_max_tokens_respects_the_cap():
+    decision = make_intake(max_model_len=4096, max_tokens=50).accept(make_record({"prompt": "x"}))
+    assert isinstance(decision, Accepted) and decision.max_tokens == 50
+
+
+def test_missing_job_id_is_derived_from_the_record():
+    decision = make_intake().accept(make_record({"prompt": "x"}, topic="inferq.jobs.high", offset=42))
+    assert decision.job_id == "inferq.jobs.high:2:42" and decision.priority == "high"
+
+
+def test_messages_use_the_chat_template():
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    decision = make_intake(max_model_len=512).accept(make_record({"messages": msgs}))
+    assert isinstance(decision, Accepted)
+    assert decision.prompt_token_ids == tuple(ByteTokenizer().apply_chat_template(msgs))
+    assert decision.prompt_text == "system: be brief\nuser: hi"
+
+
+def test_rejections_keep_a_readable_job_id_and_reason():
+    bad = make_intake().accept(make_record({"job_id": "j2", "prompt": "x", "extra": 1}))
+    assert isinstance(bad, Rejected) and bad.job_id == "j2" and "extra" in bad.error
+    broken = make_intake().accept(make_record(b"\x00not json", offset=9))
+    assert isinstance(broken, Rejected) and broken.job_id == "inferq.jobs.low:2:9"
+    too_long = make_intake(max_model_len=8).accept(make_record({"job_id": "j3", "prompt": "x" * 20}))
+    assert isinstance(too_long, Rejected) and "context is 8 tokens" in too_long.error
+    empty = make_intake().accept(make_record({"job_id": "j4", "prompt": ""}))
+    assert isinstance(empty, Rejected) and "empty" in empty.error

@@ -1,0 +1,58 @@
+"""Token events: coalesced per job, numbered per attempt, concatenating to the output."""
+
+from __future__ import annotations
+
+import time
+
+from schemas.jobs import TokenEvent, Usage
+from workers.streaming import TokenStreamer
+
+
+def make_streamer(coalesce_s: float = 60.0) -> tuple[TokenStreamer, list[TokenEvent]]:
+    sent: list[TokenEvent] = []
+    return TokenStreamer(sent.append, coalesce_s), sent
+
+
+def test_deltas_coalesce_until_due_and_the_last_event_goes_at_once():
+    streamer, sent = make_streamer()
+    streamer.start("a", attempt=2)
+    for i, piece in enumerate(["he", "l", "lo"]):
+        streamer.add("a", piece, (i,))
+    streamer.flush_due()
+    assert sent == []  # not due yet
+    streamer.flush_due(force=True)
+    streamer.add("a", "!", (3,))
+    streamer.finish("a", "stop", Usage(prompt_tokens=4, completion_tokens=4))
+    assert [(e.seq, e.text, e.token_ids, e.finish_reason) for e in sent] == [
+        (0, "hello", [0, 1, 2], None),
+        (1, "!", [3], "stop"),
+    ]
+    assert {e.attempt for e in sent} == {2}
+    assert sent[-1].usage.completion_tokens == 4
+
+
+def test_due_after_the_coalescing_interval():
+    streamer, sent = make_streamer(coalesce_s=0.01)
+    streamer.start("a", 1)
+    streamer.add("a", "x", (7,))
+    time.sleep(0.02)
+    streamer.flush_due()
+    assert [e.text for e in sent] == ["x"]
+
+
+def test_a_token_held_back_for_utf8_still_counts():
+    streamer, sent = make_streamer(coalesce_s=0.0)
+    streamer.start("a", 1)
+    streamer.add("a", "", (200,))  # half of a multi-byte character: no text yet
+    streamer.flush_due()
+    assert [(e.text, e.token_ids) for e in sent] == [("", [200])]
+
+
+def test_dropped_jobs_send_nothing_more():
+    streamer, sent = make_streamer(coalesce_s=0.0)
+    streamer.start("a", 1)
+    streamer.add("a", "x", (1,))
+    streamer.drop("a")
+    streamer.flush_due(force=True)
+    streamer.finish("a", "stop", Usage(prompt_tokens=1, completion_tokens=1))
+    assert sent == []

@@ -1,0 +1,217 @@
+"""One worker process against the real local Kafka and PostgreSQL: the contract, end to end."""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import time
+import urllib.request
+
+import pytest
+from sqlalchemy import create_engine
+
+from gpu.engine import Engine, EngineRequest
+from scheduler.types import SamplingParams
+from schemas.jobs import JobResult
+from tests.workers.worker_factories import (
+    job_rows,
+    make_deployment,
+    now_ms,
+    read_topic,
+    start_worker,
+    token_events,
+    wait_status,
+    wait_terminal,
+)
+from workers.client import JobClient
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def deployment(settings, tmp_path_factory):
+    dep = make_deployment(settings)
+    port = _free_port()
+    worker = start_worker(dep, tmp_path_factory.mktemp("worker"), "w-e2e", "--metrics-port", str(port))
+    worker.metrics_port = port
+    client = JobClient(dep)
+    db = create_engine(dep.database_url)
+    yield dep, client, db, worker
+    client.close()
+    assert worker.stop() == 0, worker.output()[-3000:]
+    db.dispose()
+
+
+def _results(dep, since: int, expected: int) -> dict[str, list[JobResult]]:
+    records = read_topic(dep, dep.topics.results, since, lambda rs: len(rs) >= expected)
+    time.sleep(1.0)  # anything extra (a second result would be a bug) arrives now
+    records += read_topic(dep, dep.topics.results, since, lambda rs: False, timeout_s=1)[len(records) :]
+    out: dict[str, list[JobResult]] = {}
+    for r in records:
+        result = JobResult.model_validate_json(r.value)
+        out.setdefault(result.job_id, []).append(result)
+    return out
+
+
+def test_jobs_across_classes_and_tenants_succeed_and_streams_match(deployment):
+    dep, client, db, _ = deployment
+    rng = random.Random(7)
+    since = now_ms()
+    jobs = {}
+    for i in range(50):
+        job_id = f"mix-{dep.topic_prefix}-{i}"
+        prompt = f"job {i}: " + "".join(rng.choice("abcdefgh ") for _ in range(rng.randint(5, 60)))
+        jobs[job_id] = {
+            "job_id": job_id,
+            "prompt": prompt,
+            "tenant": f"tenant-{i % 3}",
+            "max_tokens": rng.randint(2, 24),
+        }
+        client.submit(jobs[job_id], ("high", "normal", "low")[i % 3])
+    client.flush()
+    rows = wait_terminal(db, list(jobs))
+    assert {r["status"] for r in rows.values()} == {"succeeded"}
+    assert {r["priority"] for r in rows.values()} == {"high", "normal", "low"}
+
+    records = read_topic(
+        dep,
+        dep.topics.tokens,
+        since,
+        lambda rs: sum(1 for r in rs if json.loads(r.value)["finish_reason"]) >= len(jobs),
+    )
+    events = token_events(records)
+    engine = Engine.from_options()
+    for job_id, job in jobs.items():
+        row, evs = rows[job_id], events[job_id]
+        assert [e.seq for e in evs] == list(range(len(evs)))
+        assert "".join(e.text for e in evs) == row["output_text"]
+        assert evs[-1].finish_reason == row["finish_reason"]
+        streamed = [t for e in evs for t in e.token_ids]
+        assert len(streamed) == row["completion_tokens"]
+        assert row["finish_reason"] == "stop" or len(streamed) == job["max_tokens"]
+        prompt_ids = tuple(engine.tokenizer.encode(job["prompt"]))
+        assert row["prompt_tokens"] == len(prompt_ids)
+        expected = engine.generate(
+            [
+                EngineRequest(
+                    job_id, prompt_ids, SamplingParams(max_tokens=job["max_tokens"], ignore_eos=False)
+                )
+            ]
+        )
+        assert streamed == expected[job_id]
+        assert row["ttft_ms"] > 0 and row["e2e_ms"] >= row["ttft_ms"] and row["attempts"] == 1
+        assert row["started_at"] <= row["first_token_at"] <= row["finished_at"]
+
+
+MALFORMED = {
+    "not-json": b"this is not json",
+    "not-utf8": b'{"prompt": "\xff\xfe"}',
+    "not-object": b"[1, 2, 3]",
+    "wrong-type": json.dumps({"job_id": "bad-type-{p}", "prompt": "x", "max_tokens": "many"}).encode(),
+    "unknown-field": json.dumps({"job_id": "bad-field-{p}", "prompt": "x", "colour": "blue"}).encode(),
+    "over-limit": json.dumps({"job_id": "bad-limit-{p}", "prompt": "x", "max_tokens": 10**6}).encode(),
+    "both-inputs": json.dumps({"job_id": "bad-both-{p}", "prompt": "x", "messages": []}).encode(),
+    "too-long": json.dumps({"job_id": "bad-long-{p}", "prompt": "y" * 5000}).encode(),
+}
+
+
+def test_malformed_messages_go_to_dlq_and_rejected_rows(deployment):
+    dep, client, db, worker = deployment
+    since = now_ms()
+    for name, value in MALFORMED.items():
+        client.submit_raw(value.replace(b"{p}", dep.topic_prefix.encode()), "normal", key=name)
+    good = client.submit(
+        {"job_id": f"after-bad-{dep.topic_prefix}", "prompt": "still serving", "max_tokens": 3}
+    )
+    client.flush()
+    dlq = read_topic(dep, dep.topics.dlq, since, lambda rs: len(rs) >= len(MALFORMED))
+    assert sorted(r.key.decode() for r in dlq) == sorted(MALFORMED)
+    for r in dlq:
+        headers = dict(r.headers)
+        assert headers["source_topic"].decode() == dep.topics.jobs("normal")
+        assert int(headers["source_offset"]) >= 0 and headers["error"]
+        assert r.value == MALFORMED[r.key.decode()].replace(b"{p}", dep.topic_prefix.encode())
+    named = {f"bad-{k}-{dep.topic_prefix}" for k in ("type", "field", "limit", "both", "long")}
+    rows = wait_terminal(db, sorted(named) + [good])
+    assert rows[good]["status"] == "succeeded"
+    for job_id in named:
+        assert rows[job_id]["status"] == "rejected" and rows[job_id]["error"], rows[job_id]
+    assert "max_tokens" in rows[f"bad-type-{dep.topic_prefix}"]["error"]
+    assert "colour" in rows[f"bad-field-{dep.topic_prefix}"]["error"]
+    assert "context" in rows[f"bad-long-{dep.topic_prefix}"]["error"]
+    # messages without a readable job_id get one derived from topic:partition:offset
+    unnamed = [dict(r.headers) for r in dlq if r.key.decode() in ("not-json", "not-utf8", "not-object")]
+    derived = [
+        f"{dep.topics.jobs('normal')}:{h['source_partition'].decode()}:{h['source_offset'].decode()}"
+        for h in unnamed
+    ]
+    derived_rows = job_rows(db, derived)
+    assert len(derived_rows) == 3 and {row["status"] for row in derived_rows.values()} == {"rejected"}
+    assert worker.proc.poll() is None
+
+
+def test_cancel_and_timeout(deployment):
+    dep, client, db, _ = deployment
+    long_job = client.submit({"job_id": f"cancel-{dep.topic_prefix}", "prompt": "go on", "max_tokens": 2000})
+    client.flush()
+    wait_status(db, long_job, "running")
+    client.cancel(long_job)
+    expired = client.submit(
+        {"job_id": f"expire-{dep.topic_prefix}", "prompt": "late", "max_tokens": 2000, "timeout_s": 0.5}
+    )
+    client.flush()
+    rows = wait_terminal(db, [long_job, expired])
+    assert rows[long_job]["status"] == "cancelled"
+    assert rows[long_job]["completion_tokens"] < 2000
+    assert rows[expired]["status"] == "expired"
+    pre = f"precancel-{dep.topic_prefix}"
+    client.cancel(pre)  # cancelled before it is ever posted: the job must never run
+    wait_status(db, pre, "cancelled")
+    client.submit({"job_id": pre, "prompt": "never", "max_tokens": 5})
+    client.flush()
+    time.sleep(3)
+    assert job_rows(db, [pre])[pre]["completion_tokens"] is None
+
+
+def test_duplicates_and_redeliveries_yield_one_terminal_row_and_result(deployment):
+    dep, client, db, _ = deployment
+    since = now_ms()
+    job = {"job_id": f"dup-{dep.topic_prefix}", "prompt": "only once", "max_tokens": 8}
+    client.submit(job, "normal")
+    client.submit(job, "high")  # same job on another class, in flight together
+    client.flush()
+    rows = wait_terminal(db, [job["job_id"]])
+    client.submit(job, "low")  # a redelivery of a finished job
+    probe = client.submit({"job_id": f"probe-{dep.topic_prefix}", "prompt": "after", "max_tokens": 2}, "low")
+    client.flush()
+    wait_terminal(db, [probe])
+    results = _results(dep, since, 2)
+    assert len(results[job["job_id"]]) == 1
+    assert job_rows(db, [job["job_id"]])[job["job_id"]] == rows[job["job_id"]]
+
+
+def test_metrics_endpoint_counts_what_happened(deployment):
+    dep, client, db, worker = deployment
+    job_id = client.submit({"job_id": f"metrics-{dep.topic_prefix}", "prompt": "count me", "max_tokens": 4})
+    client.flush()
+    wait_terminal(db, [job_id])
+    time.sleep(0.5)
+    text = (
+        urllib.request.urlopen(f"http://127.0.0.1:{worker.metrics_port}/metrics", timeout=10).read().decode()
+    )
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    assert samples['inferq:request_success_total{status="succeeded"}'] >= 1
+    assert samples['inferq:time_to_first_token_seconds_count{priority="normal"}'] >= 1
+    assert samples["inferq:generation_tokens_total"] >= 4
+    assert "inferq:kv_cache_usage_perc" in samples and "inferq:num_requests_running" in samples

@@ -1,0 +1,141 @@
+"""Factories for worker tests: a private topic prefix, worker processes, a client, and row look-ups.
+
+Every test deployment gets its own topic prefix (and so its own consumer group), so tests never see
+each other's jobs on the shared local Kafka and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+from sqlalchemy import Engine, select
+
+from schemas.jobs import TokenEvent
+from schemas.tables import TERMINAL_STATUSES, jobs
+from workers.client import JobClient
+from workers.kafka_io import TopicReader
+from workers.services.kafka import ensure_topics
+from workers.settings import Settings
+
+
+def make_deployment(base: Settings) -> Settings:
+    settings = dataclasses.replace(base, topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    ensure_topics(settings.kafka, settings.topics.partitions())
+    return settings
+
+
+@dataclasses.dataclass
+class WorkerProcess:
+    worker_id: str
+    proc: subprocess.Popen
+    log: Path
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout_s)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_worker(settings: Settings, tmp: Path, worker_id: str, *extra: str) -> WorkerProcess:
+    env = {
+        **os.environ,
+        "INFERQ_TOPIC_PREFIX": settings.topic_prefix,
+        "INFERQ_KAFKA": settings.kafka,
+        "INFERQ_DATABASE_URL": settings.database_url,
+        "OMP_NUM_THREADS": "1",
+    }
+    log = tmp / f"{worker_id}.log"
+    cmd = [sys.executable, "-m", "workers.cli", "worker", "--worker-id", worker_id, "--grace-s", "10", *extra]
+    proc = subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    return WorkerProcess(worker_id, proc, log)
+
+
+def job_rows(db: Engine, job_ids: Iterable[str]) -> dict[str, dict]:
+    with db.connect() as conn:
+        result = conn.execute(select(jobs).where(jobs.c.job_id.in_(list(job_ids))))
+        return {r.job_id: dict(r._mapping) for r in result}
+
+
+def wait_terminal(db: Engine, job_ids: list[str], timeout_s: float = 180) -> dict[str, dict]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = job_rows(db, job_ids)
+        if len(rows) == len(job_ids) and all(r["status"] in TERMINAL_STATUSES for r in rows.values()):
+            return rows
+        if time.monotonic() > deadline:
+            missing = {
+                j: rows.get(j, {}).get("status")
+                for j in job_ids
+                if j not in rows or rows[j]["status"] not in TERMINAL_STATUSES
+            }
+            raise AssertionError(f"jobs not terminal after {timeout_s}s: {missing}")
+        time.sleep(0.25)
+
+
+def wait_status(db: Engine, job_id: str, status: str, timeout_s: float = 120) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        row = job_rows(db, [job_id]).get(job_id)
+        if row is not None and row["status"] == status:
+            return row
+        time.sleep(0.1)
+    raise AssertionError(f"{job_id} never reached {status}: {job_rows(db, [job_id]).get(job_id)}")
+
+
+def read_topic(settings: Settings, topic: str, since_ms: int, until: callable, timeout_s: float = 60) -> list:
+    """Records of a whole topic from a time on, until `until(records)` holds (or the timeout)."""
+    reader = TopicReader(settings.kafka, topic, since_ms, "inferq-test")
+    records: list = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline and not until(records):
+            records += reader.poll(0.2)
+    finally:
+        reader.close()
+    return records
+
+
+def token_events(records: list) -> dict[str, list[TokenEvent]]:
+    by_job: dict[str, list[TokenEvent]] = {}
+    for r in records:
+        event = TokenEvent.model_validate_json(r.value)
+        by_job.setdefault(event.job_id, []).append(event)
+    return by_job
+
+
+def client_for(settings: Settings) -> JobClient:
+    return JobClient(settings)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000) - 2000
+
+
+def wait_group_members(settings: Settings, count: int, timeout_s: float = 120) -> None:
+    """Until the deployment's consumer group is stable with `count` members (workers have joined)."""
+    from kafka.admin import KafkaAdminClient
+
+    from workers.loop import group_id
+
+    group = group_id(settings.topic_prefix)
+    deadline = time.monotonic() + timeout_s
+    with KafkaAdminClient(bootstrap_servers=settings.kafka, client_id="inferq-test") as admin:
+        while True:
+            info = admin.describe_groups([group]).get(group, {})
+            state = info.get("group_state") or info.get("state")
+            if state == "Stable" and len(info.get("members", [])) == count:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"group {group} never had {count} stable members: {info}")
+            time.sleep(0.5)
