@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The README's two commands, on a fresh machine or an old one:
+#   bash dev.sh demo [ARGS]   start Kafka + PostgreSQL, then run the demo
+#   bash dev.sh test [ARGS]   start Kafka + PostgreSQL, then run the tests (ARGS go to pytest)
+# Both set up what is missing first: a virtualenv at $INFERQ_VENV (default ~/.cache/inferq/venv) with this
+# checkout installed, and, through `inferq up`, the Kafka jars and a PostgreSQL cluster. Services are left
+# running afterwards for the next command; `inferq down` stops them.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$here"
+venv="${INFERQ_VENV:-$HOME/.cache/inferq/venv}"
+
+usage() {
+    echo "usage: bash dev.sh demo|test [ARGS...]" >&2
+    exit 2
+}
+
+find_python() {
+    local py
+    for py in python3.11 python3; do
+        if command -v "$py" >/dev/null && "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+            echo "$py"
+            return
+        fi
+    done
+    echo "dev.sh: Python 3.11+ not found; install it (e.g. apt-get install python3.11 python3.11-venv)" >&2
+    exit 1
+}
+
+ensure_venv() {
+    if [ ! -x "$venv/bin/python" ]; then
+        echo "dev.sh: creating virtualenv $venv"
+        "$(find_python)" -m venv "$venv"
+    fi
+    # Reinstall when pyproject.toml changed or the venv was last installed from another checkout (the
+    # install is editable, so it points at one checkout). pip's cache makes a reinstall quick.
+    local stamp="$venv/.inferq-install" want
+    want="$( (cat pyproject.toml; echo "$here") | sha256sum | cut -d' ' -f1)"
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+        echo "dev.sh: installing inferq and its dependencies into $venv (a first install downloads torch)"
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+        echo "$want" >"$stamp"
+    fi
+}
+
+[ $# -ge 1 ] || usage
+command="$1"
+shift
+case "$command" in
+demo | test) ;;
+*) usage ;;
+esac
+
+ensure_venv
+inferq="$venv/bin/inferq"
+"$inferq" up
+
+case "$command" in
+demo)
+    if ! "$inferq" demo --help >/dev/null 2>&1; then
+        echo "dev.sh: services are up and migrated, but the \`inferq demo\` verb does not exist yet" \
+            "(it needs the worker, submit and tail verbs); nothing more to run."
+        exit 0
+    fi
+    exec "$inferq" demo "$@"
+    ;;
+test)
+    rc=0
+    "$venv/bin/python" -m pytest "$@" || rc=$?
+    if [ "$rc" -eq 5 ]; then
+        echo "dev.sh: pytest collected no tests; that is a failure" >&2
+        rc=1
+    fi
+    echo "dev.sh: services left running; stop them with: $inferq down"
+    exit "$rc"
+    ;;
+esac

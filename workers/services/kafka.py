@@ -1,0 +1,159 @@
+"""A single-node Apache Kafka (KRaft, combined broker + controller) run from the cached Maven jars."""
+
+from __future__ import annotations
+
+import base64
+import socket
+import subprocess
+import uuid
+from pathlib import Path
+
+from workers.services import process, tools
+from workers.services.paths import ServicePaths
+
+# A dev broker on a shared 2-core machine: small heap; C1 only and the serial GC start the JVM about twice
+# as fast (CI starts it every run), and a dev broker's load needs no peak JIT throughput.
+JVM_OPTIONS = [
+    "-Xms128m",
+    "-Xmx512m",
+    "-XX:TieredStopAtLevel=1",
+    "-XX:+UseSerialGC",
+    "-Djava.awt.headless=true",
+]
+START_TIMEOUT_S = 90.0
+
+SERVER_PROPERTIES = """\
+# Written by `inferq up` on every start; edit workers/services/kafka.py instead.
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:{controller_port}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+log.dirs={data}
+num.partitions=1
+# one node: every internal topic has one replica (min.isr defaults to 2 for some)
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=8
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=4
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+# test consumer groups join at once instead of waiting 3 s for more members
+group.initial.rebalance.delay.ms=0
+# after a crash the restarted broker waits out its old session before it may register again (default 9 s)
+broker.heartbeat.interval.ms=1000
+broker.session.timeout.ms=4000
+"""
+
+LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = OUT
+"""
+
+
+def loopback_port(bootstrap: str) -> int | None:
+    """The port if `bootstrap` names one broker on this machine (one `inferq up` manages), else None."""
+    if "," in bootstrap:
+        return None
+    host, _, port = bootstrap.strip().rpartition(":")
+    if host.strip("[]") not in ("127.0.0.1", "localhost", "::1") or not port.isdigit():
+        return None
+    return int(port)
+
+
+def start(paths: ServicePaths, jars: Path, port: int) -> int:
+    """Write the config, format the storage on first use, and spawn the broker; return its pid."""
+    config = _write_config(paths, port)
+    java = tools.java()
+    classpath = str(jars / "*")
+    log4j = f"-Dlog4j2.configurationFile={paths.kafka_dir / 'log4j2.properties'}"
+    if not (paths.kafka_data / "meta.properties").exists():
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        fmt = [
+            java,
+            *JVM_OPTIONS,
+            log4j,
+            "-cp",
+            classpath,
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            cluster_id,
+            "-c",
+            str(config),
+            "--ignore-formatted",
+        ]
+        done = subprocess.run(fmt, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            out = (done.stdout + done.stderr)[-3000:]
+            raise process.ServiceError(f"formatting Kafka storage failed (exit {done.returncode}):\n{out}")
+    argv = [java, *JVM_OPTIONS, log4j, "-cp", classpath, "kafka.Kafka", str(config)]
+    return process.spawn(argv, paths.log("kafka"), cwd=paths.kafka_dir)
+
+
+def ping(bootstrap: str, timeout_ms: int = 2000) -> bool:
+    """True when the broker answers a metadata request with itself registered."""
+    from kafka.admin import KafkaAdminClient
+
+    if not _port_open(bootstrap):
+        return False  # refused at once: skip the client's bootstrap timeout
+    try:
+        admin = KafkaAdminClient(
+            bootstrap_servers=bootstrap,
+            bootstrap_timeout_ms=timeout_ms,
+            request_timeout_ms=timeout_ms,
+            reconnect_backoff_max_ms=200,
+            client_id="inferq-ping",
+        )
+    except Exception:
+        return False
+    try:
+        return bool(admin.describe_cluster().get("brokers"))
+    except Exception:
+        return False
+    finally:
+        admin.close()
+
+
+def ensure_topics(bootstrap: str, partitions: dict[str, int]) -> list[str]:
+    """Create missing topics and grow under-partitioned ones; return what changed, for the log."""
+    from kafka.admin import KafkaAdminClient
+
+    with KafkaAdminClient(bootstrap_servers=bootstrap, client_id="inferq-up") as admin:
+        existing = {t["name"]: len(t["partitions"]) for t in admin.describe_topics()}
+        missing = {t: n for t, n in partitions.items() if t not in existing}
+        grow = {t: n for t, n in partitions.items() if t in existing and existing[t] < n}
+        if missing:
+            spec = {t: {"num_partitions": n, "replication_factor": 1} for t, n in missing.items()}
+            admin.create_topics(spec, wait_for_metadata=True)
+        if grow:
+            admin.create_partitions(grow)
+    return [f"created {t} ({n} partitions)" for t, n in missing.items()] + [
+        f"grew {t} to {n} partitions" for t, n in grow.items()
+    ]
+
+
+def _port_open(bootstrap: str) -> bool:
+    host, _, port = bootstrap.split(",")[0].strip().rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=2).close()
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _write_config(paths: ServicePaths, port: int) -> Path:
+    paths.kafka_data.mkdir(parents=True, exist_ok=True)
+    (paths.kafka_dir / "log4j2.properties").write_text(LOG4J2)
+    config = paths.kafka_dir / "server.properties"
+    config.write_text(SERVER_PROPERTIES.format(port=port, controller_port=port + 1, data=paths.kafka_data))
+    return config

@@ -1,0 +1,183 @@
+"""A private PostgreSQL cluster: initdb into a per-checkout dir, run on its own port, loopback only."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+from pathlib import Path
+
+from workers.services import process
+from workers.services.paths import ServicePaths
+from workers.services.process import ServiceError
+
+PG_USER = "postgres"  # the system user of the Debian package (initdb refuses root); also the superuser
+START_TIMEOUT_S = 60.0
+SERVER_OPTIONS = ["-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200"]
+
+
+def loopback_url(url: str):
+    """The parsed SQLAlchemy URL if it points at this machine (a cluster `inferq up` manages), else None."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.host not in ("127.0.0.1", "localhost") or parsed.port is None:
+        return None
+    return parsed
+
+
+def prepare(paths: ServicePaths, bindir: Path) -> None:
+    """Create the cluster on first use; a fresh state dir gets a fresh cluster (see paths.py)."""
+    home, data = paths.postgres_home, paths.postgres_data
+    if not paths.postgres_link.is_symlink() and home.exists():
+        _refuse_if_running(data)
+        shutil.rmtree(home)  # left by an earlier, since deleted, state dir at this same path
+    home.mkdir(mode=0o700, exist_ok=True)
+    user = _run_as()
+    if user:
+        entry = pwd.getpwnam(user)
+        os.chown(home, entry.pw_uid, entry.pw_gid)
+    if not (data / "PG_VERSION").exists():
+        initdb = [
+            str(bindir / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            PG_USER,
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-instructions",
+        ]
+        done = subprocess.run(initdb, capture_output=True, text=True, user=user, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise ServiceError(f"initdb failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
+    if not paths.postgres_link.is_symlink():
+        paths.postgres_link.symlink_to(home)
+    major = (data / "PG_VERSION").read_text().strip()
+    if bindir.parent.name != major:
+        raise ServiceError(
+            f"the cluster in {data} is PostgreSQL {major} but the server found is "
+            f"{bindir.parent.name}; install postgresql-{major} or `inferq down --purge`"
+        )
+
+
+def start(paths: ServicePaths, bindir: Path, port: int) -> int:
+    _wait_for_orphans(paths.postgres_data)
+    argv = [
+        str(bindir / "postgres"),
+        "-D",
+        str(paths.postgres_data),
+        "-p",
+        str(port),
+        "-k",
+        str(paths.postgres_home),
+        *SERVER_OPTIONS,
+    ]
+    return process.spawn(argv, paths.log("postgres"), user=_run_as(), cwd=paths.postgres_home)
+
+
+def ping(url: str, database: str | None = None, timeout_s: int = 2) -> bool:
+    """True when `SELECT 1` succeeds (in `database` if given, else the URL's own)."""
+    import psycopg2
+
+    try:
+        conn = _connect(url, database, timeout_s)
+    except psycopg2.Error:
+        return False
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1")
+            return cur.fetchone() == (1,)
+    except psycopg2.Error:
+        return False
+    finally:
+        conn.close()
+
+
+def ensure_database(url: str) -> bool:
+    """Create the URL's database if missing; True if it was created."""
+    from sqlalchemy.engine import make_url
+
+    name = make_url(url).database
+    conn = _connect(url, "postgres", 5)
+    conn.autocommit = True  # CREATE DATABASE cannot run in a transaction
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+            if cur.fetchone():
+                return False
+            cur.execute(f'CREATE DATABASE "{name}"')
+            return True
+    finally:
+        conn.close()
+
+
+def purge(paths: ServicePaths) -> None:
+    shutil.rmtree(paths.postgres_home, ignore_errors=True)
+    paths.postgres_link.unlink(missing_ok=True)
+
+
+def _connect(url: str, database: str | None, timeout_s: int):
+    import psycopg2
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    return psycopg2.connect(
+        host=u.host,
+        port=u.port,
+        user=u.username,
+        password=u.password,
+        dbname=database or u.database,
+        connect_timeout=timeout_s,
+    )
+
+
+def _run_as() -> str | None:
+    if not process.is_root():
+        return None
+    try:
+        pwd.getpwnam(PG_USER)
+    except KeyError:
+        raise ServiceError(
+            f"running as root, PostgreSQL needs the `{PG_USER}` system user, which the "
+            "postgresql-15 package creates: apt-get install postgresql-15"
+        ) from None
+    return PG_USER
+
+
+def _refuse_if_running(data: Path) -> None:
+    try:
+        pid = int((data / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    import psutil
+
+    if psutil.pid_exists(pid):
+        raise ServiceError(
+            f"a PostgreSQL (pid {pid}) still runs from {data}, which belongs to no state "
+            f"dir; stop it (`kill -INT {pid}`) and run `inferq up` again"
+        )
+
+
+def _wait_for_orphans(data: Path, timeout_s: float = 30.0) -> None:
+    """After a kill -9 of the server, wait until its children (their cwd is the data dir) have noticed and
+    exited: while they hold the old shared memory, a new server refuses to start."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        orphans = [p.pid for p in psutil.process_iter(["cwd", "status"]) if _is_live_in(p.info, data)]
+        if not orphans:
+            return
+        time.sleep(process.POLL_S)
+    raise ServiceError(f"processes {orphans} of an earlier PostgreSQL still run from {data}; stop them first")
+
+
+def _is_live_in(info: dict, data: Path) -> bool:
+    return info["cwd"] == str(data) and info["status"] != "zombie"
