@@ -43,10 +43,12 @@ def deployment(settings, tmp_path_factory):
     worker.metrics_port = port
     client = JobClient(dep)
     db = create_engine(dep.database_url)
-    yield dep, client, db, worker
-    client.close()
-    assert worker.stop() == 0, worker.output()[-3000:]
-    db.dispose()
+    try:
+        yield dep, client, db, worker
+    finally:
+        client.close()
+        db.dispose()
+        assert worker.stop() == 0, worker.output()[-3000:]
 
 
 def _results(dep, since: int, expected: int) -> dict[str, list[JobResult]]:

@@ -27,12 +27,14 @@ def pair(settings, tmp_path):
     workers = [start_worker(dep, tmp_path, name) for name in ("w-a", "w-b")]
     client = JobClient(dep)
     db = create_engine(dep.database_url)
-    wait_group_members(dep, 2)
-    yield dep, client, db, workers
-    client.close()
-    for w in workers:
-        w.stop(signal.SIGKILL if w.proc.poll() is None and False else signal.SIGTERM)
-    db.dispose()
+    try:
+        wait_group_members(dep, 2)
+        yield dep, client, db, workers
+    finally:
+        client.close()
+        for w in workers:
+            w.stop(signal.SIGTERM)
+        db.dispose()
 
 
 def _result_counts(dep, since: int, expected: int) -> dict[str, int]:

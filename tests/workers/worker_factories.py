@@ -41,7 +41,11 @@ class WorkerProcess:
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        return self.proc.wait(timeout_s)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # never leave a worker behind; the caller sees the non-zero code
+            return self.proc.wait()
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
