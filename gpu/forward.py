@@ -1,0 +1,125 @@
+"""The Llama-family forward over flattened tokens, reading the HF model's weights and the paged KV cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from gpu.attention import paged_attention
+from gpu.inputs import StepInputs
+from gpu.kv_cache import KVCache, KVShape
+from gpu.linear import Linear
+from gpu.model import LoadedModel, check_architecture
+
+# RoPE variants whose frequencies do not depend on the batch, so one cos/sin table serves every step.
+_STATIC_ROPE = {"default", "linear", "llama3", "yarn"}
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """As HF's LlamaRMSNorm: normalise in float32, scale in the model's dtype."""
+    if x.dtype == torch.float32:  # the fused kernel gives bit-identical results in float32
+        return F.rms_norm(x, weight.shape, weight, eps)
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on [T, heads, head_dim] with cos/sin of [T, 1, head_dim]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+@dataclass(frozen=True)
+class Layer:
+    input_norm: torch.Tensor
+    qkv: Linear  # q, k and v projections fused into one product
+    o: Linear
+    post_norm: torch.Tensor
+    gate_up: Linear  # gate and up projections fused
+    down: Linear
+
+
+def _fuse(*linears: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    weight = torch.cat([m.weight.detach() for m in linears], dim=0)
+    if all(m.bias is None for m in linears):
+        return weight, None
+    biases = [m.bias.detach() if m.bias is not None else weight.new_zeros(m.out_features) for m in linears]
+    return weight, torch.cat(biases)
+
+
+class LlamaForward:
+    """Batched forward for llama/mistral/qwen2 configs; logits only for the rows that sample."""
+
+    def __init__(self, loaded: LoadedModel, max_positions: int, packed: bool = True) -> None:
+        config = loaded.config
+        check_architecture(config)
+        hf = loaded.model.model
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.eps = config.rms_norm_eps
+        self.scale = hf.layers[0].self_attn.scaling
+        self.dtype, self.device = loaded.dtype, loaded.device
+        from transformers.activations import ACT2FN
+
+        self.act = ACT2FN[config.hidden_act]
+        self.embed = hf.embed_tokens.weight.detach()
+        self.final_norm = hf.norm.weight.detach()
+        self.lm_head = Linear(loaded.model.lm_head.weight.detach(), None, packed)
+        self.layers = [self._layer(block, packed) for block in hf.layers]
+        self._rotary = hf.rotary_emb
+        self._static_rope = getattr(hf.rotary_emb, "rope_type", "default") in _STATIC_ROPE
+        self._cos, self._sin = self._rope(torch.arange(max_positions, device=self.device))
+
+    @staticmethod
+    def _layer(block: Any, packed: bool) -> Layer:
+        attn, mlp = block.self_attn, block.mlp
+        o_bias = attn.o_proj.bias.detach() if attn.o_proj.bias is not None else None
+        down_bias = mlp.down_proj.bias.detach() if mlp.down_proj.bias is not None else None
+        return Layer(
+            input_norm=block.input_layernorm.weight.detach(),
+            qkv=Linear(*_fuse(attn.q_proj, attn.k_proj, attn.v_proj), packed),
+            o=Linear(attn.o_proj.weight.detach(), o_bias, packed),
+            post_norm=block.post_attention_layernorm.weight.detach(),
+            gate_up=Linear(*_fuse(mlp.gate_proj, mlp.up_proj), packed),
+            down=Linear(mlp.down_proj.weight.detach(), down_bias, packed),
+        )
+
+    def kv_shape(self, block_size: int) -> KVShape:
+        return KVShape(len(self.layers), self.num_kv_heads, self.head_dim, block_size, self.dtype)
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probe = torch.empty(1, dtype=self.dtype, device=self.device)
+        cos, sin = self._rotary(probe, positions[None])
+        return cos[0], sin[0]  # [T, head_dim]
+
+    def __call__(self, inputs: StepInputs, cache: KVCache) -> torch.Tensor:
+        """Run every scheduled token; return logits [S, vocab] for inputs.sample_rows."""
+        if self._static_rope:
+            cos, sin = self._cos[inputs.positions], self._sin[inputs.positions]
+        else:
+            cos, sin = self._rope(inputs.positions)
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        t = inputs.input_ids.numel()
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        x = self.embed[inputs.input_ids]
+        for index, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.input_norm, self.eps)
+            qk, v = layer.qkv(h).split((q_size + kv_size, kv_size), dim=-1)
+            qk = rotate(qk.view(t, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # one RoPE call for both
+            cache.write(index, inputs.slots, k, v.reshape(t, self.num_kv_heads, self.head_dim))
+            attn = paged_attention(q, cache, index, inputs, self.scale)
+            x = x + layer.o(attn.reshape(t, q_size))
+            h = rms_norm(x, layer.post_norm, self.eps)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(self.act(gate) * up)
+        if inputs.sample_rows.numel() == 0:  # only prefill chunks that end before their last token
+            return x.new_empty(0, self.lm_head.out_features, dtype=torch.float32)
+        last = rms_norm(x[inputs.sample_rows], self.final_norm, self.eps)
+        return self.lm_head(last).float()

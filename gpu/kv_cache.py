@@ -1,0 +1,59 @@
+"""Paged KV cache: fixed-size blocks of K and V per layer, addressed through block tables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DEFAULT_CPU_BUDGET = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class KVShape:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    @property
+    def bytes_per_block(self) -> int:
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element
+
+    def blocks_for_budget(self, budget_bytes: int) -> int:
+        blocks = budget_bytes // self.bytes_per_block
+        if blocks < 1:
+            raise ValueError(f"KV budget {budget_bytes} B is below one block ({self.bytes_per_block} B)")
+        return blocks
+
+
+class KVCache:
+    """K and V tensors shaped [num_layers, kv_heads, num_blocks, block_size, head_dim].
+
+    Heads lead so that gathering a batch's blocks gives [kv_heads, B, context, head_dim] directly, the
+    layout the attention products read without a transposing copy. Zero-initialised on purpose:
+    attention reads whole blocks and masks the unused slots, and a masked weight of 0 times
+    uninitialised NaN would still be NaN.
+    """
+
+    def __init__(self, shape: KVShape, num_blocks: int, device: torch.device) -> None:
+        self.shape = shape
+        self.num_blocks = num_blocks
+        dims = (shape.num_layers, shape.num_kv_heads, num_blocks, shape.block_size, shape.head_dim)
+        self.k = torch.zeros(dims, dtype=shape.dtype, device=device)
+        self.v = torch.zeros(dims, dtype=shape.dtype, device=device)
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store K/V of [T, kv_heads, head_dim] at flat slots (block * block_size + offset)."""
+        flat = (self.shape.num_kv_heads, -1, self.shape.head_dim)
+        self.k[layer].view(flat).index_copy_(1, slots, k.transpose(0, 1))
+        self.v[layer].view(flat).index_copy_(1, slots, v.transpose(0, 1))
+
+    def gather(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of [kv_heads, B, max_blocks * block_size, head_dim] for block tables [B, max_blocks]."""
+        out = (self.shape.num_kv_heads, block_tables.shape[0], -1, self.shape.head_dim)
+        k = self.k[layer].index_select(1, block_tables.reshape(-1)).view(out)
+        v = self.v[layer].index_select(1, block_tables.reshape(-1)).view(out)
+        return k, v

@@ -1,0 +1,85 @@
+"""Tokenizers behind one interface: the built-in byte-level one and an adapter for local HF ones."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+BYTE_OFFSET = 3  # ids 3..258 are the bytes 0..255
+NUM_BYTE_IDS = 256 + BYTE_OFFSET
+
+
+class Tokenizer(Protocol):
+    eos_token_id: int | None
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]]) -> list[int]: ...
+
+
+def render_chat(messages: Sequence[Mapping[str, str]]) -> str:
+    """A plain chat layout for models without a template of their own; ends with the assistant's turn."""
+    parts = [f"<|{m['role']}|>\n{m['content']}\n" for m in messages]
+    return "".join(parts) + "<|assistant|>\n"
+
+
+class ByteTokenizer:
+    """Byte-level tokenizer needing no files: ids 0/1/2 are pad/bos/eos, 3..258 are the bytes.
+
+    Ids >= 259 are never produced by `encode`; they decode to one printable ASCII character each so that a
+    random model's output stays readable.
+    """
+
+    pad_token_id = PAD_ID
+    bos_token_id = BOS_ID
+    eos_token_id: int | None = EOS_ID
+
+    def __init__(self, vocab_size: int = NUM_BYTE_IDS) -> None:
+        if vocab_size < NUM_BYTE_IDS:
+            raise ValueError(
+                f"byte tokenizer needs a vocabulary of at least {NUM_BYTE_IDS}, got {vocab_size}"
+            )
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        ids = [b + BYTE_OFFSET for b in text.encode("utf-8")]
+        return [BOS_ID, *ids] if add_bos else ids
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (special tokens stand for none)."""
+        if token_id < BYTE_OFFSET:
+            return b""
+        if token_id < NUM_BYTE_IDS:
+            return bytes((token_id - BYTE_OFFSET,))
+        return bytes((32 + (token_id - NUM_BYTE_IDS) % 95,))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        return self.encode(render_chat(messages))
+
+
+class HFTokenizer:
+    """Adapter over a transformers tokenizer loaded from a local checkpoint directory."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.hf = tokenizer
+        self.eos_token_id: int | None = tokenizer.eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf.encode(text))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=True)
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        if getattr(self.hf, "chat_template", None):
+            ids = self.hf.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, Mapping):  # newer transformers return a BatchEncoding
+                ids = ids["input_ids"]
+            return list(ids)
+        return self.encode(render_chat(messages))
