@@ -58,11 +58,6 @@ inferq="$venv/bin/inferq"
 
 case "$command" in
 demo)
-    if ! "$inferq" demo --help >/dev/null 2>&1; then
-        echo "dev.sh: services are up and migrated, but the \`inferq demo\` verb does not exist yet" \
-            "(it needs the worker, submit and tail verbs); nothing more to run."
-        exit 0
-    fi
     exec "$inferq" demo "$@"
     ;;
 test)

@@ -222,3 +222,13 @@ def group_client_ids(bootstrap: str, group_id: str) -> set[str]:
     if group.get("error"):
         raise KafkaError(group["error"])
     return {member["client_id"] for member in group.get("members", [])}
+
+
+def group_members(bootstrap: str, group: str) -> int:
+    """Members of a consumer group once it is stable (0 while it rebalances or does not exist)."""
+    from kafka.admin import KafkaAdminClient
+
+    with KafkaAdminClient(bootstrap_servers=bootstrap, client_id="inferq-admin") as admin:
+        info = admin.describe_groups([group]).get(group, {})
+    state = info.get("group_state") or info.get("state")
+    return len(info.get("members", [])) if state == "Stable" else 0

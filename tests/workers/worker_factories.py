@@ -21,7 +21,8 @@ from sqlalchemy import Engine, select
 from schemas.jobs import TokenEvent
 from schemas.tables import TERMINAL_STATUSES, jobs
 from workers.client import JobClient
-from workers.kafka_io import TopicReader
+from workers.kafka_io import TopicReader, group_members
+from workers.loop import group_id
 from workers.services.kafka import ensure_topics
 from workers.settings import Settings
 
@@ -128,18 +129,9 @@ def now_ms() -> int:
 
 def wait_group_members(settings: Settings, count: int, timeout_s: float = 120) -> None:
     """Until the deployment's consumer group is stable with `count` members (workers have joined)."""
-    from kafka.admin import KafkaAdminClient
-
-    from workers.loop import group_id
-
     group = group_id(settings.topic_prefix)
     deadline = time.monotonic() + timeout_s
-    with KafkaAdminClient(bootstrap_servers=settings.kafka, client_id="inferq-test") as admin:
-        while True:
-            info = admin.describe_groups([group]).get(group, {})
-            state = info.get("group_state") or info.get("state")
-            if state == "Stable" and len(info.get("members", [])) == count:
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"group {group} never had {count} stable members: {info}")
-            time.sleep(0.5)
+    while group_members(settings.kafka, group) != count:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"group {group} never had {count} stable members")
+        time.sleep(0.5)

@@ -42,6 +42,20 @@ def _start_worker(args: argparse.Namespace, log_path) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def _wait_until_serving(settings, worker: subprocess.Popen, timeout_s: float) -> None:
+    """Post only once the worker has joined its group, so the timings shown are the engine's, not start-up."""
+    from workers.kafka_io import group_members
+    from workers.loop import group_id
+
+    deadline = time.monotonic() + timeout_s
+    while group_members(settings.kafka, group_id(settings.topic_prefix)) < 1:
+        if worker.poll() is not None:
+            raise SystemExit(f"inferq demo: the worker exited with code {worker.returncode}; see its log")
+        if time.monotonic() > deadline:
+            raise SystemExit("inferq demo: the worker did not join its consumer group in time; see its log")
+        time.sleep(0.5)
+
+
 def run(args: argparse.Namespace) -> int:
     import uuid
 
@@ -56,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"starting a worker (log: {log_path})")
     worker = _start_worker(args, log_path)
     try:
+        _wait_until_serving(settings, worker, args.timeout)
         run_id = uuid.uuid4().hex[:8]
         labels: dict[str, str] = {}
         with JobClient(settings) as client:
