@@ -32,7 +32,8 @@ class SchedulerOutput:
     chunks: tuple[ScheduledChunk, ...]  # decode chunks first, then prefill chunks
     num_tokens: int  # sum of len(chunk.token_ids): never above the step's token budget
     preempted: tuple[str, ...]  # sequences preempted this step (blocks freed; recomputed later)
-    finished: tuple[FinishedSequence, ...]  # ended while scheduling (expired, rejected); aborts return directly
+    # ended while scheduling (expired, rejected); abort() and finish() return theirs directly
+    finished: tuple[FinishedSequence, ...]
 
     @property
     def empty(self) -> bool:

@@ -11,6 +11,7 @@ import logging
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import CommitFailedError, KafkaError
@@ -98,8 +99,22 @@ class GroupConsumer:
         self._consumer.subscribe(list(topics), listener=_Listener(self.rebalances))
 
     def poll(self, timeout_s: float, max_records: int | None = None) -> list[Record]:
+        self._unpark_resumed()
         batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         return [_to_record(r) for records in batches.values() for r in records]
+
+    def _unpark_resumed(self) -> None:
+        """Work around kafka-python 3.0 losing resumed partitions for good.
+
+        Records fetched for a partition while it was paused are parked, and the partition is not fetched
+        again until they are handed back. The fetcher hands them back only when its in-line slot is None,
+        but a drained slot stays a (falsy) records object, so after pause → resume the partition is never
+        read again: the worker stalls on a backlog. A drained slot and None mean the same to the fetcher.
+        """
+        fetcher = getattr(self._consumer, "_fetcher", None)
+        parked = fetcher is not None and getattr(fetcher, "_paused_partition_records", None)
+        if parked and not fetcher._next_partition_records:
+            fetcher._next_partition_records = None
 
     def assignment(self) -> set[Partition]:
         return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
@@ -187,8 +202,18 @@ class TopicReader:
         self._consumer.close(autocommit=False)
 
 
+@dataclass(frozen=True)
+class Delivery:
+    """A sent message; `wait` blocks until the broker has it (without forcing out everything else)."""
+
+    _future: Any
+
+    def wait(self, timeout_s: float = 30.0) -> None:
+        self._future.get(timeout=timeout_s)
+
+
 class Producer:
-    def __init__(self, bootstrap: str, client_id: str, linger_ms: int = 2) -> None:
+    def __init__(self, bootstrap: str, client_id: str, linger_ms: int = 5) -> None:
         self._producer = KafkaProducer(
             bootstrap_servers=bootstrap,
             client_id=client_id,
@@ -199,9 +224,9 @@ class Producer:
 
     def send(
         self, topic: str, key: str | bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
-    ) -> None:
+    ) -> Delivery:
         raw_key = key.encode() if isinstance(key, str) else key
-        self._producer.send(topic, value=value, key=raw_key, headers=list(headers) or None)
+        return Delivery(self._producer.send(topic, value=value, key=raw_key, headers=list(headers) or None))
 
     def flush(self, timeout_s: float | None = None) -> None:
         self._producer.flush(timeout=timeout_s)

@@ -14,16 +14,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TypeVar
 
 from sqlalchemy import Connection, Engine
 
 from schemas.jobs import JobResult
 from workers.inflight import utcnow
+from workers.kafka_io import Delivery
 from workers.store import Terminal, finish, mark_running
 
 log = logging.getLogger(__name__)
 
 Source = tuple[str, int, int]  # topic, partition, offset
+T = TypeVar("T")
 
 
 @dataclass
@@ -41,13 +44,11 @@ class Persister:
     def __init__(
         self,
         engine: Engine,
-        publish: Callable[[JobResult], None],
-        flush: Callable[[], None],
+        publish: Callable[[JobResult], Delivery],
         retry_s: float = 1.0,
     ) -> None:
         self._engine = engine
         self._publish = publish
-        self._flush = flush
         self._retry_s = retry_s
         self._inbox: queue.Queue[WriteBatch | None] = queue.Queue()
         self._done: queue.Queue[Source] = queue.Queue()  # offsets safe to ack, read by the loop
@@ -100,16 +101,27 @@ class Persister:
                 return
 
     def _write_until_done(self, batch: WriteBatch) -> None:
-        # Postgres down: keep the batch and retry; offsets stay uncommitted, so nothing is lost.
+        # Postgres or Kafka down: keep the batch and retry; offsets stay uncommitted, so nothing is lost.
+        results = self._retry("writing job rows", lambda: self._write(batch))
+        # A committed offset must never outrun its result message. Waiting for these deliveries (rather
+        # than flushing the producer) lets token events keep batching behind the producer's linger.
+        self._retry("publishing results", lambda: self._deliver(results))
+        for _, _, sources in batch.terminal:
+            for s in sources:
+                self._done.put(s)
+        for _, sources in batch.custom:
+            for s in sources:
+                self._done.put(s)
+
+    def _retry(self, what: str, work: Callable[[], T]) -> T:
         while True:
             try:
-                self._write(batch)
-                return
-            except Exception:  # noqa: BLE001 - any database error: log and retry
-                log.exception("writing %d job rows failed; retrying", len(batch.terminal))
+                return work()
+            except Exception:  # noqa: BLE001 - any database or broker error: log and retry
+                log.exception("%s failed; retrying", what)
                 time.sleep(self._retry_s)
 
-    def _write(self, batch: WriteBatch) -> None:
+    def _write(self, batch: WriteBatch) -> list[JobResult]:
         results: list[JobResult] = []
         with self._engine.begin() as conn:
             mark_running(conn, batch.running)
@@ -118,13 +130,8 @@ class Persister:
             for work, _ in batch.custom:
                 results += work(conn)
         self.written_terminal += len(written)
-        for result in results:
-            self._publish(result)
-        if results:
-            self._flush()  # a committed offset must never outrun its result message
-        for _, _, sources in batch.terminal:
-            for s in sources:
-                self._done.put(s)
-        for _, sources in batch.custom:
-            for s in sources:
-                self._done.put(s)
+        return results
+
+    def _deliver(self, results: list[JobResult]) -> None:
+        for delivery in [self._publish(result) for result in results]:
+            delivery.wait()

@@ -21,6 +21,7 @@ class _Pending:
 class TokenStreamer:
     """Buffers deltas per job and emits a TokenEvent when the oldest one is `coalesce_s` old.
 
+    The first event of a job goes out at the next flush, so coalescing never delays the first token.
     The last event of an attempt (finish_reason set) is emitted at once, with whatever is buffered.
     Deltas of one job concatenate exactly to its final output, since nothing is ever dropped.
     """
@@ -36,7 +37,8 @@ class TokenStreamer:
     def add(self, job_id: str, text: str, token_ids: tuple[int, ...]) -> None:
         p = self._jobs[job_id]
         if not p.token_ids and not p.text:
-            p.since = time.monotonic()
+            # the first delta of a job is due at once: coalescing must not add to time to first token
+            p.since = time.monotonic() if p.seq else float("-inf")
         p.text.append(text)
         p.token_ids.extend(token_ids)
 

@@ -35,7 +35,7 @@ def dep(settings, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bulk")
     env = cli_env(deployment, tmp / "state")
     # a large local queue: these tests are about bulk jobs, not about the worker's partition pausing
-    worker = start_worker(deployment, tmp, "bulk-w1", "--max-waiting", "100000")
+    worker = start_worker(deployment, tmp, "bulk-w1")
     bulk = start_bulk_worker(deployment, tmp / "state", tmp / "bulk-worker.log")
     db = create_engine(deployment.database_url)
     yield deployment, env, db, tmp, bulk
@@ -121,7 +121,7 @@ def _succeeded(db, bulk_id: str) -> int:
 def test_killing_the_inference_worker_midway_loses_nothing(settings, tmp_path):
     deployment = make_deployment(settings)  # its own: this test kills its inference worker
     env = cli_env(deployment, tmp_path / "state")
-    first = start_worker(deployment, tmp_path, "bulk-kill-1", "--max-waiting", "100000")
+    first = start_worker(deployment, tmp_path, "bulk-kill-1")
     bulk = start_bulk_worker(deployment, tmp_path / "state", tmp_path / "bulk-worker.log")
     db = create_engine(deployment.database_url)
     second = None
@@ -130,7 +130,7 @@ def test_killing_the_inference_worker_midway_loses_nothing(settings, tmp_path):
         wait_bulk(db, bulk_id, lambda _: _succeeded(db, bulk_id) >= 20)
         first.stop(signal.SIGKILL)
         assert _succeeded(db, bulk_id) < 300  # killed mid-way
-        second = start_worker(deployment, tmp_path, "bulk-kill-2", "--max-waiting", "100000")
+        second = start_worker(deployment, tmp_path, "bulk-kill-2")
         run_cli("bulk", "wait", bulk_id, "--interval", "2", env=env)
         out, errors = fetch(env, tmp_path, bulk_id)
     finally:

@@ -13,19 +13,22 @@ def make_streamer(coalesce_s: float = 60.0) -> tuple[TokenStreamer, list[TokenEv
     return TokenStreamer(sent.append, coalesce_s), sent
 
 
-def test_deltas_coalesce_until_due_and_the_last_event_goes_at_once():
+def test_first_delta_goes_at_once_later_ones_coalesce_and_the_last_event_goes_at_once():
     streamer, sent = make_streamer()
     streamer.start("a", attempt=2)
-    for i, piece in enumerate(["he", "l", "lo"]):
+    streamer.add("a", "he", (0,))
+    streamer.flush_due()  # the first token is never held back
+    for i, piece in enumerate(["l", "lo"], start=1):
         streamer.add("a", piece, (i,))
     streamer.flush_due()
-    assert sent == []  # not due yet
+    assert len(sent) == 1  # the rest is not due yet
     streamer.flush_due(force=True)
     streamer.add("a", "!", (3,))
     streamer.finish("a", "stop", Usage(prompt_tokens=4, completion_tokens=4))
     assert [(e.seq, e.text, e.token_ids, e.finish_reason) for e in sent] == [
-        (0, "hello", [0, 1, 2], None),
-        (1, "!", [3], "stop"),
+        (0, "he", [0], None),
+        (1, "llo", [1, 2], None),
+        (2, "!", [3], "stop"),
     ]
     assert {e.attempt for e in sent} == {2}
     assert sent[-1].usage.completion_tokens == 4

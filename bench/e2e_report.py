@@ -1,0 +1,73 @@
+"""The table of `bench e2e`: saturation, Poisson latencies, priority, and the verdict against the bar."""
+
+from __future__ import annotations
+
+from bench.report import format_table
+
+BAR_E2E_VS_ENGINE = 0.85
+BAR_HIGH_TTFT_RATIO = 3.0
+
+
+def render(p: dict) -> str:
+    sat = p["saturation_reps"]
+    head = format_table(
+        ["saturation", "tok/s (median)", "reps", "tok/s per rep", "CPU s per rep"],
+        [
+            ["engine alone", p["engine_tok_s"], len(sat["engine_tok_s"]), _join(sat["engine_tok_s"]),
+             _join(sat["engine_cpu_s"])],
+            ["through Kafka", p["e2e_tok_s"], len(sat["e2e_tok_s"]), _join(sat["e2e_tok_s"]),
+             _join(sat["e2e_cpu_s"])],
+        ],
+    )  # fmt: skip
+    events, broker = _join(sat.get("e2e_events", [])), _join(sat.get("e2e_kafka_cpu_s", []), 1)
+    others = [_join(sat.get(f"{side}_others_cpu_s", []), 1) for side in ("engine", "e2e")]
+    head += (
+        f"\ne2e reps: token events {events}; Kafka broker CPU s {broker}"
+        f"\nCPU s of all other processes (Kafka, Postgres, other users): engine reps {others[0]};"
+        f" e2e reps {others[1]}"
+    )
+    rows = [
+        [f"{r['fraction_of_saturation']:.0%}", r["rate_jobs_s"], r["ttft_p50_ms"], r["ttft_p99_ms"],
+         r["itl_p50_ms"], r["itl_p99_ms"], r["e2e_p50_ms"], r["e2e_p99_ms"], r["finished"]]
+        for r in p["poisson"]
+    ]  # fmt: skip
+    poisson = format_table(
+        ["poisson", "jobs/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "e2e p50", "e2e p99", "jobs"],
+        rows,
+        digits=1,
+    )
+    load = p.get("priority_load") or {}
+    prio = format_table(
+        ["high priority", "TTFT p99", "intake p50/max", "schedule p50/max", "emit p50/max"],
+        [
+            ["idle worker", p["high_ttft_p99_idle_ms"], *_parts(load.get("ttft_breakdown_idle"))],
+            ["behind low backlog", p["high_ttft_p99_loaded_ms"], *_parts(load.get("ttft_breakdown_loaded"))],
+        ],
+    )
+    prio += "\n(ms; intake: Kafka timestamp to admission; schedule: to first token; emit: to the client)"
+    verdict = [
+        _bar("e2e_vs_engine", p["e2e_vs_engine"], ">=", BAR_E2E_VS_ENGINE),
+        _bar("  per CPU second", p["e2e_vs_engine_per_cpu_s"], ">=", BAR_E2E_VS_ENGINE),
+        _bar("high_ttft_p99_ratio", p["high_ttft_p99_ratio"], "<=", BAR_HIGH_TTFT_RATIO),
+    ]
+    return "\n\n".join([head, poisson + "\n(ms; ITL per job from event arrivals)", prio, "\n".join(verdict)])
+
+
+def _parts(breakdown: dict | None) -> list[str]:
+    if not breakdown:
+        return ["-", "-", "-"]
+    return [
+        f"{breakdown[f'{n}_p50_ms'] or 0:,.0f} / {breakdown[f'{n}_max_ms'] or 0:,.0f}"
+        for n in ("intake", "schedule", "emit")
+    ]
+
+
+def _join(values: list, digits: int = 0) -> str:
+    return " / ".join(f"{v:,.{digits}f}" if v is not None else "-" for v in values)
+
+
+def _bar(name: str, value: float | None, op: str, bar: float) -> str:
+    if value is None:
+        return f"{name}: -  (bar {op} {bar})"
+    ok = value >= bar if op == ">=" else value <= bar
+    return f"{name}: {value:.3f}  (bar {op} {bar}: {'met' if ok else 'MISSED'})"

@@ -1,0 +1,36 @@
+"""Backpressure: with a tiny local queue, low partitions are paused and resumed until a backlog drains."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import create_engine
+
+from tests.workers.worker_factories import make_deployment, start_worker, wait_group_members, wait_terminal
+from workers.client import JobClient
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+
+def test_a_paused_backlog_drains_completely_and_high_jobs_pass_it(settings, tmp_path):
+    dep = make_deployment(settings)
+    # few seats and a tiny queue keep the low partitions paused for seconds at a time
+    worker = start_worker(dep, tmp_path, "w-pressure", "--max-waiting", "8", "--max-num-seqs", "4")
+    db = create_engine(dep.database_url)
+    try:
+        wait_group_members(dep, 1)
+        with JobClient(dep) as client:
+            backlog = {"prompt": "x" * 30, "max_tokens": 24}
+            ids = [f"bp-{dep.topic_prefix}-{i}" for i in range(160)]
+            low = [client.submit({**backlog, "job_id": job_id}, "low") for job_id in ids]
+            client.flush()
+            urgent = {"job_id": f"bp-high-{dep.topic_prefix}", "prompt": "urgent", "max_tokens": 2}
+            high = client.submit(urgent, "high")
+            client.flush()
+        rows = wait_terminal(db, [*low, high], timeout_s=180)
+        assert {r["status"] for r in rows.values()} == {"succeeded"}
+        # the high job got in while the low partitions were paused, well before the backlog drained
+        last_low = max(rows[j]["finished_at"] for j in low)
+        assert rows[high]["finished_at"] < last_low
+    finally:
+        db.dispose()
+        assert worker.stop() == 0, worker.output()[-3000:]

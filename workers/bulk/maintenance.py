@@ -1,0 +1,104 @@
+"""Periodic upkeep of the database: release jobs of dead workers, purge rows older than the retention.
+
+Every statement is conditional on the state it changes, so it never races a worker's own writes: a worker
+that finishes a job first wins, and a row we reset is one no live worker owns.
+"""
+
+from __future__ import annotations
+
+import shutil
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from sqlalchemy import Connection, inspect, text
+
+# How long a job of a worker that left the consumer group may sit before it is released: covers the
+# moments of a rebalance, when a live worker is briefly not a member.
+DEAD_WORKER_GRACE_S = 60.0
+PURGE_BATCH = 10_000
+
+
+def worker_group(topic_prefix: str) -> str:
+    """workers.loop.group_id, repeated so maintenance does not import the engine (torch); a test keeps
+    them equal."""
+    return f"{topic_prefix}-workers"
+
+
+def live_worker_ids(client_ids: set[str]) -> set[str]:
+    """Workers join the group with client_id `inferq-<worker_id>` (workers/loop.py)."""
+    return {c.removeprefix("inferq-") for c in client_ids if c.startswith("inferq-")}
+
+
+def release_dead_workers(conn: Connection, topic_prefix: str, live: set[str], now: datetime,
+                         grace_s: float = DEAD_WORKER_GRACE_S) -> list[str]:  # fmt: skip
+    """Jobs of this deployment (topic prefix) left queued/running by a worker that is gone go back to
+    `queued` with no owner.
+
+    Kafka redelivers them (their offsets were never committed); the next worker's intake takes them
+    over. Until then history and `bulk status` show them waiting, not running on a ghost.
+    """
+    result = conn.execute(
+        text(
+            "UPDATE jobs SET status = 'queued', worker_id = NULL, updated_at = :now "
+            "WHERE status IN ('queued', 'running') AND worker_id IS NOT NULL "
+            "AND left(source_topic, length(:topics)) = :topics "
+            "AND NOT (worker_id = ANY(:live)) AND updated_at < :cutoff RETURNING job_id"
+        ),
+        {
+            "now": now,
+            "topics": f"{topic_prefix}.jobs.",
+            "live": sorted(live),
+            "cutoff": now - timedelta(seconds=grace_s),
+        },  # fmt: skip
+    )
+    return [r.job_id for r in result]
+
+
+def _delete_in_batches(conn: Connection, sql: str, params: dict) -> int:
+    total = 0
+    while True:
+        n = conn.execute(text(sql), {**params, "batch": PURGE_BATCH}).rowcount
+        conn.commit()  # short transactions: a purge of millions of rows never holds locks for long
+        total += n
+        if n < PURGE_BATCH:
+            return total
+
+
+def purge(
+    conn: Connection, retention_days: float, now: datetime, state_dir: Path | None = None
+) -> dict[str, int]:
+    """Delete terminal jobs and finished bulk jobs (with their files) older than the retention.
+
+    A job of a bulk job that is still open is kept, so its output can still be written.
+    """
+    cutoff = now - timedelta(days=retention_days)
+    counts = {}
+    counts["jobs"] = _delete_in_batches(
+        conn,
+        "DELETE FROM jobs WHERE job_id IN (SELECT job_id FROM jobs j WHERE finished_at < :cutoff "
+        "AND status IN ('succeeded', 'failed', 'rejected', 'cancelled', 'expired') "
+        "AND NOT EXISTS (SELECT 1 FROM bulk_jobs b WHERE b.bulk_id = j.bulk_id "
+        "AND b.status IN ('validating', 'submitting', 'running', 'finalizing')) LIMIT :batch)",
+        {"cutoff": cutoff},
+    )
+    gone = conn.execute(
+        text(
+            "DELETE FROM bulk_jobs WHERE finished_at < :cutoff "
+            "AND status IN ('completed', 'cancelled', 'failed') RETURNING bulk_id"
+        ),
+        {"cutoff": cutoff},
+    ).scalars().all()  # fmt: skip
+    conn.commit()
+    counts["bulk_jobs"] = len(gone)
+    if state_dir is not None:
+        for bulk_id in gone:
+            shutil.rmtree(state_dir / "bulk" / bulk_id, ignore_errors=True)
+    # Celery's SQLAlchemy transport keeps delivered messages (visible = false) forever.
+    if inspect(conn).has_table("kombu_message"):
+        counts["broker_messages"] = _delete_in_batches(
+            conn,
+            "DELETE FROM kombu_message WHERE id IN (SELECT id FROM kombu_message WHERE visible = false "
+            "AND timestamp < :cutoff LIMIT :batch)",
+            {"cutoff": (now - timedelta(days=1)).replace(tzinfo=None)},
+        )
+    return counts

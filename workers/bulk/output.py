@@ -1,0 +1,70 @@
+"""OpenAI Batch output lines from jobs rows: successes for the output file, the rest for the errors file."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from workers.bulk.batch_format import BatchLine, LineError
+
+Row = Mapping[str, Any]  # a jobs row (job_id, status, output_text, finish_reason, tokens, error, ...)
+
+
+def _created(row: Row) -> int:
+    at = row.get("finished_at") or row.get("created_at")
+    return int(at.timestamp()) if isinstance(at, datetime) else 0
+
+
+def _usage(row: Row) -> dict[str, int]:
+    prompt, completion = row.get("prompt_tokens") or 0, row.get("completion_tokens") or 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def response_body(line: BatchLine, row: Row) -> dict[str, Any]:
+    """The body OpenAI's endpoint would have returned for this request."""
+    text, finish = row.get("output_text") or "", row.get("finish_reason")
+    if line.url == "/v1/chat/completions":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+        kind = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        kind = "text_completion"
+    return {
+        "id": row["job_id"],
+        "object": kind,
+        "created": _created(row),
+        "model": line.model,
+        "choices": [choice],
+        "usage": _usage(row),
+    }
+
+
+def success_line(line: BatchLine, row: Row) -> dict[str, Any]:
+    return {
+        "id": f"batch_req_{row['job_id']}",
+        "custom_id": line.custom_id,
+        "response": {"status_code": 200, "request_id": row["job_id"], "body": response_body(line, row)},
+        "error": None,
+    }
+
+
+def error_line(
+    custom_id: str | None, line_no: int, code: str, message: str, job_id: str | None = None
+) -> dict:
+    return {
+        "id": f"batch_req_{job_id}" if job_id else None,
+        "custom_id": custom_id,
+        "response": None,
+        "error": {"code": code, "message": message, "line": line_no},
+    }
+
+
+def invalid_line(item: LineError) -> dict[str, Any]:
+    return error_line(item.custom_id, item.line_no, "invalid_request", item.message)
+
+
+def failed_line(line: BatchLine, row: Row) -> dict[str, Any]:
+    """A job that ended in failed/rejected/cancelled/expired: its status is the code."""
+    message = row.get("error") or f"job {row['status']}"
+    return error_line(line.custom_id, line.line_no, row["status"], message, row["job_id"])

@@ -1,0 +1,71 @@
+"""Producing a bulk job's lines as Kafka jobs, resumable from the last checkpoint.
+
+A checkpoint (bulk_jobs.submitted_lines) is written only after the producer flushed every job before
+it, so a restart re-sends at most one checkpoint's worth of jobs; their job_ids are deterministic and
+the worker skips a job_id it has already finished, so nothing runs twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from sqlalchemy import Engine
+
+from schemas.jobs import JobRequest
+from workers.bulk import store
+from workers.bulk.batch_format import BatchLine, read_batch, to_job
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_LINES = 200
+
+
+class Submitter(Protocol):  # workers.client.JobClient
+    def submit(self, job: JobRequest, priority: str = "normal") -> str: ...
+    def flush(self) -> None: ...
+
+
+def produce(engine: Engine, bulk_id: str, client: Submitter, checkpoint: int = CHECKPOINT_LINES) -> str:
+    """Send the lines after the checkpoint; returns the bulk job's status afterwards.
+
+    The caller holds the bulk job's lock. Stops early (leaving the checkpoint) when the job is cancelled.
+    """
+    with engine.begin() as conn:
+        row = store.get(conn, bulk_id)
+        if row is None or row["status"] != "submitting":
+            return row["status"] if row else "missing"
+        if not Path(row["input_path"]).is_file():  # e.g. the state dir is not shared with this machine
+            error = f"input file {row['input_path']} is not readable by this bulk worker"
+            store.transition(
+                conn, bulk_id, ("submitting",), "failed", error=error, finished_at=datetime.now(UTC)
+            )
+            log.error("bulk %s: %s", bulk_id, error)
+            return "failed"
+        if row["started_at"] is None:
+            store.transition(conn, bulk_id, ("submitting",), "submitting", started_at=datetime.now(UTC))
+    start, done = row["submitted_lines"], row["submitted_lines"]
+    log.info("bulk %s: producing from line item %d", bulk_id, start)
+    for index, item in enumerate(read_batch(Path(row["input_path"])), start=1):
+        if index <= start:
+            continue
+        if isinstance(item, BatchLine):
+            client.submit(to_job(item, bulk_id=bulk_id, tenant=row["tenant"]), priority=row["priority"])
+        done = index
+        if index % checkpoint == 0:
+            client.flush()
+            with engine.begin() as conn:
+                store.set_submitted(conn, bulk_id, index)
+                status = store.get(conn, bulk_id)["status"]
+            if status != "submitting":
+                log.info("bulk %s: %s at line item %d; producer stops", bulk_id, status, index)
+                return status
+    client.flush()
+    with engine.begin() as conn:
+        store.set_submitted(conn, bulk_id, done)
+        store.transition(conn, bulk_id, ("submitting",), "running")
+        status = store.get(conn, bulk_id)["status"]
+    log.info("bulk %s: %d line items produced; %s", bulk_id, done, status)
+    return status

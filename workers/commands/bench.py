@@ -1,0 +1,37 @@
+"""`inferq bench ...`: benchmarks. `engine` compares the engine with HF batching on a seeded workload;
+`e2e` runs jobs through Kafka, one worker and Postgres against the engine alone.
+
+Room for more verbs as further subparsers sharing bench/report.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from bench import e2e, engine  # light: argparse only; torch is imported when the verb runs
+
+    bench = subparsers.add_parser("bench", help="run a benchmark and write its results as JSON")
+    bench.set_defaults(func=lambda _args: _usage(bench))
+    verbs = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK")
+    engine_parser = verbs.add_parser(
+        "engine",
+        help="static batching vs HF continuous batching vs inferq vs the compute floor",
+        description=engine.__doc__,
+    )
+    engine.add_arguments(engine_parser)
+    engine_parser.set_defaults(func=engine.run)
+    e2e_parser = verbs.add_parser(
+        "e2e",
+        help="jobs through Kafka and Postgres with one worker vs the engine alone; latencies; priority",
+        description=e2e.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    e2e.add_arguments(e2e_parser)
+    e2e_parser.set_defaults(func=e2e.run)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
