@@ -201,12 +201,13 @@ class Dispatcher:
         self.batch.custom.append((write, []))
 
     # ---- engine outputs --------------------------------------------------------------------
-    def on_output(self, out: RequestOutput) -> None:
+    def on_output(self, out: RequestOutput, step_started: datetime | None = None) -> None:
+        """Apply one engine output; `step_started` is when the step that produced it began."""
         job = self.jobs.get(out.request_id)
         if job is None:
             return
         if out.started and job.started_at is None:
-            job.started_at = utcnow()
+            job.started_at = step_started or utcnow()  # first scheduled: when its first step began
             self.batch.running.append((job.job_id, job.started_at))
         if out.new_token_ids or out.text_delta:
             job.on_tokens(len(out.new_token_ids), out.text_delta)

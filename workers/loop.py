@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from datetime import datetime
 
 from gpu.engine import Engine, EngineStats, RequestOutput
 from schemas.validation import Limits
 from workers.dispatch import Dispatcher
+from workers.inflight import utcnow
 from workers.kafka_io import BroadcastReader, GroupConsumer, Producer
 from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
@@ -104,7 +106,8 @@ class Worker:
             self._next_control = now + self.options.control_poll_s
             self.dispatch.control(self.control.poll(0.0))
         if self.engine.has_unfinished():
-            self.handle_outputs(self.engine.step())
+            step_started = utcnow()
+            self.handle_outputs(self.engine.step(), step_started)
         self.dispatch.flush(force=False)
         self._commit(force=False)
         stats = self.engine.stats()
@@ -112,9 +115,9 @@ class Worker:
         self._backpressure()
         self._observe(stats)
 
-    def handle_outputs(self, outputs: list[RequestOutput]) -> None:
+    def handle_outputs(self, outputs: list[RequestOutput], step_started: datetime) -> None:
         for out in outputs:
-            self.dispatch.on_output(out)
+            self.dispatch.on_output(out, step_started)
 
     # ---- flow control ----------------------------------------------------------------------
     def _room(self) -> int:
