@@ -38,6 +38,16 @@ def build_engine(args: argparse.Namespace):
     )
 
 
+def warm_up(engine) -> None:
+    """Run a prefill and a few decode steps before joining the group: the first steps of a process pay
+    one-off costs (allocations, kernel selection) that would otherwise land on the first real job's TTFT."""
+    from gpu.engine import EngineRequest
+    from scheduler.types import SamplingParams
+
+    prompt = tuple(engine.tokenizer.encode("warm-up " * 16))
+    engine.generate([EngineRequest("inferq-warm-up", prompt, SamplingParams(max_tokens=4, ignore_eos=True))])
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "worker",
@@ -67,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     engine = build_engine(args)
+    warm_up(engine)
     metrics = WorkerMetrics()
     if args.metrics_port:
         metrics.serve(args.metrics_port)
