@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -75,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
     from workers.metrics import WorkerMetrics
     from workers.settings import Settings
 
+    # The Kafka clients' I/O threads run Python; with the default 5 ms switch interval the engine loop can
+    # wait that long for the GIL after every torch op. A short interval hands it back promptly.
+    sys.setswitchinterval(float(os.environ.get("INFERQ_SWITCH_INTERVAL", "0.0005")))
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     engine = build_engine(args)
     warm_up(engine)
