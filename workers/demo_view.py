@@ -11,7 +11,7 @@ from schemas.jobs import TokenEvent
 from schemas.tables import TERMINAL_STATUSES, jobs
 from workers.kafka_io import TopicReader
 from workers.settings import Settings
-from workers.store import make_engine
+from workers.store import SUMMARY_COLUMNS, make_engine
 
 
 def follow_tokens(
@@ -51,20 +51,7 @@ def follow_tokens(
 def wait_for_rows(settings: Settings, job_ids: list[str], timeout_s: float) -> list[dict]:
     """The jobs' rows once all are terminal (results are published only after the rows commit)."""
     db = make_engine(settings.database_url)
-    cols = [
-        jobs.c.job_id,
-        jobs.c.tenant,
-        jobs.c.priority,
-        jobs.c.status,
-        jobs.c.finish_reason,
-        jobs.c.prompt_tokens,
-        jobs.c.completion_tokens,
-        jobs.c.ttft_ms,
-        jobs.c.mean_itl_ms,
-        jobs.c.e2e_ms,
-        jobs.c.attempts,
-        jobs.c.output_text,
-    ]
+    cols = [*SUMMARY_COLUMNS, jobs.c.attempts, jobs.c.output_text]
     deadline = time.monotonic() + timeout_s
     try:
         while True:

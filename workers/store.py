@@ -12,6 +12,20 @@ from sqlalchemy.dialects.postgresql import insert
 
 from schemas.tables import TERMINAL_STATUSES, jobs
 
+# What a person listing jobs wants to see first (`inferq jobs`, the demo).
+SUMMARY_COLUMNS = (
+    jobs.c.job_id,
+    jobs.c.tenant,
+    jobs.c.priority,
+    jobs.c.status,
+    jobs.c.finish_reason,
+    jobs.c.prompt_tokens,
+    jobs.c.completion_tokens,
+    jobs.c.ttft_ms,
+    jobs.c.mean_itl_ms,
+    jobs.c.e2e_ms,
+)
+
 
 @dataclass(frozen=True)
 class Admission:

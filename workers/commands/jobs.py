@@ -150,22 +150,9 @@ def list_jobs(args: argparse.Namespace) -> int:
 
     from schemas.tables import jobs
     from workers.settings import Settings
-    from workers.store import make_engine
+    from workers.store import SUMMARY_COLUMNS, make_engine
 
-    cols = [
-        jobs.c.job_id,
-        jobs.c.tenant,
-        jobs.c.priority,
-        jobs.c.status,
-        jobs.c.finish_reason,
-        jobs.c.prompt_tokens,
-        jobs.c.completion_tokens,
-        jobs.c.ttft_ms,
-        jobs.c.e2e_ms,
-        jobs.c.created_at,
-        jobs.c.output_text,
-        jobs.c.error,
-    ]
+    cols = [*SUMMARY_COLUMNS, jobs.c.created_at, jobs.c.output_text, jobs.c.error]
     query = select(*cols).order_by(jobs.c.created_at.desc()).limit(args.limit)
     for col, value in (
         (jobs.c.status, args.status),
