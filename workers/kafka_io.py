@@ -254,6 +254,9 @@ def group_members(bootstrap: str, group: str) -> int:
     from kafka.admin import KafkaAdminClient
 
     with KafkaAdminClient(bootstrap_servers=bootstrap, client_id="inferq-admin") as admin:
-        info = admin.describe_groups([group]).get(group, {})
+        try:
+            info = admin.describe_groups([group]).get(group, {})
+        except KafkaError:  # e.g. a new broker whose group coordinator is not up yet
+            return 0
     state = info.get("group_state") or info.get("state")
     return len(info.get("members", [])) if state == "Stable" else 0
