@@ -30,7 +30,9 @@ def group_id(topic_prefix: str) -> str:
 class WorkerOptions:
     worker_id: str
     max_waiting: int = 256  # jobs waiting locally before low, then normal, partitions are paused
-    coalesce_ms: float = 20.0  # token events of a job are sent at most this often (the last one at once)
+    # token events of a job are sent at most this often (its first and last at once): 20 updates a second
+    # read as smooth streaming, and at saturation it halves the messages Kafka and consumers must handle
+    coalesce_ms: float = 50.0
     commit_interval_s: float = 0.2
     idle_poll_s: float = 0.05  # poll timeout when the engine has nothing to do
     # While the engine is busy, poll Kafka at most this often: each poll wakes the client's I/O thread,
@@ -67,6 +69,8 @@ class Worker:
         self._waiting = 0  # sequences waiting in the engine, as of the last iteration
         self._next_poll = 0.0
         self._next_control = 0.0
+        self._busy_s = 0.0  # wall time of iterations that stepped the engine
+        self._step_s = 0.0  # of which inside engine.step()
 
     # ---- lifecycle -------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -105,15 +109,19 @@ class Worker:
         if not busy or now >= self._next_control:
             self._next_control = now + self.options.control_poll_s
             self.dispatch.control(self.control.poll(0.0))
+        t0 = time.monotonic()
         if self.engine.has_unfinished():
             step_started = utcnow()
             self.handle_outputs(self.engine.step(), step_started)
+            self._step_s += time.monotonic() - t0
         self.dispatch.flush(force=False)
         self._commit(force=False)
         stats = self.engine.stats()
         self._waiting = sum(stats.waiting.values())
         self._backpressure()
         self._observe(stats)
+        if busy:
+            self._busy_s += time.monotonic() - now
 
     def handle_outputs(self, outputs: list[RequestOutput], step_started: datetime) -> None:
         for out in outputs:
@@ -165,4 +173,8 @@ class Worker:
         self.control.close()
         self.consumer.close()
         self.db.dispose()
-        log.info("worker %s stopped", self.options.worker_id)
+        s = self.engine.stats()
+        log.info(
+            "worker %s stopped: busy %.1fs, of which engine steps %.1fs (model %.1fs over %d steps)",
+            self.options.worker_id, self._busy_s, self._step_s, s.forward_seconds, s.steps,
+        )  # fmt: skip

@@ -62,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
     p.add_argument("--max-waiting", type=int, default=256, help="local queue size before pausing low/normal")
     p.add_argument(
-        "--coalesce-ms", type=float, default=20.0, help="send token events of a job at most this often"
+        "--coalesce-ms", type=float, default=50.0, help="send token events of a job at most this often"
     )
     p.add_argument("--grace-s", type=float, default=30.0, help="time to finish in-flight jobs on shutdown")
     p.add_argument("--log-level", default="INFO")
