@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+from gpu.model import load_model
 from tests.gpu.factories import (
     assert_matches_hf,
     hf_greedy,
@@ -17,14 +18,6 @@ from tests.gpu.factories import (
     wrap,
 )
 
-DEFAULT_SHAPE = dict(
-    vocab_size=32000,
-    hidden_size=256,
-    intermediate_size=688,
-    num_hidden_layers=4,
-    num_attention_heads=8,
-    num_key_value_heads=4,
-)
 OUTPUT_LENS = [1, 24, 7, 30, 3, 16, 12, 20]
 
 
@@ -43,7 +36,7 @@ def test_mixed_batch_matches_hf():
 
 
 def test_default_size_model_matches_hf():
-    model = make_model(**DEFAULT_SHAPE)
+    model = load_model(None, "float32", "cpu", seed=0)  # the built-in default, exactly as served
     prompts = make_prompts(4, 5, 40, vocab=32000, seed=1)
     run_and_check(make_engine(model), model, prompts, [12, 4, 9, 6])
 
