@@ -11,8 +11,13 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from workers.settings import Settings
+
+# Property tests check logic, not speed: on a loaded 2-core machine per-example deadlines only add flakes.
+hypothesis_settings.register_profile("inferq", deadline=None)
+hypothesis_settings.load_profile("inferq")
 
 
 @pytest.fixture(scope="session")
