@@ -7,6 +7,15 @@ def make_seq(seq_id="s", prompt_len=10, prompt=None, order=0):
     return Sequence(make_request(seq_id, prompt_len, prompt=prompt), order)
 
 
+def computed_and_cached(kv: KVCacheManager, prompt: list[int]):
+    """A sequence whose whole prompt was computed, with its full blocks entered in the prefix cache."""
+    seq = make_seq("a", prompt=prompt)
+    kv.allocate(seq, len(prompt))
+    seq.num_computed_tokens = len(prompt)
+    kv.cache_full_blocks(seq)
+    return seq
+
+
 def test_allocate_covers_the_tokens_and_grows_one_block_at_a_time():
     kv = KVCacheManager(num_blocks=8, block_size=4)
     seq = make_seq(prompt_len=10)
@@ -39,10 +48,7 @@ def test_free_releases_every_block():
 def test_prefix_hit_shares_full_computed_blocks_and_counts_them_computed():
     kv = KVCacheManager(num_blocks=8, block_size=4)
     prompt = list(range(1, 11))
-    first = make_seq("a", prompt=prompt)
-    kv.allocate(first, 10)
-    first.num_computed_tokens = 10
-    kv.cache_full_blocks(first)  # two full blocks; the third holds 2 tokens
+    first = computed_and_cached(kv, prompt)  # two full blocks; the third holds 2 tokens
     second = make_seq("b", prompt=prompt + [50, 51], order=1)
     hits = kv.find_cached_prefix(second)
     assert hits == first.block_table[:2]
@@ -55,10 +61,7 @@ def test_prefix_hit_shares_full_computed_blocks_and_counts_them_computed():
 def test_prefix_lookup_never_covers_the_last_token():
     kv = KVCacheManager(num_blocks=8, block_size=4)
     prompt = list(range(1, 9))  # exactly two full blocks
-    first = make_seq("a", prompt=prompt)
-    kv.allocate(first, 8)
-    first.num_computed_tokens = 8
-    kv.cache_full_blocks(first)
+    first = computed_and_cached(kv, prompt)
     same = make_seq("b", prompt=prompt, order=1)
     assert kv.find_cached_prefix(same) == first.block_table[:1]
 
@@ -78,10 +81,7 @@ def test_only_computed_blocks_are_cached():
 def test_cached_blocks_survive_the_owner_and_a_hit_revives_them():
     kv = KVCacheManager(num_blocks=4, block_size=4)
     prompt = list(range(1, 10))
-    first = make_seq("a", prompt=prompt)
-    kv.allocate(first, 9)
-    first.num_computed_tokens = 9
-    kv.cache_full_blocks(first)
+    first = computed_and_cached(kv, prompt)
     kv.free(first)
     assert kv.pool.num_free == 4
     second = make_seq("b", prompt=prompt, order=1)
@@ -94,10 +94,7 @@ def test_cached_blocks_survive_the_owner_and_a_hit_revives_them():
 def test_hit_blocks_are_counted_against_free_space():
     kv = KVCacheManager(num_blocks=3, block_size=4)
     prompt = list(range(1, 10))
-    first = make_seq("a", prompt=prompt)
-    kv.allocate(first, 9)
-    first.num_computed_tokens = 9
-    kv.cache_full_blocks(first)
+    first = computed_and_cached(kv, prompt)
     kv.free(first)
     second = make_seq("b", prompt=prompt + list(range(20, 28)), order=1)  # 17 tokens: 5 blocks
     hits = kv.find_cached_prefix(second)
@@ -109,8 +106,5 @@ def test_hit_blocks_are_counted_against_free_space():
 def test_prefix_caching_disabled_finds_nothing():
     kv = KVCacheManager(num_blocks=8, block_size=4, enable_caching=False)
     prompt = list(range(1, 10))
-    first = make_seq("a", prompt=prompt)
-    kv.allocate(first, 9)
-    first.num_computed_tokens = 9
-    kv.cache_full_blocks(first)
+    computed_and_cached(kv, prompt)
     assert kv.find_cached_prefix(make_seq("b", prompt=prompt, order=1)) == []

@@ -123,22 +123,20 @@ def _print_table(statuses) -> None:
 
 @_guarded
 def _db_upgrade(args: argparse.Namespace) -> int:
-    from workers.services import migrate
-    from workers.settings import Settings
-
-    url = Settings.from_env().database_url
-    migrate.upgrade(url, args.revision)
-    print(f"database at revision {migrate.current(url)}")
-    return 0
+    return _migrate("upgrade", args.revision)
 
 
 @_guarded
 def _db_downgrade(args: argparse.Namespace) -> int:
+    return _migrate("downgrade", args.revision)
+
+
+def _migrate(direction: str, revision: str) -> int:
     from workers.services import migrate
     from workers.settings import Settings
 
     url = Settings.from_env().database_url
-    migrate.downgrade(url, args.revision)
+    getattr(migrate, direction)(url, revision)
     print(f"database at revision {migrate.current(url)}")
     return 0
 
