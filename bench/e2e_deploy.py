@@ -25,7 +25,7 @@ def make_private_settings(base: Settings) -> Settings:
     from workers.services.kafka import ensure_topics
 
     settings = dataclasses.replace(base, topic_prefix=f"bench{uuid.uuid4().hex[:10]}")
-    ensure_topics(settings.kafka, settings.topics.partitions())
+    ensure_topics(settings.kafka_connection, settings.topic_partitions(), settings.replication_factor)
     return settings
 
 
@@ -33,7 +33,7 @@ def delete_private_topics(settings: Settings) -> None:
     """Remove the run's own topics (names under its unique prefix only), so runs do not pile up."""
     from kafka.admin import KafkaAdminClient
 
-    with KafkaAdminClient(bootstrap_servers=settings.kafka, client_id="inferq-bench") as admin:
+    with KafkaAdminClient(**settings.kafka_connection.client_options(), client_id="inferq-bench") as admin:
         ours = [t for t in admin.list_topics() if t.startswith(settings.topic_prefix + ".")]
         if ours:
             admin.delete_topics(ours)
@@ -125,7 +125,7 @@ def wait_joined(settings: Settings, worker: WorkerProcess, timeout_s: float = 30
 
     group = group_id(settings.topic_prefix)
     deadline = time.monotonic() + timeout_s
-    with KafkaAdminClient(bootstrap_servers=settings.kafka, client_id="inferq-bench") as admin:
+    with KafkaAdminClient(**settings.kafka_connection.client_options(), client_id="inferq-bench") as admin:
         while True:
             worker.check_alive()
             info = admin.describe_groups([group]).get(group, {})
@@ -144,7 +144,9 @@ class TokenRecorder:
         from workers.kafka_io import TopicReader
 
         since_ms = int(time.time() * 1000) - 60_000  # a fresh topic: everything on it is ours
-        self._reader = TopicReader(settings.kafka, settings.topics.tokens, since_ms, "inferq-bench")
+        self._reader = TopicReader(
+            settings.kafka_connection, settings.topics.tokens, since_ms, "inferq-bench"
+        )
         self._arrivals: dict[str, list[Arrival]] = {}
         self._seen: set[tuple[str, int, int]] = set()
         self._finished: set[str] = set()

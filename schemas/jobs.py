@@ -12,7 +12,8 @@ FinishReasonName = Literal["stop", "length", "abort", "expired", "rejected", "er
 
 
 class _Message(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and infinities are never valid values of any field (a timeout of Infinity would overflow later)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ChatMessage(_Message):
@@ -28,9 +29,10 @@ class JobRequest(_Message):
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
     max_tokens: int | None = Field(None, ge=1)  # None: the worker's default (Limits.default_max_tokens)
-    temperature: float = Field(0.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0)
+    # Sampling fields left out (None) take the model's generation_config default, else greedy decoding.
+    temperature: float | None = Field(None, ge=0.0, le=2.0)  # 0 = greedy
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0, le=1_000_000)  # 0 = off
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stop: list[str] = Field(default_factory=list)
     timeout_s: float | None = Field(None, gt=0)
@@ -47,8 +49,11 @@ class JobRequest(_Message):
 
 
 class CancelRequest(_Message):
+    """Cancels the job only if it belongs to `tenant` (job ids are owned by the tenant that first posted)."""
+
     type: Literal["cancel"]
     job_id: str = Field(min_length=1, max_length=128)
+    tenant: str = Field("default", min_length=1, max_length=128)
 
 
 class Usage(_Message):

@@ -14,6 +14,7 @@ from sqlalchemy import (
     Table,
     Text,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
@@ -53,11 +54,19 @@ jobs = Table(
     Column("e2e_ms", Float),
     Column("queue_ms", Float),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # Outbox: a terminal row whose result is not on the results topic yet has published_at NULL.
+    Column("published_at", DateTime(timezone=True)),
+    Column("cancel_requested_at", DateTime(timezone=True)),  # a cancel that arrived while not terminal
     # what history queries filter on: one tenant over a time range, a status, recent completions, a bulk job
     Index("ix_jobs_tenant_created_at", "tenant", "created_at"),
     Index("ix_jobs_status", "status"),
     Index("ix_jobs_finished_at", "finished_at"),
     Index("ix_jobs_bulk_id", "bulk_id"),
+    Index(
+        "ix_jobs_unpublished",
+        "finished_at",
+        postgresql_where=text(f"published_at IS NULL AND status IN {TERMINAL_STATUSES}"),
+    ),
 )
 
 bulk_jobs = Table(

@@ -42,8 +42,9 @@ class Topics:
                 return p
         raise ValueError(f"{topic!r} is not a jobs topic of prefix {self.prefix!r}")
 
-    def partitions(self) -> dict[str, int]:
-        """Topic → partition count that `inferq up` creates (jobs topics ≥ 4 so workers can share them)."""
-        counts = {t: 4 for t in self.all_jobs}
-        counts.update({self.control: 1, self.tokens: 4, self.results: 4, self.dlq: 1})
+    def partitions(self, jobs: int = 4, stream: int = 4) -> dict[str, int]:
+        """Topic → partition count that `inferq up` creates: `jobs` per jobs topic (workers share a class by
+        its partitions), `stream` for tokens and results; control and the DLQ keep one (order matters)."""
+        counts = {t: jobs for t in self.all_jobs}
+        counts.update({self.control: 1, self.tokens: stream, self.results: stream, self.dlq: 1})
         return counts

@@ -1,4 +1,10 @@
-"""Turning raw Kafka bytes into a JobRequest, or a clear reason why not."""
+"""Turning raw Kafka bytes into a JobRequest, or a clear reason why not.
+
+Everything a record can carry that a later stage would choke on is refused here, with a reason a
+producer can act on: bytes that are not UTF-8 or not JSON, `NaN`/`Infinity`, numbers too large to
+handle, nesting deeper than any real job needs, and NUL characters (PostgreSQL text and jsonb cannot
+store U+0000, so such a job could never be recorded).
+"""
 
 from __future__ import annotations
 
@@ -23,6 +29,34 @@ class Limits:
     max_stop: int = 8  # stop strings per job
     max_stop_bytes: int = 256  # per stop string
     max_metadata_bytes: int = 16_000
+    max_depth: int = 32  # nesting of JSON objects and arrays (metadata is the only free-form part)
+    max_timeout_s: float = 7 * 24 * 3600.0
+    # A dead-lettered payload is cut to this many bytes so the broker accepts it (its default
+    # message.max.bytes is 1 MiB); the original size travels in a header.
+    dlq_max_bytes: int = 900_000
+
+
+def _reject_constant(name: str) -> float:
+    raise InvalidMessage(f"message contains {name}, which is not a finite number")
+
+
+def _depth_and_nul(data: object, limits: Limits) -> None:
+    """Refuse nesting deeper than the limit and any string (or key) holding U+0000; iterative."""
+    stack: list[tuple[object, int, str]] = [(data, 1, "message")]
+    while stack:
+        value, depth, where = stack.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise InvalidMessage(f"{where} contains a NUL character (U+0000), which cannot be stored")
+        elif isinstance(value, dict | list):
+            if depth > limits.max_depth:
+                raise InvalidMessage(f"message is nested deeper than {limits.max_depth} levels")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                name = f"{where}.{key}" if where != "message" else str(key)
+                if isinstance(key, str) and "\x00" in key:
+                    raise InvalidMessage(f"a key in {where} contains a NUL character (U+0000)")
+                stack.append((item, depth + 1, name))
 
 
 def _decode(value: bytes | None, limits: Limits) -> object:
@@ -35,9 +69,17 @@ def _decode(value: bytes | None, limits: Limits) -> object:
     except UnicodeDecodeError as exc:
         raise InvalidMessage(f"message is not valid UTF-8: {exc}") from None
     try:
-        return json.loads(text)
+        data = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise InvalidMessage(f"message is not JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidMessage(f"message is nested deeper than {limits.max_depth} levels") from None
+    except ValueError as exc:  # e.g. an integer literal longer than Python's digit limit
+        if isinstance(exc, InvalidMessage):
+            raise
+        raise InvalidMessage(f"message is not usable JSON: {exc}") from None
+    _depth_and_nul(data, limits)
+    return data
 
 
 def _explain(exc: ValidationError) -> str:
@@ -56,6 +98,8 @@ def _check_limits(job: JobRequest, limits: Limits) -> None:
         raise InvalidMessage(f"prompt is {prompt_bytes} bytes; the limit is {limits.max_prompt_bytes}")
     if job.max_tokens is not None and job.max_tokens > limits.max_tokens:
         raise InvalidMessage(f"max_tokens {job.max_tokens} is over the limit {limits.max_tokens}")
+    if job.timeout_s is not None and job.timeout_s > limits.max_timeout_s:
+        raise InvalidMessage(f"timeout_s {job.timeout_s:g} is over the limit {limits.max_timeout_s:g}")
     if len(job.stop) > limits.max_stop:
         raise InvalidMessage(f"{len(job.stop)} stop strings; at most {limits.max_stop}")
     if any(len(s.encode()) > limits.max_stop_bytes for s in job.stop):
@@ -88,9 +132,21 @@ def peek_job_id(value: bytes | None) -> str | None:
     """Best-effort job_id of a message that failed validation, so its rejection can be recorded."""
     try:
         data = json.loads(value or b"")
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     job_id = data.get("job_id") if isinstance(data, dict) else None
-    if isinstance(job_id, str) and 0 < len(job_id) <= 128:
+    if isinstance(job_id, str) and 0 < len(job_id) <= 128 and "\x00" not in job_id:
         return job_id
     return None
+
+
+def peek_tenant(value: bytes | None) -> str:
+    """Best-effort tenant of a message that failed validation (its rejection belongs to that tenant)."""
+    try:
+        data = json.loads(value or b"")
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return "default"
+    tenant = data.get("tenant") if isinstance(data, dict) else None
+    if isinstance(tenant, str) and 0 < len(tenant) <= 128 and "\x00" not in tenant:
+        return tenant
+    return "default"

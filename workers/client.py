@@ -29,8 +29,9 @@ class JobTimeout(TimeoutError):
 class JobClient:
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or Settings.from_env()
-        self._producer = Producer(self.settings.kafka, "inferq-client", linger_ms=5)
+        self._producer = Producer(self.settings.kafka_connection, "inferq-client", linger_ms=5)
         self._submitted_ms: dict[str, int] = {}
+        self._tenants: dict[str, str] = {}
 
     def __enter__(self) -> JobClient:
         return self
@@ -50,6 +51,7 @@ class JobClient:
         topic = self.settings.topics.jobs(priority)
         data = job.model_dump(mode="json", exclude_none=True)
         self._submitted_ms[job.job_id] = int(time.time() * 1000) - 1000
+        self._tenants[job.job_id] = job.tenant
         self._producer.send(topic, job.job_id, json.dumps(data).encode())
         return job.job_id
 
@@ -57,8 +59,10 @@ class JobClient:
         """Post bytes as they are (for testing validation and the dead-letter path)."""
         self._producer.send(self.settings.topics.jobs(priority), key, value)
 
-    def cancel(self, job_id: str) -> None:
-        value = json.dumps({"type": "cancel", "job_id": job_id}).encode()
+    def cancel(self, job_id: str, tenant: str | None = None) -> None:
+        """Cancel a job of `tenant` (default: the tenant this client submitted it as, else "default")."""
+        tenant = tenant or self._tenants.get(job_id, "default")
+        value = json.dumps({"type": "cancel", "job_id": job_id, "tenant": tenant}).encode()
         self._producer.send(self.settings.topics.control, job_id, value)
         self._producer.flush()
 
@@ -76,7 +80,7 @@ class JobClient:
         self._producer.flush()
         since = since_ms if since_ms is not None else self._submitted_ms.get(job_id, 0)
         reader = TopicReader(
-            self.settings.kafka, self.settings.topics.tokens, since, "inferq-stream", key=job_id
+            self.settings.kafka_connection, self.settings.topics.tokens, since, "inferq-stream", key=job_id
         )
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         seen: set[tuple[int, int]] = set()
@@ -94,18 +98,31 @@ class JobClient:
         finally:
             reader.close()
 
-    def wait(self, job_id: str, timeout_s: float | None = None, since_ms: int | None = None) -> JobResult:
-        """The job's result from the results topic."""
+    def wait(
+        self,
+        job_id: str,
+        timeout_s: float | None = None,
+        since_ms: int | None = None,
+        tenant: str | None = None,
+    ) -> JobResult:
+        """The job's result from the results topic (the result for `tenant`: default the submitting one).
+
+        Another tenant posting the same job_id gets its own `rejected` result under the same key: it is
+        skipped here.
+        """
+        tenant = tenant or self._tenants.get(job_id, "default")
         self._producer.flush()
         since = since_ms if since_ms is not None else self._submitted_ms.get(job_id, 0)
         reader = TopicReader(
-            self.settings.kafka, self.settings.topics.results, since, "inferq-wait", key=job_id
+            self.settings.kafka_connection, self.settings.topics.results, since, "inferq-wait", key=job_id
         )
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             while deadline is None or time.monotonic() < deadline:
                 for record in reader.poll(0.2):
-                    return JobResult.model_validate_json(record.value or b"{}")
+                    result = JobResult.model_validate_json(record.value or b"{}")
+                    if result.tenant == tenant:
+                        return result
             raise JobTimeout(f"no result for {job_id} within {timeout_s}s")
         finally:
             reader.close()

@@ -22,7 +22,7 @@ def follow_tokens(
     worker: subprocess.Popen | None = None,
 ) -> dict[str, str]:
     """Print each token event as a line `label | delta` until every job's final event; returns the texts."""
-    reader = TopicReader(settings.kafka, settings.topics.tokens, since_ms, "inferq-demo")
+    reader = TopicReader(settings.kafka_connection, settings.topics.tokens, since_ms, "inferq-demo")
     texts: dict[str, str] = {job_id: "" for job_id in labels}
     attempts: dict[str, int] = {}
     done: set[str] = set()

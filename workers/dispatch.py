@@ -1,24 +1,30 @@
-"""Per-job bookkeeping of the worker: admit, reject, cancel, stream, conclude, and revoke on rebalance."""
+"""Per-job bookkeeping of the worker: intake, admission outcomes, cancels, streaming, conclusion, revocation.
+
+Everything here runs on the engine loop's thread and never touches PostgreSQL except through the
+admitter (synchronous, guarded) and write items handed to the persister (asynchronous).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from gpu.engine import EngineRequest, RequestOutput
-from scheduler.types import Priority, SamplingParams
-from schemas.jobs import JobResult, TokenEvent, Usage
+from scheduler.types import Priority
+from schemas.jobs import TokenEvent
 from schemas.topics import Topics
-from schemas.validation import InvalidMessage, parse_control
+from workers import cancels
+from workers.admission import Admitter, Decision
 from workers.inflight import InFlightJob, utcnow
-from workers.intake import Accepted, Intake, Rejected
+from workers.intake import Accepted, Intake
 from workers.kafka_io import Record
-from workers.persister import WriteBatch
-from workers.store import Admission, admit, insert_terminal
+from workers.sampling import sampling_params
+from workers.store import Terminal
 from workers.streaming import TokenStreamer
+from workers.writes import CancelRequested, Concluded, Rejected, Republish, Running, WriteItem, storable
 
 if TYPE_CHECKING:
     from workers.loop import Worker
@@ -28,8 +34,8 @@ log = logging.getLogger(__name__)
 PRIORITIES = {"high": Priority.HIGH, "normal": Priority.NORMAL, "low": Priority.LOW}
 
 
-def _kafka_time(record: Record) -> datetime:
-    return datetime.fromtimestamp(record.timestamp_ms / 1000, UTC) if record.timestamp_ms > 0 else utcnow()
+def _src(record: Record) -> tuple[str, int, int]:
+    return (record.topic, record.partition, record.offset)
 
 
 class Dispatcher:
@@ -40,80 +46,75 @@ class Dispatcher:
         engine = worker.engine
         max_model_len = engine.scheduler.config.max_model_len
         self.intake_rules = Intake(topics, worker.options.limits, engine.tokenizer, max_model_len)
+        self.admitter = Admitter(worker.db, worker.options.worker_id)
+        self.recent_cancels = cancels.RecentCancels()
         self.streamer = TokenStreamer(self._send_token_event, worker.options.coalesce_ms / 1000)
-        self.batch = WriteBatch()
+        self.items: list[WriteItem] = []
 
     # ---- intake ----------------------------------------------------------------------------
     def intake(self, records: list[Record]) -> None:
-        fresh: dict[str, Accepted] = {}
-        duplicates: list[tuple[str, Record]] = []  # same job_id twice: acked together with the first
+        accepted = []
         for record in records:
             self.w.offsets.track(record.source, record.offset)
+            if record.topic == self.topics.control:
+                self._control_record(record)
+                continue
             decision = self.intake_rules.accept(record)
             if isinstance(decision, Rejected):
                 self._reject(decision)
-            elif decision.job_id in self.jobs or decision.job_id in fresh:
-                duplicates.append((decision.job_id, record))
             else:
-                fresh[decision.job_id] = decision
-        if fresh:
-            self._admit(list(fresh.values()))
-        for job_id, record in duplicates:
-            if job_id in self.jobs:
-                self.jobs[job_id].sources.append(self._src(record))
-            else:  # the first copy was already terminal
-                self.w.offsets.ack(record.source, record.offset)
+                accepted.append(decision)
+        self.admitter.add(accepted)
 
-    @staticmethod
-    def _src(record: Record) -> tuple[str, int, int]:
-        return (record.topic, record.partition, record.offset)
+    def admit_pending(self) -> None:
+        decisions, rejected = self.admitter.run(self._is_held)
+        for r in rejected:
+            self._reject(r)
+        for d in decisions:
+            self._settle(d)
 
-    def _admit(self, accepted: list[Accepted]) -> None:
-        now = utcnow()
-        rows = [
-            Admission(
-                job_id=a.job_id,
-                tenant=a.job.tenant,
-                priority=a.priority,
-                prompt=a.prompt_text,
-                params=a.job.model_dump(mode="json", exclude={"prompt", "messages", "job_id"}),
-                bulk_id=a.job.bulk_id,
-                created_at=_kafka_time(a.record),
-                queued_at=now,
-                worker_id=self.w.options.worker_id,
-                source=self._src(a.record),
-            )
-            for a in accepted
-        ]
-        with self.w.db.begin() as conn:
-            attempts = admit(conn, rows)
-        for a in accepted:
-            if a.job_id not in attempts:  # already terminal: a redelivery; never a second result
+    def _is_held(self, a: Accepted) -> bool:
+        job = self.jobs.get(a.job_id)
+        return job is not None and job.request.tenant == a.tenant
+
+    def _settle(self, d: Decision) -> None:
+        a, outcome = d.accepted, d.outcome
+        source = _src(a.record)
+        if outcome.kind == "held":
+            self.jobs[a.job_id].sources.append(source)
+        elif outcome.kind == "done":  # a redelivery: never a second run, a result only if none went out
+            if outcome.published:
                 self.w.offsets.ack(a.record.source, a.record.offset)
-                continue
-            self._start(a, attempts[a.job_id])
+            else:
+                self.items.append(Republish(a.job_id, (source,)))
+        elif outcome.kind == "foreign":
+            error = f"job_id {a.job_id!r} belongs to another tenant"
+            self._reject(
+                Rejected(a.record, a.job_id, a.tenant, a.priority, error, "foreign_tenant", store_row=False)
+            )
+        elif outcome.kind == "cancelled" or (a.job_id, a.tenant) in self.recent_cancels:
+            self.items.append(
+                Concluded(_cancelled_before_start(a.job_id, self.w.options.worker_id), (source,))
+            )
+            self.w.metrics.finished.labels("cancelled").inc()
+        else:
+            self._start(a, outcome.attempt)
 
     def _start(self, a: Accepted, attempt: int) -> None:
+        created_at = a.record.posted_at(utcnow())
         job = InFlightJob(
             job_id=a.job_id,
             attempt=attempt,
             priority=a.priority,
             request=a.job,
-            created_at=_kafka_time(a.record),
-            sources=[self._src(a.record)],
+            created_at=created_at,
+            sources=[_src(a.record)],
             prompt_tokens=len(a.prompt_token_ids),
         )
         deadline = None
         if a.job.timeout_s is not None:
-            remaining = (job.created_at + timedelta(seconds=a.job.timeout_s) - utcnow()).total_seconds()
+            remaining = (created_at + timedelta(seconds=a.job.timeout_s) - utcnow()).total_seconds()
             deadline = time.monotonic() + remaining
-        sampling = SamplingParams(
-            max_tokens=a.max_tokens,
-            temperature=a.job.temperature,
-            top_p=a.job.top_p,
-            top_k=a.job.top_k,
-            seed=a.job.seed,
-        )
         self.jobs[a.job_id] = job
         self.streamer.start(a.job_id, attempt)
         self.w.metrics.prompt_tokens.inc(job.prompt_tokens)
@@ -121,7 +122,7 @@ class Dispatcher:
             EngineRequest(
                 request_id=a.job_id,
                 prompt_token_ids=a.prompt_token_ids,
-                sampling=sampling,
+                sampling=sampling_params(a.job, a.max_tokens, self.w.engine),
                 stop=tuple(a.job.stop),
                 priority=PRIORITIES[a.priority],
                 tenant=a.job.tenant,
@@ -130,75 +131,39 @@ class Dispatcher:
         )
 
     def _reject(self, r: Rejected) -> None:
+        self.w.metrics.rejected.labels(r.reason).inc()
         rec = r.record
-        headers = [
-            ("source_topic", rec.topic.encode()),
-            ("source_partition", str(rec.partition).encode()),
-            ("source_offset", str(rec.offset).encode()),
-            ("error", r.error.encode()),
-        ]
-        self.w.producer.send(self.topics.dlq, rec.key, rec.value or b"", headers)
-        self.w.metrics.rejected.inc()
         log.warning("rejected %s (%s:%d@%d): %s", r.job_id, rec.topic, rec.partition, rec.offset, r.error)
-        values = {
-            "priority": r.priority,
-            "error": r.error,
-            "finish_reason": "rejected",
-            "created_at": _kafka_time(rec),
-            "finished_at": utcnow(),
-            "prompt": (rec.value or b"")[:4096].decode("utf-8", "replace"),
-            "source_topic": rec.topic,
-            "source_partition": rec.partition,
-            "source_offset": rec.offset,
-            "worker_id": self.w.options.worker_id,
-        }
+        self.items.append(r)
 
-        def write(conn) -> list[JobResult]:
-            if not insert_terminal(conn, r.job_id, "rejected", values):
-                return []  # that id already has a row: leave it alone
-            return [
-                JobResult(
-                    job_id=r.job_id,
-                    status="rejected",
-                    priority=r.priority,
-                    finish_reason="rejected",
-                    error=r.error,
-                )
-            ]
+    # ---- cancels ---------------------------------------------------------------------------
+    def _control_record(self, record: Record) -> None:
+        """A control record this worker owns in the group: record the cancel durably (then ack)."""
+        cancel = cancels.parse(record, self.w.options.limits)
+        if cancel is None:
+            error = record.undecodable or "not a valid control message"
+            self._reject(Rejected(record, "", "default", "control", error, "invalid_control", False, False))
+            return
+        at = record.posted_at(utcnow())
+        self.items.append(CancelRequested(cancel.job_id, cancel.tenant, at, (_src(record),)))
+        self.cancel(cancel.job_id, cancel.tenant)
 
-        self.batch.custom.append((write, [self._src(rec)]))
-
-    # ---- control ---------------------------------------------------------------------------
-    def control(self, records: list[Record]) -> None:
+    def broadcast(self, records: list[Record]) -> None:
+        """Control records every worker reads: remember them, abort the job if it runs here."""
         for record in records:
-            try:
-                cancel = parse_control(record.value, self.w.options.limits)
-            except InvalidMessage as exc:
-                log.warning("ignored control message at offset %d: %s", record.offset, exc)
-                continue
-            if cancel.job_id in self.jobs:
-                out = self.w.engine.abort_request(cancel.job_id)
-                if out is not None:
-                    self.on_output(out)
-            else:
-                self._precancel(cancel.job_id)
+            cancel = cancels.parse(record, self.w.options.limits)
+            if cancel is not None:
+                self.recent_cancels.add(cancel.job_id, cancel.tenant)
+                self.cancel(cancel.job_id, cancel.tenant)
 
-    def _precancel(self, job_id: str) -> None:
-        """Cancel a job no worker has taken yet: its row becomes terminal, so intake will skip it."""
-        values = {
-            "priority": "unknown",
-            "finish_reason": "abort",
-            "finished_at": utcnow(),
-            "worker_id": self.w.options.worker_id,
-            "error": "cancelled before it started",
-        }
-
-        def write(conn) -> list[JobResult]:
-            if not insert_terminal(conn, job_id, "cancelled", values):
-                return []  # known job: its owner (every worker reads control) cancels it
-            return [JobResult(job_id=job_id, status="cancelled", priority="unknown", finish_reason="abort")]
-
-        self.batch.custom.append((write, []))
+    def cancel(self, job_id: str, tenant: str | None = None) -> None:
+        """Abort a job this worker runs (`tenant` None: a cancel already checked against the table)."""
+        job = self.jobs.get(job_id)
+        if job is None or (tenant is not None and job.request.tenant != tenant):
+            return
+        out = self.w.engine.abort_request(job_id)
+        if out is not None:
+            self.on_output(out)
 
     # ---- engine outputs --------------------------------------------------------------------
     def on_output(self, out: RequestOutput, step_started: datetime | None = None) -> None:
@@ -208,44 +173,29 @@ class Dispatcher:
             return
         if out.started and job.started_at is None:
             job.started_at = step_started or utcnow()  # first scheduled: when its first step began
-            self.batch.running.append((job.job_id, job.started_at))
+            self.items.append(Running(job.job_id, job.started_at))
         if out.new_token_ids or out.text_delta:
-            job.on_tokens(len(out.new_token_ids), out.text_delta)
-            self.streamer.add(job.job_id, out.text_delta, out.new_token_ids)
+            text = storable(out.text_delta)  # a model can emit U+0000; stream and row carry the same text
+            job.on_tokens(len(out.new_token_ids), text)
+            self.streamer.add(job.job_id, text, out.new_token_ids)
             self.w.metrics.generation_tokens.inc(len(out.new_token_ids))
         if out.finish_reason is not None:
             self._conclude(job, out.finish_reason.value, out.detail or None)
 
     def _conclude(self, job: InFlightJob, finish: str, detail: str | None) -> None:
         del self.jobs[job.job_id]
-        row, result = job.conclude(finish, self.w.options.worker_id, error=detail)
-        usage = result.usage or Usage(prompt_tokens=0, completion_tokens=0)
-        self.streamer.finish(job.job_id, finish, usage)
-        self.batch.terminal.append((row, result, job.sources))
-        self._observe_result(result)
-
-    def _observe_result(self, result: JobResult) -> None:
-        m, t, p = self.w.metrics, result.timings, result.priority
-        m.finished.labels(result.status).inc()
-        for hist, value in (
-            (m.ttft, t.ttft_ms),
-            (m.itl, t.mean_itl_ms),
-            (m.e2e, t.e2e_ms),
-            (m.queue_time, t.queue_ms),
-        ):
-            if value is not None:
-                hist.labels(p).observe(value / 1000)
+        row, timings = job.conclude(finish, self.w.options.worker_id, error=detail)
+        self.streamer.finish(job.job_id, finish, job.usage)
+        self.items.append(Concluded(row, tuple(job.sources)))
+        self.w.metrics.observe_job(row.status, job.priority, timings)
 
     # ---- rebalance, flush, shutdown --------------------------------------------------------
-    def handle_rebalances(self, events: Iterable[tuple[str, list[tuple[str, int]]]]) -> None:
-        for kind, partitions in events:
-            if kind != "revoked":
-                continue
-            revoked = set(partitions)
-            for job in [j for j in self.jobs.values() if (j.sources[0][0], j.sources[0][1]) in revoked]:
-                self._abort_locally(job.job_id)
-            self.w.offsets.forget(revoked)
-            log.info("partitions revoked: %s", sorted(revoked))
+    def revoke(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Stop this worker's jobs of partitions it no longer owns: their new owner redoes them."""
+        revoked = set(partitions)
+        for job in [j for j in self.jobs.values() if (j.sources[0][0], j.sources[0][1]) in revoked]:
+            self._abort_locally(job.job_id)
+        self.admitter.drop(revoked)
 
     def _abort_locally(self, job_id: str) -> None:
         """Stop a job without a terminal row: whoever consumes its message next redoes it (attempt + 1)."""
@@ -259,8 +209,13 @@ class Dispatcher:
 
     def flush(self, force: bool) -> None:
         self.streamer.flush_due(force)
-        batch, self.batch = self.batch, WriteBatch()
-        self.w.persister.submit(batch)
+        items, self.items = self.items, []
+        self.w.persister.submit(items)
 
     def _send_token_event(self, event: TokenEvent) -> None:
-        self.w.producer.send(self.topics.tokens, event.job_id, event.model_dump_json().encode())
+        self.w.send_token_event(event)
+
+
+def _cancelled_before_start(job_id: str, worker_id: str) -> Terminal:
+    values = {"finish_reason": "abort", "error": "cancelled before it started", "worker_id": worker_id}
+    return Terminal(job_id, "cancelled", {**values, "finished_at": utcnow(), "completion_tokens": 0})

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from schemas.jobs import JobRequest, JobResult, Timings, Usage
+from schemas.jobs import JobRequest, Timings, Usage
 from workers.store import Terminal
 
 # Engine finish reasons → job status and the finish_reason stored and published.
@@ -74,18 +74,15 @@ class InFlightJob:
             e2e_ms=ms(finished_at, self.created_at),
         )
 
-    def conclude(self, finish: str, worker_id: str, error: str | None = None) -> tuple[Terminal, JobResult]:
-        """The terminal row and the result message for how this attempt ended."""
+    def conclude(self, finish: str, worker_id: str, error: str | None = None) -> tuple[Terminal, Timings]:
+        """The terminal row of how this attempt ended (its result is built from the stored row)."""
         finished_at = utcnow()
-        status = STATUS_OF_FINISH.get(finish, "failed")
         timings = self._timings(finished_at)
-        text = "".join(self.output)
-        usage = Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens)
         row = Terminal(
             job_id=self.job_id,
-            status=status,
+            status=STATUS_OF_FINISH.get(finish, "failed"),
             values={
-                "output_text": text,
+                "output_text": "".join(self.output),
                 "finish_reason": finish,
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
@@ -100,19 +97,8 @@ class InFlightJob:
                 "queue_ms": timings.queue_ms,
             },
         )
-        result = JobResult(
-            job_id=self.job_id,
-            status=status,
-            tenant=self.request.tenant,
-            priority=self.priority,
-            output_text=text,
-            finish_reason=finish,
-            usage=usage,
-            timings=timings,
-            attempt=self.attempt,
-            worker_id=worker_id,
-            bulk_id=self.request.bulk_id,
-            error=error,
-            metadata=self.request.metadata,
-        )
-        return row, result
+        return row, timings
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens)

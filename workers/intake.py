@@ -1,14 +1,23 @@
-"""Intake: a Kafka record becomes an engine request, or a rejection with a clear reason."""
+"""Intake: a Kafka record becomes an engine request, or a rejection with a clear reason.
+
+Nothing a record carries may escape as an exception: whatever fails while decoding, validating or
+tokenizing it (a chat template that refuses the messages, a tokenizer error, a bug) becomes a rejection
+of that one record, and the worker goes on with the next.
+"""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from gpu.tokenizer import Tokenizer
 from schemas.jobs import JobRequest
 from schemas.topics import Topics
-from schemas.validation import InvalidMessage, Limits, parse_job, peek_job_id
+from schemas.validation import InvalidMessage, Limits, parse_job, peek_job_id, peek_tenant
 from workers.kafka_io import Record
+from workers.writes import Rejected
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -21,18 +30,19 @@ class Accepted:
     prompt_token_ids: tuple[int, ...]
     max_tokens: int  # the request's, clamped to what the context has room for
 
-
-@dataclass(frozen=True)
-class Rejected:
-    record: Record
-    job_id: str
-    priority: str
-    error: str
+    @property
+    def tenant(self) -> str:
+        return self.job.tenant
 
 
 def derived_job_id(record: Record) -> str:
     """The id of a job that brought none: stable across redeliveries of the same message."""
     return f"{record.topic}:{record.partition}:{record.offset}"
+
+
+def rejection(record: Record, priority: str, error: str, reason: str, job_id: str | None = None) -> Rejected:
+    job_id = job_id or peek_job_id(record.value) or derived_job_id(record)
+    return Rejected(record, job_id, peek_tenant(record.value), priority, error, reason)
 
 
 class Intake:
@@ -44,17 +54,26 @@ class Intake:
 
     def accept(self, record: Record) -> Accepted | Rejected:
         priority = self.topics.priority_of(record.topic)
+        if record.undecodable:
+            return rejection(record, priority, record.undecodable, "undecodable", derived_job_id(record))
         try:
-            job = parse_job(record.value, self.limits)
-            job_id = job.job_id or derived_job_id(record)
-            prompt_text, ids = self._tokenize(job)
+            return self._accept(record, priority)
         except InvalidMessage as exc:
-            job_id = peek_job_id(record.value) or derived_job_id(record)
-            return Rejected(record, job_id, priority, str(exc))
+            return rejection(record, priority, str(exc), "invalid")
+        except Exception as exc:  # noqa: BLE001 - any other failure belongs to this record alone
+            log.exception("record %s:%d@%d failed at intake", record.topic, record.partition, record.offset)
+            return rejection(
+                record, priority, f"could not be processed: {type(exc).__name__}: {exc}", "error"
+            )
+
+    def _accept(self, record: Record, priority: str) -> Accepted | Rejected:
+        job = parse_job(record.value, self.limits)
+        job_id = job.job_id or derived_job_id(record)
+        prompt_text, ids = self._tokenize(job)
         room = self.max_model_len - len(ids)
         if room < 1:
             error = f"prompt is {len(ids)} tokens; the model's context is {self.max_model_len} tokens"
-            return Rejected(record, job_id, priority, error)
+            return rejection(record, priority, error, "too_long", job_id)
         wanted = job.max_tokens or min(self.limits.default_max_tokens, self.limits.max_tokens)
         return Accepted(record, job_id, priority, job, prompt_text, tuple(ids), min(wanted, room))
 
@@ -65,4 +84,8 @@ class Intake:
             return job.prompt, self.tokenizer.encode(job.prompt)
         messages = [m.model_dump() for m in job.messages or ()]
         text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
-        return text, self.tokenizer.apply_chat_template(messages)
+        try:
+            ids = self.tokenizer.apply_chat_template(messages)
+        except ValueError as exc:  # e.g. a model without a chat template, or roles it does not accept
+            raise InvalidMessage(f"messages cannot be rendered for this model: {exc}") from None
+        return text, ids

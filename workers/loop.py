@@ -1,4 +1,4 @@
-"""The worker's engine loop: intake → one engine step (schedule + execute) → emit → commit."""
+"""The worker's engine loop: intake → admission → one engine step → emit → commit → flow control."""
 
 from __future__ import annotations
 
@@ -8,17 +8,22 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from gpu.engine import Engine, EngineStats, RequestOutput
+from schemas.jobs import TokenEvent
 from schemas.validation import Limits
 from workers.dispatch import Dispatcher
 from workers.inflight import utcnow
-from workers.kafka_io import BroadcastReader, GroupConsumer, Producer
+from workers.kafka_io import BroadcastReader, Delivery, GroupConsumer, Partition, Producer
 from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
 from workers.persister import Persister
 from workers.settings import Settings
 from workers.store import make_engine
+from workers.writes import Rejected
 
 log = logging.getLogger(__name__)
+
+REASSIGN_WINDOW_S = 60.0  # a partition handed back this soon after its revocation resumes where we left it
+TOKEN_SEND_PAUSE_S = 2.0  # after a token event could not be sent, drop events this long without trying
 
 
 def group_id(topic_prefix: str) -> str:
@@ -40,6 +45,7 @@ class WorkerOptions:
     busy_poll_s: float = 0.02
     control_poll_s: float = 0.1
     grace_s: float = 30.0  # on shutdown, time to finish in-flight jobs before aborting them
+    max_pending_writes: int = 5000  # row writes waiting for PostgreSQL before intake pauses
     limits: Limits = Limits()
 
 
@@ -51,24 +57,35 @@ class Worker:
         self.engine = engine
         self.options = options
         self.metrics = metrics or WorkerMetrics()
-        topics = settings.topics
+        topics, conn = settings.topics, settings.kafka_connection
         cid = f"inferq-{options.worker_id}"
-        self.consumer = GroupConsumer(settings.kafka, group_id(settings.topic_prefix), topics.all_jobs, cid)
-        self.control = BroadcastReader(settings.kafka, topics.control, cid + "-control")
-        self.producer = Producer(settings.kafka, cid)
+        self.group_topics = (*topics.all_jobs, topics.control)
+        self.consumer = GroupConsumer(conn, group_id(settings.topic_prefix), self.group_topics, cid)
+        self.control = BroadcastReader(conn, topics.control, cid + "-control")
+        # a short block: while the broker is away, sends fail fast and the engine loop keeps generating
+        self.producer = Producer(conn, cid, max_block_s=0.5)
         self.db = make_engine(settings.database_url)
         self.offsets = OffsetTracker()
+        self._in_flight: tuple[str, ...] = ()
         self.persister = Persister(
             self.db,
-            publish=lambda r: self.producer.send(topics.results, r.job_id, r.model_dump_json().encode()),
+            self.producer,
+            topics,
+            options.worker_id,
+            dead_letter=self._dead_letter,
+            in_flight=lambda: self._in_flight,
+            failpoint=settings.failpoint,
         )
         self.dispatch = Dispatcher(self, topics)
         self._stop_at: float | None = None
         self._last_commit = 0.0
         self._paused: set[str] = set()
+        self._revoked: dict[Partition, tuple[float, int]] = {}  # partition -> (when, where we had got to)
         self._waiting = 0  # sequences waiting in the engine, as of the last iteration
         self._next_poll = 0.0
         self._next_control = 0.0
+        self._token_sends_paused_until = 0.0
+        self._next_intake_metrics = 0.0
         self._busy_s = 0.0  # wall time of iterations that stepped the engine
         self._step_s = 0.0  # of which inside engine.step()
 
@@ -85,7 +102,7 @@ class Worker:
 
     def run(self) -> None:
         self.persister.start()
-        log.info("worker %s serving %s", self.options.worker_id, ", ".join(self.settings.topics.all_jobs))
+        log.info("worker %s serving %s", self.options.worker_id, ", ".join(self.group_topics))
         try:
             while not self._done():
                 self.run_once()
@@ -98,17 +115,20 @@ class Worker:
         return not self.dispatch.jobs or time.monotonic() >= self._stop_at
 
     def run_once(self) -> None:
-        """One iteration: intake, one engine step, emit, commit."""
-        self.dispatch.handle_rebalances(self.consumer.rebalances.drain())
+        """One iteration: intake, admission, cancels, one engine step, emit, commit, flow control."""
+        self._handle_rebalances()
         busy = self.engine.has_unfinished()
         now = time.monotonic()
         if not self.stopping and (not busy or now >= self._next_poll):
             self._next_poll = now + self.options.busy_poll_s
-            records = self.consumer.poll(0.0 if busy else self.options.idle_poll_s, self._room())
-            self.dispatch.intake(records)
+            self.dispatch.intake(self.consumer.poll(0.0 if busy else self.options.idle_poll_s, self._room()))
+        self.dispatch.admit_pending()
         if not busy or now >= self._next_control:
             self._next_control = now + self.options.control_poll_s
-            self.dispatch.control(self.control.poll(0.0))
+            self.dispatch.broadcast(self.control.poll(0.0))
+            for job_id in self.persister.cancelled():
+                self.dispatch.cancel(job_id)
+            self._in_flight = tuple(self.dispatch.jobs)
         t0 = time.monotonic()
         if self.engine.has_unfinished():
             step_started = utcnow()
@@ -118,7 +138,7 @@ class Worker:
         self._commit(force=False)
         stats = self.engine.stats()
         self._waiting = sum(stats.waiting.values())
-        self._backpressure()
+        self._flow_control()
         self._observe(stats)
         if busy:
             self._busy_s += time.monotonic() - now
@@ -127,41 +147,110 @@ class Worker:
         for out in outputs:
             self.dispatch.on_output(out, step_started)
 
-    # ---- flow control ----------------------------------------------------------------------
+    # ---- Kafka out -------------------------------------------------------------------------
+    def send_token_event(self, event: TokenEvent) -> None:
+        """Best effort while the broker is away: the final result never depends on token events."""
+        if time.monotonic() < self._token_sends_paused_until:
+            self.metrics.token_events_dropped.inc()
+            return
+        try:
+            self.producer.send(self.settings.topics.tokens, event.job_id, event.model_dump_json().encode())
+        except Exception as exc:  # noqa: BLE001 - buffer full or no metadata: drop, keep generating
+            self._token_sends_paused_until = time.monotonic() + TOKEN_SEND_PAUSE_S
+            self.metrics.token_events_dropped.inc()
+            log.warning("token events are being dropped for %.0fs: %s", TOKEN_SEND_PAUSE_S, exc)
+
+    def _dead_letter(self, r: Rejected) -> Delivery:
+        """The record as it came (cut to what the broker accepts), with why it was refused in headers."""
+        rec, limit = r.record, self.options.limits.dlq_max_bytes
+        value = rec.value or b""
+        headers = [
+            ("source_topic", rec.topic.encode()),
+            ("source_partition", str(rec.partition).encode()),
+            ("source_offset", str(rec.offset).encode()),
+            ("error", r.error.encode()[:4000]),
+            ("reason", r.reason.encode()),
+            ("original_size", str(len(value)).encode()),
+            ("truncated", b"true" if len(value) > limit else b"false"),
+        ]
+        key = rec.key[:4096] if rec.key else rec.key
+        return self.producer.send(self.settings.topics.dlq, key, value[:limit], headers)
+
+    # ---- group, offsets, flow control ------------------------------------------------------
+    def _handle_rebalances(self) -> None:
+        now = time.monotonic()
+        for event in self.consumer.rebalances():
+            parts = set(event.partitions)
+            if event.kind in ("revoked", "lost"):
+                for p in parts:
+                    position = self.offsets.position(p)
+                    if position is not None:
+                        self._revoked[p] = (now, position)
+                self.dispatch.revoke(parts)
+                self.offsets.forget(parts)
+                log.info("partitions %s: %s", event.kind, sorted(parts))
+                continue
+            self._paused.clear()  # newly owned partitions start unpaused: flow control re-applies
+            for p in parts:
+                # Under eager rebalancing a partition can come back with the fetch position it had, past the
+                # jobs just aborted: resume from the first one not done (cooperative rebalancing never does).
+                seen = self._revoked.pop(p, None)
+                if seen is not None and now - seen[0] < REASSIGN_WINDOW_S:
+                    self.consumer.seek(p, seen[1])
+            log.info("partitions assigned: %s", sorted(parts))
+
     def _room(self) -> int:
         return max(1, 2 * self.options.max_waiting - self._waiting)
 
-    def _backpressure(self) -> None:
-        """Pause low, then normal, partitions when the local queue is full; high keeps flowing."""
+    def _flow_control(self) -> None:
+        """Pause intake while admission waits for the database or row writes pile up; otherwise pause low,
+        then normal, partitions when the local queue is full (high keeps flowing)."""
         waiting, limit = self._waiting, self.options.max_waiting
         topics = self.settings.topics
-        for priority, threshold in (("low", limit), ("normal", int(limit * 1.5))):
-            topic = topics.jobs(priority)
-            if topic not in self._paused and waiting >= threshold:
-                self.consumer.pause([topic])
-                self._paused.add(topic)
-                log.debug("paused %s: %d jobs waiting", topic, waiting)
-            elif topic in self._paused and waiting < threshold * 3 // 4:
-                self.consumer.resume([topic])
-                self._paused.discard(topic)
-                log.debug("resumed %s: %d jobs waiting", topic, waiting)
+        if self.dispatch.admitter.blocked or self.persister.stats().depth >= self.options.max_pending_writes:
+            wanted = set(self.group_topics)
+        else:
+            wanted = {t for t in self._paused if t in (topics.jobs("low"), topics.jobs("normal"))}
+            for priority, threshold in (("low", limit), ("normal", int(limit * 1.5))):
+                topic = topics.jobs(priority)
+                if waiting >= threshold:
+                    wanted.add(topic)
+                elif waiting < threshold * 3 // 4:
+                    wanted.discard(topic)
+        if wanted - self._paused:
+            self.consumer.pause(wanted - self._paused)
+            log.debug("paused %s (%d jobs waiting)", sorted(wanted - self._paused), waiting)
+        if self._paused - wanted:
+            self.consumer.resume(self._paused - wanted)
+            log.debug("resumed %s (%d jobs waiting)", sorted(self._paused - wanted), waiting)
+        self._paused = wanted
 
     def _commit(self, force: bool) -> None:
         for topic, partition, offset in self.persister.acked():
             self.offsets.ack((topic, partition), offset)
+        for done in self.consumer.committed():
+            self.offsets.committed(done)
         now = time.monotonic()
         if not force and now - self._last_commit < self.options.commit_interval_s:
             return
         self._last_commit = now
-        offsets = self.offsets.committable()
         owned = self.consumer.assignment()
-        offsets = {p: o for p, o in offsets.items() if p in owned}
-        if offsets and self.consumer.commit(offsets):
-            self.offsets.committed(offsets)
+        offsets = {p: o for p, o in self.offsets.committable().items() if p in owned}
+        if offsets and force:
+            if self.consumer.commit_sync(offsets):
+                self.offsets.committed(offsets)
+        elif offsets:
+            self.consumer.commit(offsets)
 
     def _observe(self, s: EngineStats) -> None:
         waiting = {p.name.lower(): n for p, n in s.waiting.items()}
         self.metrics.observe_engine(s.running, waiting, s.kv_blocks_used, s.kv_blocks_total, s.preemptions)
+        now = time.monotonic()
+        if now < self._next_intake_metrics:
+            return
+        self._next_intake_metrics = now + 1.0
+        p = self.persister.stats()
+        self.metrics.observe_intake(self.consumer.lag(), p.depth, p.oldest_age_s, p.unpublished)
 
     def _shutdown(self) -> None:
         self.dispatch.abort_all()  # past the grace period: no terminal row, the group redoes them

@@ -1,137 +1,295 @@
 """Writes job rows on a background thread, then publishes results and hands back offsets to ack.
 
-The engine loop must not wait for Postgres between steps. Order is kept per worker: a batch is one
-transaction; only after it commits are its results published (a result never precedes its row) and
-its source offsets released for committing (an offset never passes an unwritten job).
+The engine loop never waits for PostgreSQL between steps. For each batch, in order:
+  1. dead-letter the rejected records (the broker has them before anything else happens);
+  2. store every item: one transaction, or item by item when PostgreSQL refuses one (see writes.py);
+  3. publish the results of the stored rows, retrying only the sends that failed;
+  4. set `published_at` on those rows (the outbox: until then a redelivery republishes them);
+  5. release the batch's source offsets for committing.
+Transient failures (service down, timeouts) retry with jittered exponential backoff and never drop work;
+a committed offset therefore never passes an unstored job or an unpublished result.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import signal
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Engine
 
 from schemas.jobs import JobResult
-from workers.inflight import utcnow
-from workers.kafka_io import Delivery
-from workers.store import Terminal, finish, mark_running
+from schemas.topics import Topics
+from workers.kafka_io import Delivery, Producer
+from workers.outbox import count_unpublished, mark_published, result_from_row
+from workers.retry import Backoff, describe_error, is_transient
+from workers.store import cancel_requested
+from workers.writes import Rejected, Source, Stored, WriteContext, WriteItem, utcnow
 
 log = logging.getLogger(__name__)
 
-Source = tuple[str, int, int]  # topic, partition, offset
-T = TypeVar("T")
+CANCEL_WATCH_S = 2.0  # how often recorded cancels of this worker's in-flight jobs are looked up
+UNPUBLISHED_COUNT_S = 30.0
 
 
-@dataclass
-class WriteBatch:
-    running: list[tuple[str, datetime]] = field(default_factory=list)
-    terminal: list[tuple[Terminal, JobResult, list[Source]]] = field(default_factory=list)
-    # extra work in the same transaction: returns results to publish (e.g. rejections, pre-cancels)
-    custom: list[tuple[Callable[[Connection], list[JobResult]], list[Source]]] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.running or self.terminal or self.custom)
+@dataclass(frozen=True)
+class PersisterStats:
+    depth: int  # items submitted, not yet done
+    oldest_age_s: float  # age of the oldest of them (0 when none)
+    unpublished: int  # terminal rows in the table whose result is not out yet (last count)
 
 
 class Persister:
     def __init__(
         self,
         engine: Engine,
-        publish: Callable[[JobResult], Delivery],
-        retry_s: float = 1.0,
+        producer: Producer,
+        topics: Topics,
+        worker_id: str,
+        dead_letter: Callable[[Rejected], Delivery],
+        in_flight: Callable[[], Sequence[str]] = tuple,
+        failpoint: str = "",
     ) -> None:
         self._engine = engine
-        self._publish = publish
-        self._retry_s = retry_s
-        self._inbox: queue.Queue[WriteBatch | None] = queue.Queue()
+        self._producer = producer
+        self._topics = topics
+        self._worker_id = worker_id
+        self._dead_letter = dead_letter
+        self._in_flight = in_flight
+        self._failpoint = failpoint  # tests only: die at a chosen point of a batch (see _crash_if)
+        self._inbox: queue.Queue[tuple[float, list[WriteItem]] | None] = queue.Queue()
         self._done: queue.Queue[Source] = queue.Queue()  # offsets safe to ack, read by the loop
+        self._cancels: queue.Queue[str] = queue.Queue()  # in-flight jobs with a recorded cancel
+        self._lock = threading.Lock()
+        self._pending: dict[int, tuple[float, int]] = {}  # batch id -> (submitted at, items)
+        self._unpublished = 0
         self._thread = threading.Thread(target=self._run, name="inferq-persister", daemon=True)
-        self.written_terminal = 0
+        self.written = 0  # items stored
+        self.on_published: Callable[[JobResult], None] = lambda result: None  # on the persister thread
 
+    # ---- engine-loop side -------------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, batch: WriteBatch) -> None:
-        if batch:
-            self._inbox.put(batch)
+    def submit(self, items: list[WriteItem]) -> None:
+        if items:
+            now = time.monotonic()
+            with self._lock:
+                self._pending[id(items)] = (now, len(items))
+            self._inbox.put((now, items))
 
-    def backlog(self) -> int:
-        return self._inbox.qsize()
+    def stats(self) -> PersisterStats:
+        with self._lock:
+            depth = sum(n for _, n in self._pending.values())
+            oldest = min((t for t, _ in self._pending.values()), default=None)
+        age = time.monotonic() - oldest if oldest is not None else 0.0
+        return PersisterStats(depth, age, self._unpublished)
 
     def acked(self) -> list[Source]:
-        out: list[Source] = []
-        while True:
-            try:
-                out.append(self._done.get_nowait())
-            except queue.Empty:
-                return out
+        return _drain(self._done)
+
+    def cancelled(self) -> list[str]:
+        return _drain(self._cancels)
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Write everything submitted so far, then stop."""
         self._inbox.put(None)
         self._thread.join(timeout_s)
 
+    # ---- persister thread ---------------------------------------------------------------------
     def _run(self) -> None:
+        next_watch = next_count = 0.0
         while True:
-            batch = self._inbox.get()
-            if batch is None:
+            now = time.monotonic()
+            if now >= next_watch:
+                next_watch = now + CANCEL_WATCH_S
+                self._watch_cancels()
+            if now >= next_count:
+                next_count = now + UNPUBLISHED_COUNT_S
+                self._count_unpublished()
+            try:
+                first = self._inbox.get(timeout=CANCEL_WATCH_S)
+            except queue.Empty:
+                continue
+            if first is None:
                 return
-            # merge what queued up meanwhile into one transaction: fewer round trips under load
-            stop = False
-            while not stop:
+            batches, stop = [first[1]], False
+            while True:  # merge what queued up meanwhile: fewer round trips under load
                 try:
                     more = self._inbox.get_nowait()
                 except queue.Empty:
                     break
                 if more is None:
                     stop = True
-                else:
-                    batch.running += more.running
-                    batch.terminal += more.terminal
-                    batch.custom += more.custom
-            self._write_until_done(batch)
+                    break
+                batches.append(more[1])
+            self._process([item for batch in batches for item in batch])
+            with self._lock:
+                for batch in batches:
+                    self._pending.pop(id(batch), None)
             if stop:
                 return
 
-    def _write_until_done(self, batch: WriteBatch) -> None:
-        # Postgres or Kafka down: keep the batch and retry; offsets stay uncommitted, so nothing is lost.
-        results = self._retry("writing job rows", lambda: self._write(batch))
-        # A committed offset must never outrun its result message. Waiting for these deliveries (rather
-        # than flushing the producer) lets token events keep batching behind the producer's linger.
-        self._retry("publishing results", lambda: self._deliver(results))
-        for _, _, sources in batch.terminal:
-            for s in sources:
-                self._done.put(s)
-        for _, sources in batch.custom:
-            for s in sources:
-                self._done.put(s)
+    def _process(self, items: list[WriteItem]) -> None:
+        rejected = [i for i in items if isinstance(i, Rejected)]
+        self._send_all(
+            "dead-lettered records", [(r.job_id, lambda r=r: self._dead_letter(r)) for r in rejected]
+        )
+        stored = self._store(items)
+        self._crash_if("crash-before-publish", stored)
+        results = [result_from_row(row) for row in stored.outbox] + stored.direct
+        self._send_all("results", [(r.job_id, lambda r=r: self._send_result(r)) for r in results])
+        self._crash_if("crash-after-publish", stored)
+        if stored.outbox:
+            ids = [row.job_id for row in stored.outbox]
+            self._retry(
+                "marking results published", lambda: self._in_tx(lambda c: mark_published(c, ids, utcnow()))
+            )
+        self.written += len(items)
+        for item in items:
+            for source in item.sources:
+                self._done.put(source)
 
-    def _retry(self, what: str, work: Callable[[], T]) -> T:
+    def _crash_if(self, name: str, stored: Stored) -> None:
+        """Fault injection for the outbox tests: a kill -9 at the worst moments of a batch."""
+        if self._failpoint == name and any(row.status == "succeeded" for row in stored.outbox):
+            log.error("failpoint %s: killing this process", name)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _send_result(self, result: JobResult) -> Delivery:
+        delivery = self._producer.send(self._topics.results, result.job_id, result.model_dump_json().encode())
+        return _Then(delivery, lambda: self.on_published(result))
+
+    def _store(self, items: list[WriteItem]) -> Stored:
+        ctx = WriteContext(self._worker_id, utcnow())
+        try:
+            return self._retry("writing job rows", lambda: self._in_tx(lambda c: _apply_all(c, items, ctx)))
+        except Exception as exc:  # noqa: BLE001 - not transient: some item's data is refused
+            log.warning(
+                "a batch of %d writes was refused (%s); writing them one by one",
+                len(items),
+                describe_error(exc),
+            )
+        out = Stored()
+        for item in items:
+            out += self._store_alone(item, ctx)
+        return out
+
+    def _store_alone(self, item: WriteItem, ctx: WriteContext) -> Stored:
+        try:
+            return self._retry("writing a job row", lambda: self._in_tx(lambda c: item.apply(c, ctx)))
+        except Exception as exc:  # noqa: BLE001
+            error = describe_error(exc)
+        log.error("write refused for %s: %s; storing its simplest form", _describe(item), error)
+        try:
+            return self._retry(
+                "writing a fallback row", lambda: self._in_tx(lambda c: item.fallback(c, ctx, error))
+            )
+        except Exception as again:  # noqa: BLE001 - nothing simpler exists: log, never wedge
+            log.error("dropped the write for %s: %s", _describe(item), describe_error(again))
+            return Stored()
+
+    def _send_all(self, what: str, sends: list[tuple[str, Callable[[], Delivery]]]) -> None:
+        """Send every message and wait for the broker; resend only those that did not arrive."""
+        backoff = Backoff()
+        while sends:
+            started = []
+            for name, send in sends:
+                try:
+                    started.append((name, send, send()))
+                except Exception as exc:  # noqa: BLE001 - e.g. the buffer is full while the broker is away
+                    started.append((name, send, exc))
+            failed, error = [], None
+            for name, send, delivery in started:
+                try:
+                    if isinstance(delivery, Exception):
+                        raise delivery
+                    delivery.wait()
+                except Exception as exc:  # noqa: BLE001
+                    if not is_transient(exc):
+                        log.error(
+                            "%s for job %s can never be sent (%s); dropped", what, name, describe_error(exc)
+                        )
+                        continue
+                    failed.append((name, send))
+                    error = exc
+            if failed:
+                delay = backoff.next_delay()
+                log.warning(
+                    "%d %s not sent (%s); retrying in %.1fs", len(failed), what, describe_error(error), delay
+                )
+                time.sleep(delay)
+            sends = failed
+
+    def _watch_cancels(self) -> None:
+        ids = list(self._in_flight())
+        if not ids:
+            return
+        try:
+            found = self._in_tx(lambda c: cancel_requested(c, ids))
+        except Exception as exc:  # noqa: BLE001 - a lookup that can wait for the next round
+            log.debug("cancel lookup failed: %s", describe_error(exc))
+            return
+        for job_id in found:
+            self._cancels.put(job_id)
+
+    def _count_unpublished(self) -> None:
+        try:
+            self._unpublished = self._in_tx(count_unpublished)
+        except Exception as exc:  # noqa: BLE001
+            log.debug("unpublished count failed: %s", describe_error(exc))
+
+    def _in_tx(self, work):
+        with self._engine.begin() as conn:
+            return work(conn)
+
+    def _retry(self, what: str, work):
+        """Run work, retrying transient failures with backoff; other failures are raised."""
+        backoff = Backoff()
         while True:
             try:
                 return work()
-            except Exception:  # noqa: BLE001 - any database or broker error: log and retry
-                log.exception("%s failed; retrying", what)
-                time.sleep(self._retry_s)
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                delay = backoff.next_delay()
+                log.warning("%s failed (%s); retrying in %.1fs", what, describe_error(exc), delay)
+                time.sleep(delay)
 
-    def _write(self, batch: WriteBatch) -> list[JobResult]:
-        results: list[JobResult] = []
-        with self._engine.begin() as conn:
-            mark_running(conn, batch.running)
-            written = finish(conn, [t for t, _, _ in batch.terminal], utcnow())
-            results += [r for t, r, _ in batch.terminal if t.job_id in written]
-            for work, _ in batch.custom:
-                results += work(conn)
-        self.written_terminal += len(written)
-        return results
 
-    def _deliver(self, results: list[JobResult]) -> None:
-        for delivery in [self._publish(result) for result in results]:
-            delivery.wait()
+@dataclass(frozen=True)
+class _Then:
+    """A delivery that runs a callback once the broker has the message."""
+
+    delivery: Delivery
+    then: Callable[[], None]
+
+    def wait(self, timeout_s: float = 30.0) -> None:
+        self.delivery.wait(timeout_s)
+        self.then()
+
+
+def _apply_all(conn, items: list[WriteItem], ctx: WriteContext) -> Stored:
+    out = Stored()
+    for item in items:
+        out += item.apply(conn, ctx)
+    return out
+
+
+def _drain(q: queue.Queue) -> list:
+    out = []
+    while True:
+        try:
+            out.append(q.get_nowait())
+        except queue.Empty:
+            return out
+
+
+def _describe(item: WriteItem) -> str:
+    job_id = getattr(item, "job_id", None) or getattr(getattr(item, "row", None), "job_id", "?")
+    return f"{type(item).__name__.lower()} of job {job_id}"

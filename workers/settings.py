@@ -1,14 +1,16 @@
 """Settings: the one place that reads environment variables.
 
 Defaults point at the local services of `inferq up`, so the same code runs against a production cluster
-by setting INFERQ_KAFKA / INFERQ_DATABASE_URL.
+by setting INFERQ_KAFKA / INFERQ_DATABASE_URL (and the INFERQ_KAFKA_SECURITY_* / SASL / SSL variables).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from schemas.topics import Topics
 
@@ -17,45 +19,154 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 KAFKA_PORT = 19092
 KAFKA_CONTROLLER_PORT = 19093
 POSTGRES_PORT = 15432
+POSTGRES_PASSWORD_FILE = "postgres-password"  # in the state dir, mode 0600, written by `inferq up`
+
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
-def _state_dir() -> Path:
-    return Path(os.environ.get("INFERQ_STATE_DIR", REPO_ROOT / ".state")).resolve()
+def _state_dir(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    return Path(env.get("INFERQ_STATE_DIR", REPO_ROOT / ".state")).resolve()
 
 
-def _cache_dir() -> Path:
-    # shared by checkouts, outside the repo: the Kafka jars fetched by `inferq up`
-    return Path(os.environ.get("INFERQ_CACHE", Path.home() / ".cache" / "inferq")).resolve()
+def _cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    # shared by checkouts, outside the repo: the Kafka jars fetched by `inferq up`, converted models
+    env = os.environ if env is None else env
+    return Path(env.get("INFERQ_CACHE", Path.home() / ".cache" / "inferq")).resolve()
+
+
+def database_url_for(url: str | None, state_dir: Path) -> str:
+    """The database URL: INFERQ_DATABASE_URL, or the cluster `inferq up` runs.
+
+    A loopback URL without a password is taken to mean that cluster, so it gets the password `inferq up`
+    generated into the state dir (none before the first up). The URL's query (sslmode, ...) is kept.
+    """
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url or f"postgresql+psycopg2://postgres@127.0.0.1:{POSTGRES_PORT}/inferq")
+    if parsed.password or parsed.host not in ("127.0.0.1", "localhost"):
+        return url or parsed.render_as_string(hide_password=False)
+    try:
+        password = (state_dir / POSTGRES_PASSWORD_FILE).read_text().strip()
+    except OSError:
+        password = ""
+    return parsed.set(password=password or None).render_as_string(hide_password=False)
+
+
+@dataclass(frozen=True)
+class KafkaSecurity:
+    """How every Kafka client authenticates and encrypts; PLAINTEXT by default (local broker)."""
+
+    protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = field(default=None, repr=False)
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.protocol not in SECURITY_PROTOCOLS:
+            raise ValueError(
+                f"INFERQ_KAFKA_SECURITY_PROTOCOL={self.protocol!r}; use one of {SECURITY_PROTOCOLS}"
+            )
+        if self.protocol.startswith("SASL"):
+            if self.sasl_mechanism not in SASL_MECHANISMS:
+                raise ValueError(
+                    f"INFERQ_KAFKA_SASL_MECHANISM={self.sasl_mechanism!r}; use one of {SASL_MECHANISMS}"
+                )
+            if not self.sasl_username or self.sasl_password is None:
+                raise ValueError("SASL needs INFERQ_KAFKA_SASL_USERNAME and INFERQ_KAFKA_SASL_PASSWORD")
+
+    def client_options(self) -> dict[str, Any]:
+        """kafka-python keyword arguments (only those that apply)."""
+        options: dict[str, Any] = {"security_protocol": self.protocol}
+        if self.protocol.startswith("SASL"):
+            options |= {
+                "sasl_mechanism": self.sasl_mechanism,
+                "sasl_plain_username": self.sasl_username,
+                "sasl_plain_password": self.sasl_password,
+            }
+        if self.protocol.endswith("SSL"):
+            options |= {
+                k: v
+                for k, v in (
+                    ("ssl_cafile", self.ssl_cafile),
+                    ("ssl_certfile", self.ssl_certfile),
+                    ("ssl_keyfile", self.ssl_keyfile),
+                )
+                if v
+            }
+        return options
+
+
+@dataclass(frozen=True)
+class KafkaConnection:
+    """Where the brokers are and how to reach them: what every Kafka client of inferq is built from."""
+
+    bootstrap: str
+    security: KafkaSecurity = KafkaSecurity()
+
+    def client_options(self) -> dict[str, Any]:
+        return {"bootstrap_servers": self.bootstrap, **self.security.client_options()}
 
 
 @dataclass(frozen=True)
 class Settings:
-    kafka: str = f"127.0.0.1:{KAFKA_PORT}"
+    kafka: str = f"127.0.0.1:{KAFKA_PORT}"  # bootstrap servers
+    kafka_security: KafkaSecurity = KafkaSecurity()
     database_url: str = f"postgresql+psycopg2://postgres@127.0.0.1:{POSTGRES_PORT}/inferq"
     topic_prefix: str = "inferq"
+    # topics `inferq up` creates (existing topics are never changed)
+    jobs_partitions: int = 4
+    stream_partitions: int = 4  # tokens and results
+    replication_factor: int = 1
     celery_broker: str = ""  # empty: the project's PostgreSQL through SQLAlchemy
     retention_days: float = 30.0  # bulk maintenance purges finished jobs and bulk jobs older than this
     state_dir: Path = field(default_factory=_state_dir)
     cache_dir: Path = field(default_factory=_cache_dir)
+    failpoint: str = ""  # tests only: a named fault to inject (see workers/failpoints.py)
 
     @property
     def topics(self) -> Topics:
         return Topics(self.topic_prefix)
 
     @property
+    def kafka_connection(self) -> KafkaConnection:
+        return KafkaConnection(self.kafka, self.kafka_security)
+
+    def topic_partitions(self) -> dict[str, int]:
+        return self.topics.partitions(self.jobs_partitions, self.stream_partitions)
+
+    @property
     def celery_broker_url(self) -> str:
         return self.celery_broker or "sqla+" + self.database_url
 
     @classmethod
-    def from_env(cls) -> Settings:
-        env = os.environ
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
         defaults = cls()
+        state_dir = _state_dir(env)
         return cls(
             kafka=env.get("INFERQ_KAFKA", defaults.kafka),
-            database_url=env.get("INFERQ_DATABASE_URL", defaults.database_url),
+            kafka_security=KafkaSecurity(
+                protocol=env.get("INFERQ_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT").upper(),
+                sasl_mechanism=env.get("INFERQ_KAFKA_SASL_MECHANISM") or None,
+                sasl_username=env.get("INFERQ_KAFKA_SASL_USERNAME") or None,
+                sasl_password=env.get("INFERQ_KAFKA_SASL_PASSWORD"),
+                ssl_cafile=env.get("INFERQ_KAFKA_SSL_CAFILE") or None,
+                ssl_certfile=env.get("INFERQ_KAFKA_SSL_CERTFILE") or None,
+                ssl_keyfile=env.get("INFERQ_KAFKA_SSL_KEYFILE") or None,
+            ),
+            database_url=database_url_for(env.get("INFERQ_DATABASE_URL"), state_dir),
             topic_prefix=env.get("INFERQ_TOPIC_PREFIX", defaults.topic_prefix),
+            jobs_partitions=int(env.get("INFERQ_JOBS_PARTITIONS", defaults.jobs_partitions)),
+            stream_partitions=int(env.get("INFERQ_STREAM_PARTITIONS", defaults.stream_partitions)),
+            replication_factor=int(env.get("INFERQ_TOPIC_REPLICATION_FACTOR", defaults.replication_factor)),
             celery_broker=env.get("INFERQ_CELERY_BROKER", ""),
             retention_days=float(env.get("INFERQ_RETENTION_DAYS", defaults.retention_days)),
-            state_dir=_state_dir(),
-            cache_dir=_cache_dir(),
+            state_dir=state_dir,
+            cache_dir=_cache_dir(env),
+            failpoint=env.get("INFERQ_FAILPOINT", ""),
         )

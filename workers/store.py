@@ -1,14 +1,19 @@
-"""The jobs table: idempotent writes keyed by job_id. A terminal row is never overwritten."""
+"""The jobs table: idempotent writes keyed by job_id. A terminal row is never overwritten.
+
+A job_id belongs to the tenant that first wrote it: admission never merges another tenant's job into it,
+and a cancel only touches the row of its own tenant.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine, create_engine, select
+from sqlalchemy import Connection, Engine, Row, create_engine, select
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.engine import make_url
 
 from schemas.tables import TERMINAL_STATUSES, jobs
 
@@ -25,6 +30,12 @@ SUMMARY_COLUMNS = (
     jobs.c.mean_itl_ms,
     jobs.c.e2e_ms,
 )
+
+# Bounds on every database call, so an unreachable or wedged server surfaces as an error to retry
+# instead of a thread blocked forever. The URL's own query (sslmode, options, ...) wins where it sets one.
+CONNECT_TIMEOUT_S = 5
+STATEMENT_TIMEOUT_MS = 15_000
+LOCK_TIMEOUT_MS = 5_000
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,20 @@ class Admission:
 
 
 @dataclass(frozen=True)
+class Admitted:
+    """What admission found for one job.
+
+    start: run it now as `attempt`; done: already terminal (`published` says whether its result went out);
+    foreign: the id belongs to another tenant; cancelled: a cancel arrived before it could start;
+    held: this worker runs the job already (a duplicate message), so nothing was written.
+    """
+
+    kind: Literal["start", "done", "foreign", "cancelled", "held"]
+    attempt: int = 0
+    published: bool = True
+
+
+@dataclass(frozen=True)
 class Terminal:
     """The final state of one attempt of a job."""
 
@@ -53,36 +78,35 @@ class Terminal:
 
 
 def make_engine(database_url: str) -> Engine:
-    return create_engine(database_url, pool_pre_ping=True, pool_size=4, future=True)
+    url = make_url(database_url)
+    connect_args: dict[str, Any] = {
+        "connect_timeout": CONNECT_TIMEOUT_S,
+        # TCP keepalives: a server that vanished (host down, network cut) is noticed within ~30 s
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+    }
+    if "options" not in url.query:
+        connect_args["options"] = (
+            f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={LOCK_TIMEOUT_MS}"
+        )
+    connect_args = {k: v for k, v in connect_args.items() if k not in url.query}
+    return create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=4,
+        pool_timeout=CONNECT_TIMEOUT_S,
+        hide_parameters=True,  # prompts and outputs never reach the logs through error messages
+        connect_args=connect_args,
+    )
 
 
-def admit(conn: Connection, rows: Sequence[Admission]) -> dict[str, int]:
-    """Insert or re-queue jobs; returns job_id → attempt for those that are not terminal yet.
-
-    A job missing from the answer is already terminal (a redelivery): the caller skips it.
-    """
+def admit(conn: Connection, rows: Sequence[Admission]) -> dict[str, Admitted]:
+    """Insert or re-queue jobs (one statement), then classify those that could not be (re)queued."""
     if not rows:
         return {}
-    values = [
-        {
-            "job_id": r.job_id,
-            "tenant": r.tenant,
-            "priority": r.priority,
-            "status": "queued",
-            "prompt": r.prompt,
-            "params": r.params,
-            "bulk_id": r.bulk_id,
-            "created_at": r.created_at,
-            "queued_at": r.queued_at,
-            "attempts": 1,
-            "worker_id": r.worker_id,
-            "source_topic": r.source[0],
-            "source_partition": r.source[1],
-            "source_offset": r.source[2],
-        }
-        for r in rows
-    ]
-    stmt = insert(jobs).values(values)
+    stmt = insert(jobs).values([_queued_values(r) for r in rows])
     excluded = stmt.excluded
     stmt = stmt.on_conflict_do_update(
         index_elements=[jobs.c.job_id],
@@ -96,9 +120,47 @@ def admit(conn: Connection, rows: Sequence[Admission]) -> dict[str, int]:
             "source_offset": excluded.source_offset,
             "updated_at": excluded.queued_at,
         },
-        where=jobs.c.status.not_in(TERMINAL_STATUSES),
+        where=(
+            jobs.c.status.not_in(TERMINAL_STATUSES)
+            & (jobs.c.tenant == excluded.tenant)
+            & jobs.c.cancel_requested_at.is_(None)
+        ),
     ).returning(jobs.c.job_id, jobs.c.attempts)
-    return {job_id: attempts for job_id, attempts in conn.execute(stmt)}
+    outcome = {job_id: Admitted("start", attempts) for job_id, attempts in conn.execute(stmt)}
+    missing = {r.job_id: r for r in rows if r.job_id not in outcome}
+    if missing:
+        query = select(
+            jobs.c.job_id, jobs.c.tenant, jobs.c.status, jobs.c.published_at, jobs.c.cancel_requested_at
+        ).where(jobs.c.job_id.in_(list(missing)))
+        for row in conn.execute(query):
+            if row.tenant != missing[row.job_id].tenant:
+                outcome[row.job_id] = Admitted("foreign")
+            elif row.status in TERMINAL_STATUSES:
+                outcome[row.job_id] = Admitted("done", published=row.published_at is not None)
+            else:
+                outcome[row.job_id] = Admitted("cancelled")
+    if len(outcome) < len(rows):  # a row deleted between the two statements (retention): try again
+        outcome.update(admit(conn, [r for r in rows if r.job_id not in outcome]))
+    return outcome
+
+
+def _queued_values(r: Admission) -> dict[str, Any]:
+    return {
+        "job_id": r.job_id,
+        "tenant": r.tenant,
+        "priority": r.priority,
+        "status": "queued",
+        "prompt": r.prompt,
+        "params": r.params,
+        "bulk_id": r.bulk_id,
+        "created_at": r.created_at,
+        "queued_at": r.queued_at,
+        "attempts": 1,
+        "worker_id": r.worker_id,
+        "source_topic": r.source[0],
+        "source_partition": r.source[1],
+        "source_offset": r.source[2],
+    }
 
 
 def mark_running(conn: Connection, started: Sequence[tuple[str, datetime]]) -> None:
@@ -110,30 +172,77 @@ def mark_running(conn: Connection, started: Sequence[tuple[str, datetime]]) -> N
         )
 
 
-def finish(conn: Connection, rows: Sequence[Terminal], now: datetime) -> set[str]:
-    """Write terminal rows; returns the job_ids actually written (not already terminal elsewhere)."""
-    written: set[str] = set()
-    for row in rows:
-        result = conn.execute(
-            jobs.update()
-            .where(jobs.c.job_id == row.job_id, jobs.c.status.not_in(TERMINAL_STATUSES))
-            .values(status=row.status, updated_at=now, **row.values)
-            .returning(jobs.c.job_id)
-        )
-        if result.first() is not None:
-            written.add(row.job_id)
-    return written
+def finish(conn: Connection, row: Terminal, now: datetime) -> Row | None:
+    """Write one terminal row; the written row, or None if it was terminal already (never overwritten)."""
+    return conn.execute(
+        jobs.update()
+        .where(jobs.c.job_id == row.job_id, jobs.c.status.not_in(TERMINAL_STATUSES))
+        .values(status=row.status, updated_at=now, **row.values)
+        .returning(*jobs.c)
+    ).first()
 
 
-def insert_terminal(conn: Connection, job_id: str, status: str, values: dict[str, Any]) -> bool:
-    """A terminal row for a job that never ran here (rejected, cancelled before intake); first one wins."""
+def insert_terminal(conn: Connection, job_id: str, status: str, values: dict[str, Any]) -> Row | None:
+    """A terminal row for a job that never ran here (rejected): the first wins, an existing id stays."""
     stmt = (
         insert(jobs)
         .values(job_id=job_id, status=status, **values)
         .on_conflict_do_nothing(index_elements=[jobs.c.job_id])
-        .returning(jobs.c.job_id)
+        .returning(*jobs.c)
     )
-    return conn.execute(stmt).first() is not None
+    return conn.execute(stmt).first()
+
+
+def request_cancel(conn: Connection, job_id: str, tenant: str, at: datetime, worker_id: str) -> Row | None:
+    """Record a tenant's cancel durably; the row if it was created `cancelled` (nobody had the job yet).
+
+    A queued or running job of that tenant gets `cancel_requested_at`: its owner aborts it, and any later
+    admission (a redelivery after a crash) ends it as cancelled instead of running it.
+    """
+    stmt = insert(jobs).values(
+        job_id=job_id,
+        tenant=tenant,
+        priority="unknown",
+        status="cancelled",
+        finish_reason="abort",
+        error="cancelled before it started",
+        created_at=at,
+        finished_at=at,
+        updated_at=at,
+        cancel_requested_at=at,
+        worker_id=worker_id,
+    )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[jobs.c.job_id],
+        set_={"cancel_requested_at": stmt.excluded.cancel_requested_at},
+        where=(
+            (jobs.c.tenant == stmt.excluded.tenant)
+            & jobs.c.status.not_in(TERMINAL_STATUSES)
+            & jobs.c.cancel_requested_at.is_(None)
+        ),
+    ).returning(*jobs.c)
+    row = conn.execute(stmt).first()
+    return row if row is not None and row.status == "cancelled" else None
+
+
+def cancel_requested(conn: Connection, job_ids: Sequence[str]) -> set[str]:
+    """Of these (in-flight) jobs, those with a recorded cancel."""
+    if not job_ids:
+        return set()
+    query = select(jobs.c.job_id).where(
+        jobs.c.job_id.in_(list(job_ids)), jobs.c.cancel_requested_at.is_not(None)
+    )
+    return set(conn.execute(query).scalars())
+
+
+def fail(conn: Connection, job_id: str, error: str, now: datetime) -> Row | None:
+    """Make a job `failed` with a reason, writing nothing else (used when its real row cannot be stored)."""
+    return conn.execute(
+        jobs.update()
+        .where(jobs.c.job_id == job_id, jobs.c.status.not_in(TERMINAL_STATUSES))
+        .values(status="failed", finish_reason="error", error=error[:2000], finished_at=now, updated_at=now)
+        .returning(*jobs.c)
+    ).first()
 
 
 def status_of(conn: Connection, job_id: str) -> str | None:

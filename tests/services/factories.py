@@ -50,8 +50,12 @@ def free_port_pair() -> int:
 class PrivateServices:
     """Kafka + PostgreSQL of their own (state dir, ports), so kill -9 and `down` disturb nobody else."""
 
-    settings: Settings
     env: dict[str, str]
+
+    @property
+    def settings(self) -> Settings:
+        """As a process started with this environment sees them (with the password once `up` made it)."""
+        return Settings.from_env(self.env)
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return run_cli(*args, env=self.env, check=check)
@@ -62,18 +66,12 @@ class PrivateServices:
 
 def make_private_services(state_dir: Path) -> PrivateServices:
     kafka_port, pg_port = free_port_pair(), free_port_pair()
-    settings = Settings(
-        kafka=f"127.0.0.1:{kafka_port}",
-        database_url=f"postgresql+psycopg2://postgres@127.0.0.1:{pg_port}/inferq",
-        state_dir=state_dir,
-        cache_dir=Settings.from_env().cache_dir,
-    )
     env = {
         **os.environ,
         "INFERQ_STATE_DIR": str(state_dir),
-        "INFERQ_KAFKA": settings.kafka,
-        "INFERQ_DATABASE_URL": settings.database_url,
-        "INFERQ_TOPIC_PREFIX": settings.topic_prefix,
-        "INFERQ_CACHE": str(settings.cache_dir),
+        "INFERQ_KAFKA": f"127.0.0.1:{kafka_port}",
+        "INFERQ_DATABASE_URL": f"postgresql+psycopg2://postgres@127.0.0.1:{pg_port}/inferq",
+        "INFERQ_TOPIC_PREFIX": "inferq",
+        "INFERQ_CACHE": str(Settings.from_env().cache_dir),
     }
-    return PrivateServices(settings=settings, env=env)
+    return PrivateServices(env=env)

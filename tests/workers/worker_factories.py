@@ -29,7 +29,7 @@ from workers.settings import Settings
 
 def make_deployment(base: Settings) -> Settings:
     settings = dataclasses.replace(base, topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    ensure_topics(settings.kafka, settings.topics.partitions())
+    ensure_topics(settings.kafka_connection, settings.topic_partitions(), settings.replication_factor)
     return settings
 
 
@@ -100,7 +100,7 @@ def wait_status(db: Engine, job_id: str, status: str, timeout_s: float = 120) ->
 
 def read_topic(settings: Settings, topic: str, since_ms: int, until: callable, timeout_s: float = 60) -> list:
     """Records of a whole topic from a time on, until `until(records)` holds (or the timeout)."""
-    reader = TopicReader(settings.kafka, topic, since_ms, "inferq-test")
+    reader = TopicReader(settings.kafka_connection, topic, since_ms, "inferq-test")
     records: list = []
     deadline = time.monotonic() + timeout_s
     try:
@@ -131,7 +131,7 @@ def wait_group_members(settings: Settings, count: int, timeout_s: float = 120) -
     """Until the deployment's consumer group is stable with `count` members (workers have joined)."""
     group = group_id(settings.topic_prefix)
     deadline = time.monotonic() + timeout_s
-    while group_members(settings.kafka, group) != count:
+    while group_members(settings.kafka_connection, group) != count:
         if time.monotonic() > deadline:
             raise AssertionError(f"group {group} never had {count} stable members")
         time.sleep(0.5)

@@ -16,8 +16,8 @@ from workers.bulk.batch_format import BatchLine, job_id_for, read_batch
 CANCELLABLE = ("validating", "submitting", "running")
 
 
-def cancel(engine: Engine, bulk_id: str, send_cancel: Callable[[str], None]) -> int | None:
-    """Mark the bulk job cancelled and call send_cancel(job_id) for each submitted job not terminal.
+def cancel(engine: Engine, bulk_id: str, send_cancel: Callable[[str, str], None]) -> int | None:
+    """Mark the bulk job cancelled and call send_cancel(job_id, tenant) for each submitted job not terminal.
 
     Jobs still waiting in Kafka have no row yet: they are cancelled too (the worker records a cancel
     that arrives before its job). Returns the number of cancels sent, None if not cancellable.
@@ -37,6 +37,6 @@ def cancel(engine: Engine, bulk_id: str, send_cancel: Callable[[str], None]) -> 
         for job_id in ids:
             found = rows.get(job_id)
             if found is None or found["status"] not in TERMINAL_STATUSES:
-                send_cancel(job_id)
+                send_cancel(job_id, row["tenant"])
                 sent += 1
     return sent

@@ -48,7 +48,9 @@ def register(app: Celery, settings: Settings) -> None:
         with engine.connect() as conn:
             try:
                 live = maintenance.live_worker_ids(
-                    group_client_ids(settings.kafka, maintenance.worker_group(settings.topic_prefix))
+                    group_client_ids(
+                        settings.kafka_connection, maintenance.worker_group(settings.topic_prefix)
+                    )
                 )
             except Exception as exc:  # Kafka unreachable: cannot tell who is dead, so release nobody
                 log.warning("maintenance: no consumer group view (%s); not releasing jobs", exc)

@@ -187,11 +187,12 @@ def _cancel(args: argparse.Namespace) -> int:
     from workers.kafka_io import Producer
 
     settings, engine = _engine()
-    producer = Producer(settings.kafka, "inferq-bulk-cancel")
+    producer = Producer(settings.kafka_connection, "inferq-bulk-cancel")
     topic = settings.topics.control
 
-    def send(job_id: str) -> None:
-        producer.send(topic, job_id, json.dumps({"type": "cancel", "job_id": job_id}).encode())
+    def send(job_id: str, tenant: str) -> None:
+        message = {"type": "cancel", "job_id": job_id, "tenant": tenant}
+        producer.send(topic, job_id, json.dumps(message).encode())
 
     try:
         sent = cancel(engine, args.bulk_id, send)

@@ -48,7 +48,7 @@ def _wait_until_serving(settings, worker: subprocess.Popen, timeout_s: float) ->
     from workers.loop import group_id
 
     deadline = time.monotonic() + timeout_s
-    while group_members(settings.kafka, group_id(settings.topic_prefix)) < 1:
+    while group_members(settings.kafka_connection, group_id(settings.topic_prefix)) < 1:
         if worker.poll() is not None:
             raise SystemExit(f"inferq demo: the worker exited with code {worker.returncode}; see its log")
         if time.monotonic() > deadline:

@@ -34,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     c = subparsers.add_parser("cancel", help="cancel a job", description="Cancel a queued or running job.")
     c.add_argument("job_id")
+    c.add_argument("--tenant", default="default", help="the tenant that owns the job (only it can cancel)")
     c.set_defaults(func=cancel)
 
     t = subparsers.add_parser(
@@ -124,7 +125,7 @@ def cancel(args: argparse.Namespace) -> int:
     from workers.client import JobClient
 
     with JobClient() as client:
-        client.cancel(args.job_id)
+        client.cancel(args.job_id, tenant=args.tenant)
     print(f"cancel sent for {args.job_id}")
     return 0
 

@@ -93,14 +93,16 @@ def _status(args: argparse.Namespace) -> int:
     statuses = manager.status(settings)
     if args.json:
         doc = {
-            "settings": {
+            "settings": {  # never a secret: the URL's password is masked, SASL's is not printed
                 "kafka": settings.kafka,
+                "kafka_security_protocol": settings.kafka_security.protocol,
+                "kafka_sasl_mechanism": settings.kafka_security.sasl_mechanism,
                 "database_url": statuses[1].address,
                 "topic_prefix": settings.topic_prefix,
                 "state_dir": str(settings.state_dir),
                 "cache_dir": str(settings.cache_dir),
             },
-            "topics": settings.topics.partitions(),
+            "topics": settings.topic_partitions(),
             "services": {s.name: s.to_dict() for s in statuses},
         }
         print(json.dumps(doc, indent=2))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from workers.services import process, tools
 from workers.services.paths import ServicePaths
+from workers.settings import KafkaConnection
 
 # A dev broker on a shared 2-core machine: small heap; C1 only and the serial GC start the JVM about twice
 # as fast (CI starts it every run), and a dev broker's load needs no peak JIT throughput.
@@ -100,15 +101,15 @@ def start(paths: ServicePaths, jars: Path, port: int) -> int:
     return process.spawn(argv, paths.log("kafka"), cwd=paths.kafka_dir)
 
 
-def ping(bootstrap: str, timeout_ms: int = 2000) -> bool:
+def ping(conn: KafkaConnection, timeout_ms: int = 2000) -> bool:
     """True when the broker answers a metadata request with itself registered."""
     from kafka.admin import KafkaAdminClient
 
-    if not _port_open(bootstrap):
+    if not _port_open(conn.bootstrap):
         return False  # refused at once: skip the client's bootstrap timeout
     try:
         admin = KafkaAdminClient(
-            bootstrap_servers=bootstrap,
+            **conn.client_options(),
             bootstrap_timeout_ms=timeout_ms,
             request_timeout_ms=timeout_ms,
             reconnect_backoff_max_ms=200,
@@ -124,16 +125,20 @@ def ping(bootstrap: str, timeout_ms: int = 2000) -> bool:
         admin.close()
 
 
-def ensure_topics(bootstrap: str, partitions: dict[str, int]) -> list[str]:
+def ensure_topics(
+    conn: KafkaConnection, partitions: dict[str, int], replication_factor: int = 1
+) -> list[str]:
     """Create missing topics and grow under-partitioned ones; return what changed, for the log."""
     from kafka.admin import KafkaAdminClient
 
-    with KafkaAdminClient(bootstrap_servers=bootstrap, client_id="inferq-up") as admin:
+    with KafkaAdminClient(**conn.client_options(), client_id="inferq-up") as admin:
         existing = {t["name"]: len(t["partitions"]) for t in admin.describe_topics()}
         missing = {t: n for t, n in partitions.items() if t not in existing}
         grow = {t: n for t, n in partitions.items() if t in existing and existing[t] < n}
         if missing:
-            spec = {t: {"num_partitions": n, "replication_factor": 1} for t, n in missing.items()}
+            spec = {
+                t: {"num_partitions": n, "replication_factor": replication_factor} for t, n in missing.items()
+            }
             admin.create_topics(spec, wait_for_metadata=True)
         if grow:
             admin.create_partitions(grow)

@@ -13,7 +13,7 @@ import signal
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from workers.services import kafka, kafka_jars, migrate, postgres, process, tools
 from workers.services.paths import ServicePaths
@@ -46,9 +46,12 @@ def up(settings: Settings, say: Say = print) -> list[ServiceStatus]:
     kafka_port = kafka.loopback_port(settings.kafka)
     pg_url = postgres.loopback_url(settings.database_url)
     with _locked(paths):
+        password = postgres.ensure_password(paths.postgres_password) if pg_url else ""
+        if pg_url:
+            settings = replace(settings, database_url=postgres.with_password(settings.database_url, password))
         # Spawn both before waiting on either, so their start-ups overlap.
         kafka_pid = _start_kafka(paths, kafka_port, say) if kafka_port else None
-        pg_pid = _start_postgres(paths, pg_url.port, say) if pg_url else None
+        pg_pid = _start_postgres(paths, pg_url.port, password, say) if pg_url else None
 
         if pg_pid:
             db_url = settings.database_url
@@ -59,6 +62,8 @@ def up(settings: Settings, say: Say = print) -> list[ServiceStatus]:
                 paths.log("postgres"),
                 postgres.START_TIMEOUT_S,
             )
+            if postgres.require_password(paths, settings.database_url, password):
+                say("postgres: now requires the password in " + str(paths.postgres_password))
             if postgres.ensure_database(settings.database_url):
                 say(f"postgres: created database {pg_url.database}")
         elif not postgres.ping(settings.database_url):
@@ -70,13 +75,15 @@ def up(settings: Settings, say: Say = print) -> list[ServiceStatus]:
             process.wait_ready(
                 "kafka",
                 kafka_pid,
-                lambda: kafka.ping(settings.kafka),
+                lambda: kafka.ping(settings.kafka_connection),
                 paths.log("kafka"),
                 kafka.START_TIMEOUT_S,
             )
-        elif not kafka.ping(settings.kafka):
+        elif not kafka.ping(settings.kafka_connection):
             raise ServiceError(f"Kafka at INFERQ_KAFKA={settings.kafka} does not answer")
-        for change in kafka.ensure_topics(settings.kafka, settings.topics.partitions()):
+        for change in kafka.ensure_topics(
+            settings.kafka_connection, settings.topic_partitions(), settings.replication_factor
+        ):
             say(f"kafka: {change}")
     return status(settings)
 
@@ -110,7 +117,7 @@ def status(settings: Settings) -> list[ServiceStatus]:
             address=settings.kafka,
             managed=kafka_managed,
             pid=process.live_pid(paths.pid_file("kafka")) if kafka_managed else None,
-            healthy=kafka.ping(settings.kafka),
+            healthy=kafka.ping(settings.kafka_connection),
             log=str(paths.log("kafka")) if kafka_managed else None,
         ),
         ServiceStatus(
@@ -138,14 +145,14 @@ def _start_kafka(paths: ServicePaths, port: int, say: Say) -> int:
     return pid
 
 
-def _start_postgres(paths: ServicePaths, port: int, say: Say) -> int:
+def _start_postgres(paths: ServicePaths, port: int, password: str, say: Say) -> int:
     pid = process.live_pid(paths.pid_file("postgres"))
     if pid:
         say(f"postgres: already running (pid {pid})")
         return pid
     _require_free(port, "postgres")
     bindir = tools.postgres_bindir()
-    postgres.prepare(paths, bindir)
+    postgres.prepare(paths, bindir, password)
     pid = postgres.start(paths, bindir, port)
     process.write_pid(paths.pid_file("postgres"), pid)
     say(f"postgres: started on 127.0.0.1:{port} (pid {pid}, data {paths.postgres_data})")

@@ -6,6 +6,8 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.settings import POSTGRES_PASSWORD_FILE
+
 # PostgreSQL runs as the unprivileged `postgres` user when we are root (initdb refuses root). That user
 # cannot traverse a root-only home (/root is mode 700), where a clone may live, so the cluster's data and
 # socket live in a per-checkout folder under /tmp (not $TMPDIR, which may be private too), named after a
@@ -39,6 +41,10 @@ class ServicePaths:
     @property
     def kafka_data(self) -> Path:
         return self.kafka_dir / "data"
+
+    @property
+    def postgres_password(self) -> Path:
+        return self.state_dir / POSTGRES_PASSWORD_FILE
 
     @property
     def postgres_link(self) -> Path:

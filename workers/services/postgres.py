@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import secrets
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,6 +16,32 @@ from workers.services.process import ServiceError
 PG_USER = "postgres"  # the system user of the Debian package (initdb refuses root); also the superuser
 START_TIMEOUT_S = 60.0
 SERVER_OPTIONS = ["-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200"]
+# Every connection, socket or TCP, proves the generated password (SCRAM); nothing is trusted by address.
+PG_HBA = """# written by `inferq up`: the superuser password (state dir, mode 0600) for every connection
+local   all   all                  scram-sha-256
+host    all   all   127.0.0.1/32   scram-sha-256
+host    all   all   ::1/128        scram-sha-256
+"""
+
+
+def ensure_password(path: Path) -> str:
+    """The cluster's superuser password: generated once into `path` (mode 0600), then read from it."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(24))
+    return path.read_text().strip()
+
+
+def with_password(url: str, password: str) -> str:
+    """The URL with this password, unless it names one itself."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.password:
+        return url
+    return parsed.set(password=password).render_as_string(hide_password=False)
 
 
 def loopback_url(url: str):
@@ -27,7 +54,7 @@ def loopback_url(url: str):
     return parsed
 
 
-def prepare(paths: ServicePaths, bindir: Path) -> None:
+def prepare(paths: ServicePaths, bindir: Path, password: str) -> None:
     """Create the cluster on first use; a fresh state dir gets a fresh cluster (see paths.py)."""
     home, data = paths.postgres_home, paths.postgres_data
     if not paths.postgres_link.is_symlink() and home.exists():
@@ -39,22 +66,7 @@ def prepare(paths: ServicePaths, bindir: Path) -> None:
         entry = pwd.getpwnam(user)
         os.chown(home, entry.pw_uid, entry.pw_gid)
     if not (data / "PG_VERSION").exists():
-        initdb = [
-            str(bindir / "initdb"),
-            "-D",
-            str(data),
-            "-U",
-            PG_USER,
-            "-A",
-            "trust",
-            "-E",
-            "UTF8",
-            "--locale=C",
-            "--no-instructions",
-        ]
-        done = subprocess.run(initdb, capture_output=True, text=True, user=user, stdin=subprocess.DEVNULL)
-        if done.returncode != 0:
-            raise ServiceError(f"initdb failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
+        _initdb(home, data, bindir, password, user)
     if not paths.postgres_link.is_symlink():
         paths.postgres_link.symlink_to(home)
     major = (data / "PG_VERSION").read_text().strip()
@@ -63,6 +75,58 @@ def prepare(paths: ServicePaths, bindir: Path) -> None:
             f"the cluster in {data} is PostgreSQL {major} but the server found is "
             f"{bindir.parent.name}; install postgresql-{major} or `inferq down --purge`"
         )
+
+
+def _initdb(home: Path, data: Path, bindir: Path, password: str, user: str | None) -> None:
+    # initdb reads the password from a file the server's user can read; it is removed right after
+    pwfile = home / "initdb-password"
+    pwfile.write_text(password)
+    pwfile.chmod(0o600)
+    if user:
+        entry = pwd.getpwnam(user)
+        os.chown(pwfile, entry.pw_uid, entry.pw_gid)
+    initdb = [
+        str(bindir / "initdb"),
+        "-D",
+        str(data),
+        "-U",
+        PG_USER,
+        "--pwfile",
+        str(pwfile),
+        "-A",
+        "scram-sha-256",
+        "-E",
+        "UTF8",
+        "--locale=C",
+        "--no-instructions",
+    ]
+    try:
+        done = subprocess.run(initdb, capture_output=True, text=True, user=user, stdin=subprocess.DEVNULL)
+    finally:
+        pwfile.unlink(missing_ok=True)
+    if done.returncode != 0:
+        raise ServiceError(f"initdb failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
+
+
+def require_password(paths: ServicePaths, url: str, password: str) -> bool:
+    """Turn a cluster made before passwords (trust) into one that requires them; True if it changed.
+
+    While pg_hba.conf still trusts, the password is set through a trusted connection, then the SCRAM
+    rules replace it and the server reloads its configuration.
+    """
+    hba = paths.postgres_data / "pg_hba.conf"
+    if hba.read_text() == PG_HBA:
+        return False
+    conn = _connect(url, "postgres", 5)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute("ALTER ROLE postgres PASSWORD %s", (password,))
+            hba.write_text(PG_HBA)
+            cur.execute("SELECT pg_reload_conf()")
+    finally:
+        conn.close()
+    return True
 
 
 def start(paths: ServicePaths, bindir: Path, port: int) -> int:

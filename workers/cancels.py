@@ -1,0 +1,57 @@
+"""Cancels: durable, tenant-scoped, and free of races with admission.
+
+A cancel reaches a worker three ways, and any one of them is enough:
+- the control topic read by the group (one worker owns its partition): the cancel is written to the
+  jobs row (`cancel_requested_at`, or a `cancelled` row when nobody has the job yet), and only then is
+  its offset committed, so no cancel is lost while workers restart;
+- the control topic read by every worker from its end: the owner of a running job aborts it at once, and
+  every worker remembers recent cancels so a job admitted just after its cancel arrived never runs;
+- the persister's periodic look-up of recorded cancels among the jobs a worker runs.
+Admission also refuses to start a job whose row holds a cancel. Only the tenant that owns a job can
+cancel it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+from schemas.jobs import CancelRequest
+from schemas.validation import InvalidMessage, Limits, parse_control
+from workers.kafka_io import Record
+
+REMEMBER_S = 600.0  # how long a broadcast cancel is remembered for jobs not seen yet
+MAX_REMEMBERED = 100_000
+
+
+def parse(record: Record, limits: Limits) -> CancelRequest | None:
+    try:
+        return parse_control(record.value, limits) if not record.undecodable else None
+    except InvalidMessage:
+        return None
+
+
+class RecentCancels:
+    """(job_id, tenant) of cancels seen lately, bounded in time and count."""
+
+    def __init__(self) -> None:
+        self._seen: OrderedDict[tuple[str, str], float] = OrderedDict()
+
+    def add(self, job_id: str, tenant: str) -> None:
+        self._expire()
+        self._seen[(job_id, tenant)] = time.monotonic() + REMEMBER_S
+        self._seen.move_to_end((job_id, tenant))
+        while len(self._seen) > MAX_REMEMBERED:
+            self._seen.popitem(last=False)
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        self._expire()
+        return key in self._seen
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self._seen:
+            key, until = next(iter(self._seen.items()))
+            if until > now:
+                return
+            del self._seen[key]

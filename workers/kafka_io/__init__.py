@@ -1,0 +1,26 @@
+"""The one package that imports kafka-python: a group consumer, readers, a producer and admin helpers.
+
+Everything above it works with the plain `Record` dataclass and (topic, partition) tuples, so the
+bookkeeping (offsets, intake, loop) stays testable and independent of the client library. Every client
+is built from a `KafkaConnection` (bootstrap servers + security settings).
+"""
+
+from workers.kafka_io.admin import group_client_ids, group_members
+from workers.kafka_io.consumer import GroupConsumer, RebalanceEvent
+from workers.kafka_io.producer import Delivery, Producer
+from workers.kafka_io.readers import BroadcastReader, TopicReader
+from workers.kafka_io.records import Partition, Record, partition_for_key
+
+__all__ = [
+    "BroadcastReader",
+    "Delivery",
+    "GroupConsumer",
+    "Partition",
+    "Producer",
+    "RebalanceEvent",
+    "Record",
+    "TopicReader",
+    "group_client_ids",
+    "group_members",
+    "partition_for_key",
+]

@@ -1,0 +1,229 @@
+"""The worker's consumer-group member over the jobs (and control) topics.
+
+- Cooperative-sticky assignment (KIP-429): a join or leave revokes only the partitions that really move,
+  so jobs of the partitions a worker keeps go on running.
+- Offsets are committed only through `commit` (asynchronously: a broker outage never blocks the engine).
+- A record batch the client cannot decode (CRC, decompression, over the decompressed-size bound) does
+  not stop the worker or its partition: its records come back as `Record.undecodable`, one by one, and
+  the position moves past them.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
+from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+from kafka.errors import CorruptRecordError
+from kafka.structs import OffsetAndMetadata
+
+from workers.kafka_io.codec import DecompressedTooLarge, bound_decompression
+from workers.kafka_io.records import Partition, Record, to_record
+from workers.settings import KafkaConnection
+
+log = logging.getLogger(__name__)
+
+# What the client raises when a fetched batch cannot be turned into records.
+_UNDECODABLE = (CorruptRecordError, DecompressedTooLarge, zlib.error, EOFError, OSError, ValueError)
+
+
+@dataclass(frozen=True)
+class RebalanceEvent:
+    # "revoked": handed over cleanly; "lost": membership lost (another member may own them); "assigned"
+    kind: str
+    partitions: tuple[Partition, ...]
+
+
+class _Listener(ConsumerRebalanceListener):
+    """Runs on the client's I/O thread: it only records events; the engine loop acts on them."""
+
+    def __init__(self, events: queue.Queue[RebalanceEvent]) -> None:
+        self.events = events
+
+    def _push(self, kind: str, tps) -> None:
+        self.events.put(RebalanceEvent(kind, tuple(sorted((tp.topic, tp.partition) for tp in tps))))
+
+    def on_partitions_revoked(self, revoked) -> None:
+        self._push("revoked", revoked)
+
+    def on_partitions_assigned(self, assigned) -> None:
+        self._push("assigned", assigned)
+
+    def on_partitions_lost(self, lost) -> None:
+        self._push("lost", lost)
+
+
+class GroupConsumer:
+    def __init__(
+        self,
+        conn: KafkaConnection,
+        group_id: str,
+        topics: Sequence[str],
+        client_id: str,
+        max_decompressed_bytes: int = 64 * 2**20,
+    ) -> None:
+        bound_decompression(max_decompressed_bytes)
+        self._events: queue.Queue[RebalanceEvent] = queue.Queue()
+        self._committed: queue.Queue[dict[Partition, int]] = queue.Queue()
+        self._commit_lock = threading.Lock()
+        self._commit_in_flight = False
+        self._positions: dict[Partition, int] = {}  # next offset to read, as far as poll() returned
+        self._consumer = KafkaConsumer(
+            **conn.client_options(),
+            group_id=group_id,
+            client_id=client_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=256,
+            # a generation step is short, but a slow first model load must not cost the membership
+            max_poll_interval_ms=300_000,
+            session_timeout_ms=10_000,
+            heartbeat_interval_ms=2_000,
+            partition_assignment_strategy=(CooperativeStickyAssignor,),
+        )
+        self._consumer.subscribe(list(topics), listener=_Listener(self._events))
+
+    # ---- records --------------------------------------------------------------------------------
+    def poll(self, timeout_s: float, max_records: int | None = None) -> list[Record]:
+        self._unpark_resumed()
+        try:
+            batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        except _UNDECODABLE as exc:
+            return self._skip_undecodable(exc)
+        except Exception as exc:  # noqa: BLE001 - broker or group trouble: log, keep the worker running
+            log.warning("poll failed (%s: %s); trying again", type(exc).__name__, exc)
+            return []
+        owned = self.assignment()
+        records = [to_record(r) for rs in batches.values() for r in rs]
+        records = [r for r in records if r.source in owned]  # a partition revoked meanwhile is not ours
+        for r in records:
+            self._positions[r.source] = max(self._positions.get(r.source, 0), r.offset + 1)
+        return records
+
+    def _skip_undecodable(self, exc: Exception) -> list[Record]:
+        """Step over the record the client failed to decode, handing it up as undecodable."""
+        fetcher = getattr(self._consumer, "_fetcher", None)
+        part = getattr(fetcher, "_next_partition_records", None)
+        if part is None:
+            log.warning("poll failed on an undecodable batch (%s); partition unknown, retrying", exc)
+            return []
+        tp, offset = part.topic_partition, part.next_fetch_offset
+        part.drain()
+        fetcher._next_partition_records = None
+        self._consumer.seek(tp, offset + 1)
+        log.error("record %s:%d@%d cannot be decoded (%s); skipped", tp.topic, tp.partition, offset, exc)
+        reason = f"record cannot be decoded: {type(exc).__name__}: {exc}"[:500]
+        return [Record(tp.topic, tp.partition, offset, None, None, -1, (), undecodable=reason)]
+
+    def _unpark_resumed(self) -> None:
+        """Work around kafka-python 3.0 losing resumed partitions for good.
+
+        Records fetched for a partition while it was paused are parked, and the partition is not fetched
+        again until they are handed back. The fetcher hands them back only when its in-line slot is None,
+        but a drained slot stays a (falsy) records object, so after pause → resume the partition is never
+        read again: the worker stalls on a backlog. A drained slot and None mean the same to the fetcher.
+        """
+        fetcher = getattr(self._consumer, "_fetcher", None)
+        parked = fetcher is not None and getattr(fetcher, "_paused_partition_records", None)
+        if parked and not fetcher._next_partition_records:
+            fetcher._next_partition_records = None
+
+    # ---- group ----------------------------------------------------------------------------------
+    def rebalances(self) -> list[RebalanceEvent]:
+        out = []
+        while True:
+            try:
+                out.append(self._events.get_nowait())
+            except queue.Empty:
+                return out
+
+    def assignment(self) -> set[Partition]:
+        return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+
+    def seek(self, partition: Partition, offset: int) -> None:
+        self._consumer.seek(TopicPartition(*partition), offset)
+        self._positions[partition] = offset
+
+    def pause(self, topics: Iterable[str]) -> None:
+        wanted = set(topics)
+        parts = [tp for tp in self._consumer.assignment() if tp.topic in wanted]
+        if parts:
+            self._consumer.pause(*parts)
+
+    def resume(self, topics: Iterable[str]) -> None:
+        wanted = set(topics)
+        parts = [tp for tp in self._consumer.paused() if tp.topic in wanted]
+        if parts:
+            self._consumer.resume(*parts)
+
+    def lag(self) -> dict[Partition, int]:
+        """Records not yet read per owned partition (from the last fetch's high watermark)."""
+        out = {}
+        for tp in self._consumer.assignment():
+            high = self._consumer.highwater(tp)
+            if high is not None:
+                out[(tp.topic, tp.partition)] = max(
+                    0, high - self._positions.get((tp.topic, tp.partition), high)
+                )
+        return out
+
+    # ---- offsets --------------------------------------------------------------------------------
+    def commit(self, offsets: dict[Partition, int]) -> bool:
+        """Start an asynchronous commit of next-offsets to read; False if one is still under way.
+
+        Offsets that reached the broker come back from `committed()`; a failed commit is simply retried
+        by the caller with newer offsets (the group moved on: the new owner redoes the rest).
+        """
+        if not offsets:
+            return True
+        with self._commit_lock:
+            if self._commit_in_flight:
+                return False
+            self._commit_in_flight = True
+        payload = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()}
+        sent = dict(offsets)
+
+        def done(_offsets, response) -> None:
+            with self._commit_lock:
+                self._commit_in_flight = False
+            if isinstance(response, BaseException):
+                log.warning("offset commit failed (%s); will retry", response)
+            else:
+                self._committed.put(sent)
+
+        try:
+            self._consumer.commit_async(payload, callback=done)
+        except Exception as exc:  # noqa: BLE001 - e.g. no coordinator while the broker is away
+            with self._commit_lock:
+                self._commit_in_flight = False
+            log.warning("offset commit not sent (%s); will retry", exc)
+        return True
+
+    def committed(self) -> list[dict[Partition, int]]:
+        out = []
+        while True:
+            try:
+                out.append(self._committed.get_nowait())
+            except queue.Empty:
+                return out
+
+    def commit_sync(self, offsets: dict[Partition, int], timeout_s: float = 10.0) -> bool:
+        """A blocking commit, for shutdown."""
+        payload = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()}
+        try:
+            self._consumer.commit(payload, timeout_ms=int(timeout_s * 1000))
+            return True
+        except Exception as exc:  # noqa: BLE001
+            log.warning("final offset commit failed (%s); uncommitted jobs will be redelivered", exc)
+            return False
+
+    def close(self) -> None:
+        try:
+            self._consumer.close(autocommit=False)
+        except Exception as exc:  # noqa: BLE001 - closing while the broker is away
+            log.warning("consumer close: %s", exc)

@@ -1,0 +1,54 @@
+"""A producer, and the handle of one sent message."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kafka import KafkaProducer
+
+from workers.settings import KafkaConnection
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A sent message; `wait` blocks until the broker has it (without forcing out everything else)."""
+
+    _future: Any
+
+    def wait(self, timeout_s: float = 30.0) -> None:
+        self._future.get(timeout=timeout_s)
+
+
+class Producer:
+    """Idempotent (kafka-python's default): the client's own retries never write a message twice.
+
+    `max_block_s` bounds how long `send` may wait for buffer space or metadata while the broker is away;
+    past it `send` raises, and the caller decides (the worker retries results, drops late token events).
+    """
+
+    def __init__(
+        self, conn: KafkaConnection, client_id: str, linger_ms: int = 5, max_block_s: float = 60.0
+    ) -> None:
+        self._producer = KafkaProducer(
+            **conn.client_options(),
+            client_id=client_id,
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=linger_ms,
+            max_block_ms=int(max_block_s * 1000),
+            compression_type=None,
+        )
+
+    def send(
+        self, topic: str, key: str | bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
+    ) -> Delivery:
+        raw_key = key.encode() if isinstance(key, str) else key
+        return Delivery(self._producer.send(topic, value=value, key=raw_key, headers=list(headers) or None))
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        self._producer.flush(timeout=timeout_s)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self._producer.close(timeout=timeout_s)

@@ -1,0 +1,39 @@
+"""Plain records and partitions, as the rest of the worker sees them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from kafka.partitioner.default import murmur2
+
+Partition = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+    headers: tuple[tuple[str, bytes], ...] = ()
+    undecodable: str = ""  # set when the client could not decode the record (its value is then None)
+
+    @property
+    def source(self) -> Partition:
+        return (self.topic, self.partition)
+
+    def posted_at(self, default: datetime) -> datetime:
+        """When the producer posted it (the Kafka timestamp), or `default` for a record without one."""
+        return datetime.fromtimestamp(self.timestamp_ms / 1000, UTC) if self.timestamp_ms > 0 else default
+
+
+def to_record(r) -> Record:
+    return Record(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp, tuple(r.headers or ()))
+
+
+def partition_for_key(key: str, num_partitions: int) -> int:
+    """The partition Kafka's default partitioner picks for a key (murmur2, as the Java client)."""
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % num_partitions

@@ -1,0 +1,60 @@
+"""Which failures are worth retrying, and how long to wait before the next try.
+
+Transient: the service is away or busy (connection lost or refused, timeouts, serialization failures,
+deadlocks, a broker that is down). Everything else is about the data itself (a value PostgreSQL refuses,
+a constraint): retrying it would wedge the caller forever, so it is split off and reported instead.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+
+def is_transient(exc: BaseException) -> bool:
+    from kafka.errors import (
+        InvalidRecordError,
+        InvalidTopicError,
+        KafkaError,
+        MessageSizeTooLargeError,
+        RecordListTooLargeError,
+    )
+    from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    # psycopg2 reports lost connections, statement/lock timeouts, serialization failures (40001) and
+    # deadlocks (40P01) as OperationalError subclasses.
+    if isinstance(exc, OperationalError | InterfaceError | PoolTimeout):
+        return True
+    # A broker that is away (timeouts, connection errors, no leader) is transient; a record the broker
+    # will never take is not.
+    if isinstance(
+        exc, MessageSizeTooLargeError | RecordListTooLargeError | InvalidRecordError | InvalidTopicError
+    ):
+        return False
+    return isinstance(exc, KafkaError | TimeoutError | ConnectionError)
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff with full jitter: base, 2·base, 4·base … up to cap, each scaled by U(0.5, 1)."""
+
+    base_s: float = 0.1
+    cap_s: float = 5.0
+    failures: int = 0
+
+    def next_delay(self) -> float:
+        delay = min(self.cap_s, self.base_s * 2**self.failures)
+        self.failures = min(self.failures + 1, 30)
+        return delay * random.uniform(0.5, 1.0)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line about an error, never a statement's parameters (prompts and outputs stay out of logs)."""
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]

@@ -1,0 +1,173 @@
+"""Job-row writes as items: each idempotent, each yielding the rows whose results must be published.
+
+The persister first applies a batch of items as one transaction; when PostgreSQL refuses something in
+it, each item is applied alone, and an item refused by itself is recorded in the simplest form that can
+be stored (`fallback`: a `failed` row with the reason), so one bad value never holds back the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from sqlalchemy import Connection, Row
+
+from schemas.jobs import JobResult
+from workers.inflight import utcnow  # noqa: F401 - re-exported for the persister
+from workers.kafka_io import Record
+from workers.outbox import unpublished
+from workers.store import Terminal, fail, finish, insert_terminal, mark_running, request_cancel
+
+Source = tuple[str, int, int]  # topic, partition, offset
+
+
+def storable(text: str) -> str:
+    """PostgreSQL text cannot hold U+0000; such characters are stored as U+FFFD."""
+    return text.replace("\x00", "\ufffd")
+
+
+@dataclass
+class Stored:
+    """What writes produced: results to publish, and which of them are outbox rows."""
+
+    outbox: list[Row] = field(default_factory=list)  # publish, then set published_at
+    direct: list[JobResult] = field(default_factory=list)  # publish only (there is no row of ours)
+
+    def __iadd__(self, other: Stored) -> Stored:
+        self.outbox += other.outbox
+        self.direct += other.direct
+        return self
+
+
+@dataclass(frozen=True)
+class WriteContext:
+    worker_id: str
+    now: datetime
+
+
+class WriteItem(Protocol):
+    sources: tuple[Source, ...]  # Kafka records to ack once this item is stored and its result published
+
+    def apply(self, conn: Connection, ctx: WriteContext) -> Stored: ...
+
+    def fallback(self, conn: Connection, ctx: WriteContext, error: str) -> Stored: ...
+
+
+class _NoFallback:
+    """Items with nothing simpler to store: when refused, they are logged and dropped."""
+
+    def fallback(self, conn: Connection, ctx: WriteContext, error: str) -> Stored:
+        return Stored()
+
+
+def _outbox(row: Row | None) -> Stored:
+    return Stored(outbox=[row] if row is not None else [])
+
+
+@dataclass(frozen=True)
+class Running(_NoFallback):
+    job_id: str
+    at: datetime
+    sources: tuple[Source, ...] = ()
+
+    def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
+        mark_running(conn, [(self.job_id, self.at)])
+        return Stored()
+
+
+@dataclass(frozen=True)
+class Concluded:
+    """The terminal row of an attempt this worker ran."""
+
+    row: Terminal
+    sources: tuple[Source, ...]
+
+    def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
+        return _outbox(finish(conn, self.row, ctx.now))
+
+    def fallback(self, conn: Connection, ctx: WriteContext, error: str) -> Stored:
+        return _outbox(fail(conn, self.row.job_id, storable(f"result could not be stored: {error}"), ctx.now))
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A record that can never run: dead-lettered, with a `rejected` row when its id is free."""
+
+    record: Record
+    job_id: str
+    tenant: str
+    priority: str
+    error: str
+    reason: str  # a short category for metrics: invalid, too_long, foreign_tenant, unstorable, ...
+    store_row: bool = True  # False when the id belongs to another tenant: that row is not ours to touch
+    announce: bool = True  # publish a `rejected` result (False for control messages: no job to report)
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        return ((self.record.topic, self.record.partition, self.record.offset),)
+
+    def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
+        if not self.store_row:
+            return Stored(direct=[self.result()] if self.announce else [])
+        # an id that already has a row keeps it: that row speaks for the id
+        return _outbox(insert_terminal(conn, self.job_id, "rejected", self._values(ctx)))
+
+    def fallback(self, conn: Connection, ctx: WriteContext, error: str) -> Stored:
+        values = {
+            **self._values(ctx),
+            "prompt": None,
+            "error": storable(f"{self.error}; not stored: {error}"),
+        }
+        return _outbox(insert_terminal(conn, self.job_id, "rejected", values))
+
+    def _values(self, ctx: WriteContext) -> dict[str, Any]:
+        rec = self.record
+        return {
+            "tenant": self.tenant,
+            "priority": self.priority,
+            "error": storable(self.error),
+            "finish_reason": "rejected",
+            "created_at": rec.posted_at(ctx.now),
+            "finished_at": ctx.now,
+            "updated_at": ctx.now,
+            "prompt": storable((rec.value or b"")[:4096].decode("utf-8", "replace")),
+            "source_topic": rec.topic,
+            "source_partition": rec.partition,
+            "source_offset": rec.offset,
+            "worker_id": ctx.worker_id,
+        }
+
+    def result(self) -> JobResult:
+        return JobResult(
+            job_id=self.job_id,
+            status="rejected",
+            tenant=self.tenant,
+            priority=self.priority,
+            finish_reason="rejected",
+            error=self.error,
+        )
+
+
+@dataclass(frozen=True)
+class CancelRequested(_NoFallback):
+    """A tenant's cancel, recorded durably (a `cancelled` row if nobody has the job yet)."""
+
+    job_id: str
+    tenant: str
+    at: datetime
+    sources: tuple[Source, ...] = ()  # the control record, when this worker owns the control partition
+
+    def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
+        return _outbox(request_cancel(conn, self.job_id, self.tenant, self.at, ctx.worker_id))
+
+
+@dataclass(frozen=True)
+class Republish(_NoFallback):
+    """A redelivered job that is terminal already: its result goes out again only if it never did."""
+
+    job_id: str
+    sources: tuple[Source, ...]
+
+    def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
+        return Stored(outbox=unpublished(conn, [self.job_id]))
