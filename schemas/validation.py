@@ -9,6 +9,7 @@ store U+0000, so such a job could never be recorded).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -128,25 +129,25 @@ def parse_control(value: bytes | None, limits: Limits) -> CancelRequest:
         raise InvalidMessage(_explain(exc)) from None
 
 
-def peek_job_id(value: bytes | None) -> str | None:
-    """Best-effort job_id of a message that failed validation, so its rejection can be recorded."""
+def _peek(value: bytes | None, field: str) -> str | None:
+    """A top-level string field of a message that failed validation, best effort: parsed when the JSON is
+    readable, else found by pattern (a giant number or deep nesting elsewhere must not hide the id)."""
     try:
         data = json.loads(value or b"")
+        found = data.get(field) if isinstance(data, dict) else None
     except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    job_id = data.get("job_id") if isinstance(data, dict) else None
-    if isinstance(job_id, str) and 0 < len(job_id) <= 128 and "\x00" not in job_id:
-        return job_id
+        match = re.search(rb'"%s"\s*:\s*"([^"\\\x00]{1,128})"' % field.encode(), (value or b"")[:100_000])
+        found = match.group(1).decode("utf-8", "replace") if match else None
+    if isinstance(found, str) and 0 < len(found) <= 128 and "\x00" not in found:
+        return found
     return None
+
+
+def peek_job_id(value: bytes | None) -> str | None:
+    """Best-effort job_id of a message that failed validation, so its rejection can be recorded."""
+    return _peek(value, "job_id")
 
 
 def peek_tenant(value: bytes | None) -> str:
     """Best-effort tenant of a message that failed validation (its rejection belongs to that tenant)."""
-    try:
-        data = json.loads(value or b"")
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return "default"
-    tenant = data.get("tenant") if isinstance(data, dict) else None
-    if isinstance(tenant, str) and 0 < len(tenant) <= 128 and "\x00" not in tenant:
-        return tenant
-    return "default"
+    return _peek(value, "tenant") or "default"

@@ -20,7 +20,7 @@ from workers import cancels
 from workers.admission import Admitter, Decision
 from workers.inflight import InFlightJob, utcnow
 from workers.intake import Accepted, Intake
-from workers.kafka_io import Record
+from workers.kafka_io import Delivery, Record
 from workers.sampling import sampling_params
 from workers.store import Terminal
 from workers.streaming import TokenStreamer
@@ -146,6 +146,7 @@ class Dispatcher:
             return
         at = record.posted_at(utcnow())
         self.items.append(CancelRequested(cancel.job_id, cancel.tenant, at, (_src(record),)))
+        self.recent_cancels.add(cancel.job_id, cancel.tenant)  # its job may be in this very poll
         self.cancel(cancel.job_id, cancel.tenant)
 
     def broadcast(self, records: list[Record]) -> None:
@@ -185,8 +186,8 @@ class Dispatcher:
     def _conclude(self, job: InFlightJob, finish: str, detail: str | None) -> None:
         del self.jobs[job.job_id]
         row, timings = job.conclude(finish, self.w.options.worker_id, error=detail)
-        self.streamer.finish(job.job_id, finish, job.usage)
-        self.items.append(Concluded(row, tuple(job.sources)))
+        stream_end = self.streamer.finish(job.job_id, finish, job.usage)
+        self.items.append(Concluded(row, tuple(job.sources), stream_end))
         self.w.metrics.observe_job(row.status, job.priority, timings)
 
     # ---- rebalance, flush, shutdown --------------------------------------------------------
@@ -212,8 +213,8 @@ class Dispatcher:
         items, self.items = self.items, []
         self.w.persister.submit(items)
 
-    def _send_token_event(self, event: TokenEvent) -> None:
-        self.w.send_token_event(event)
+    def _send_token_event(self, event: TokenEvent) -> Delivery | None:
+        return self.w.send_token_event(event)
 
 
 def _cancelled_before_start(job_id: str, worker_id: str) -> Terminal:

@@ -148,17 +148,20 @@ class Worker:
             self.dispatch.on_output(out, step_started)
 
     # ---- Kafka out -------------------------------------------------------------------------
-    def send_token_event(self, event: TokenEvent) -> None:
+    def send_token_event(self, event: TokenEvent) -> Delivery | None:
         """Best effort while the broker is away: the final result never depends on token events."""
         if time.monotonic() < self._token_sends_paused_until:
             self.metrics.token_events_dropped.inc()
-            return
+            return None
         try:
-            self.producer.send(self.settings.topics.tokens, event.job_id, event.model_dump_json().encode())
+            return self.producer.send(
+                self.settings.topics.tokens, event.job_id, event.model_dump_json().encode()
+            )
         except Exception as exc:  # noqa: BLE001 - buffer full or no metadata: drop, keep generating
             self._token_sends_paused_until = time.monotonic() + TOKEN_SEND_PAUSE_S
             self.metrics.token_events_dropped.inc()
             log.warning("token events are being dropped for %.0fs: %s", TOKEN_SEND_PAUSE_S, exc)
+            return None
 
     def _dead_letter(self, r: Rejected) -> Delivery:
         """The record as it came (cut to what the broker accepts), with why it was refused in headers."""

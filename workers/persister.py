@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 CANCEL_WATCH_S = 2.0  # how often recorded cancels of this worker's in-flight jobs are looked up
 UNPUBLISHED_COUNT_S = 30.0
+STREAM_END_WAIT_S = 10.0  # at most, per batch, for the broker to confirm jobs' last token events
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,7 @@ class Persister:
                 return
 
     def _process(self, items: list[WriteItem]) -> None:
+        self._await_stream_ends(items)
         rejected = [i for i in items if isinstance(i, Rejected)]
         self._send_all(
             "dead-lettered records", [(r.job_id, lambda r=r: self._dead_letter(r)) for r in rejected]
@@ -154,6 +156,19 @@ class Persister:
         for item in items:
             for source in item.sources:
                 self._done.put(source)
+
+    def _await_stream_ends(self, items: list[WriteItem]) -> None:
+        deadline = time.monotonic() + STREAM_END_WAIT_S
+        for item in items:
+            end = getattr(item, "stream_end", None)
+            if end is None:
+                continue
+            try:
+                end.wait(max(0.0, deadline - time.monotonic()))
+            except Exception as exc:  # noqa: BLE001 - the result must not wait on the stream forever
+                log.warning(
+                    "the last token event of %s was not confirmed: %s", _describe(item), describe_error(exc)
+                )
 
     def _crash_if(self, name: str, stored: Stored) -> None:
         """Fault injection for the outbox tests: a kill -9 at the worst moments of a batch."""

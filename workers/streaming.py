@@ -5,8 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from schemas.jobs import TokenEvent, Usage
+
+Emit = Callable[[TokenEvent], Any]  # sends one event; returns a handle to wait on (or None)
 
 
 @dataclass
@@ -26,7 +29,7 @@ class TokenStreamer:
     Deltas of one job concatenate exactly to its final output, since nothing is ever dropped.
     """
 
-    def __init__(self, emit: Callable[[TokenEvent], None], coalesce_s: float) -> None:
+    def __init__(self, emit: Emit, coalesce_s: float) -> None:
         self._emit = emit
         self._coalesce_s = coalesce_s
         self._jobs: dict[str, _Pending] = {}
@@ -42,10 +45,10 @@ class TokenStreamer:
         p.text.append(text)
         p.token_ids.extend(token_ids)
 
-    def finish(self, job_id: str, finish_reason: str, usage: Usage) -> None:
+    def finish(self, job_id: str, finish_reason: str, usage: Usage) -> Any:
+        """Send the attempt's last event; returns what `emit` returned for it."""
         p = self._jobs.pop(job_id, None)
-        if p is not None:
-            self._send(job_id, p, finish_reason, usage)
+        return self._send(job_id, p, finish_reason, usage) if p is not None else None
 
     def drop(self, job_id: str) -> None:
         """Forget a job without a final event (aborted locally; another worker redoes it)."""
@@ -57,8 +60,8 @@ class TokenStreamer:
             if p.token_ids and (force or now - p.since >= self._coalesce_s):
                 self._send(job_id, p, None, None)
 
-    def _send(self, job_id: str, p: _Pending, finish_reason: str | None, usage: Usage | None) -> None:
-        self._emit(
+    def _send(self, job_id: str, p: _Pending, finish_reason: str | None, usage: Usage | None) -> Any:
+        sent = self._emit(
             TokenEvent(
                 job_id=job_id,
                 attempt=p.attempt,
@@ -72,3 +75,4 @@ class TokenStreamer:
         p.seq += 1
         p.text.clear()
         p.token_ids.clear()
+        return sent

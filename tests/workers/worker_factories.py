@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine, select
 
-from schemas.jobs import TokenEvent
+from schemas.jobs import JobResult, TokenEvent
 from schemas.tables import TERMINAL_STATUSES, jobs
 from workers.client import JobClient
 from workers.kafka_io import TopicReader, group_members
@@ -52,15 +52,18 @@ class WorkerProcess:
         return self.log.read_text(errors="replace")
 
 
-def start_worker(settings: Settings, tmp: Path, worker_id: str, *extra: str) -> WorkerProcess:
+def start_worker(
+    settings: Settings, tmp: Path, worker_id: str, *extra: str, env: dict[str, str] | None = None
+) -> WorkerProcess:
     env = {
         **os.environ,
+        **(env or {}),
         "INFERQ_TOPIC_PREFIX": settings.topic_prefix,
         "INFERQ_KAFKA": settings.kafka,
         "INFERQ_DATABASE_URL": settings.database_url,
         "OMP_NUM_THREADS": "1",
     }
-    log = tmp / f"{worker_id}.log"
+    log = tmp / f"{worker_id}-{uuid.uuid4().hex[:6]}.log"
     cmd = [sys.executable, "-m", "workers.cli", "worker", "--worker-id", worker_id, "--grace-s", "10", *extra]
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     return WorkerProcess(worker_id, proc, log)
@@ -109,6 +112,23 @@ def read_topic(settings: Settings, topic: str, since_ms: int, until: callable, t
     finally:
         reader.close()
     return records
+
+
+def results_by_job(
+    settings: Settings, since_ms: int, expected: int, settle_s: float = 1.0
+) -> dict[str, list]:
+    """Every JobResult on the results topic since a time, by job_id, once `expected` have arrived and
+    nothing more came within `settle_s` (a second result for a job would be a bug, so wait for it)."""
+    records = read_topic(settings, settings.topics.results, since_ms, lambda rs: len(rs) >= expected)
+    time.sleep(settle_s)
+    records += read_topic(settings, settings.topics.results, since_ms, lambda rs: False, timeout_s=1)[
+        len(records) :
+    ]
+    out: dict[str, list] = {}
+    for r in records:
+        result = JobResult.model_validate_json(r.value)
+        out.setdefault(result.job_id, []).append(result)
+    return out
 
 
 def token_events(records: list) -> dict[str, list[TokenEvent]]:

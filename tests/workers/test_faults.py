@@ -1,0 +1,128 @@
+"""Faults on real services of their own (private Kafka and PostgreSQL, so nothing else is disturbed):
+kill -9 of the broker or the database mid-generation, and of a worker at the worst moments of the outbox.
+Each time: every job ends once, with one result, and the worker process rides it out."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import psutil
+import pytest
+from sqlalchemy import create_engine
+
+from tests.services.factories import PrivateServices, make_private_services
+from tests.workers.worker_factories import (
+    job_rows,
+    make_deployment,
+    now_ms,
+    results_by_job,
+    start_worker,
+    wait_status,
+    wait_terminal,
+)
+from workers.client import JobClient
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def private(tmp_path_factory: pytest.TempPathFactory):
+    services = make_private_services(tmp_path_factory.mktemp("state"))
+    services.cli("up")
+    try:
+        yield services
+    finally:
+        services.cli("down", "--purge", check=False)
+
+
+@pytest.fixture
+def deployment(private: PrivateServices, tmp_path):
+    dep = make_deployment(private.settings)
+    client = JobClient(dep)
+    db = create_engine(dep.database_url, pool_pre_ping=True)
+    try:
+        yield dep, client, db, tmp_path
+    finally:
+        client.close()
+        db.dispose()
+
+
+def kill9(pid: int) -> None:
+    proc = psutil.Process(pid)
+    proc.kill()
+    proc.wait(30)
+
+
+def _submit(client: JobClient, prefix: str, n: int, max_tokens: int) -> list[str]:
+    ids = [
+        client.submit(
+            {"job_id": f"{prefix}-{i}", "prompt": f"job {i} of {prefix}", "max_tokens": max_tokens},
+            ("high", "normal", "low")[i % 3],
+        )
+        for i in range(n)
+    ]
+    client.flush()
+    return ids
+
+
+def _assert_once(dep, db, ids: list[str], since: int) -> dict[str, dict]:
+    rows = wait_terminal(db, ids, timeout_s=300)
+    assert {r["status"] for r in rows.values()} == {"succeeded"}, {k: r["status"] for k, r in rows.items()}
+    results = results_by_job(dep, since, len(ids), settle_s=2.0)
+    assert {job_id: len(rs) for job_id, rs in results.items() if job_id in rows} == dict.fromkeys(ids, 1)
+    assert all(r["published_at"] is not None for r in rows.values())
+    return rows
+
+
+@pytest.mark.parametrize("service", ["kafka", "postgres"])
+def test_service_killed_mid_generation_loses_nothing(private, deployment, service):
+    dep, client, db, tmp = deployment
+    worker = start_worker(dep, tmp, f"w-{service}")
+    try:
+        since = now_ms()
+        ids = _submit(client, f"{service}-{dep.topic_prefix}", 24, 120)
+        wait_status(db, ids[0], "running")
+        kill9(private.status()[service]["pid"])
+        time.sleep(3)  # the worker generates on, its writes and sends fail and are retried
+        private.cli("up")
+        rows = _assert_once(dep, db, ids, since)
+        assert {r["worker_id"] for r in rows.values()} == {f"w-{service}"}
+        assert all(r["completion_tokens"] == 120 for r in rows.values())
+        assert worker.proc.poll() is None, worker.output()[-3000:]
+        # and it still takes new work afterwards
+        later = _submit(client, f"{service}-after-{dep.topic_prefix}", 3, 4)
+        assert {r["status"] for r in wait_terminal(db, later).values()} == {"succeeded"}
+    finally:
+        assert worker.stop() == 0, worker.output()[-3000:]
+
+
+@pytest.mark.parametrize("failpoint", ["crash-before-publish", "crash-after-publish"])
+def test_worker_killed_around_the_publish_still_yields_the_result(private, deployment, failpoint):
+    dep, client, db, tmp = deployment
+    victim = start_worker(dep, tmp, "w-victim", env={"INFERQ_FAILPOINT": failpoint})
+    since = now_ms()
+    [job_id] = _submit(client, f"{failpoint}-{dep.topic_prefix}", 1, 6)
+    assert victim.proc.wait(120) == -signal.SIGKILL, victim.output()[-3000:]
+    row = job_rows(db, [job_id])[job_id]
+    assert row["status"] == "succeeded" and row["published_at"] is None  # committed, not marked published
+    survivor = start_worker(dep, tmp, "w-survivor")
+    try:
+        wait_until(lambda: job_rows(db, [job_id])[job_id]["published_at"] is not None)
+        results = results_by_job(dep, since, 1, settle_s=2.0)[job_id]
+        # before the publish: exactly one result. After it (broker has it, published_at not yet set): the
+        # survivor publishes the stored row again, so the second copy is byte-for-byte the same message.
+        assert len(results) == (1 if failpoint == "crash-before-publish" else 2)
+        assert all(r == results[0] for r in results)
+        assert (results[0].status, results[0].output_text) == ("succeeded", row["output_text"])
+        assert job_rows(db, [job_id])[job_id]["attempts"] == 1  # never run twice
+    finally:
+        assert survivor.stop() == 0, survivor.output()[-3000:]
+
+
+def wait_until(condition, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.2)

@@ -1,0 +1,165 @@
+"""Admission and the persister against the real PostgreSQL and Kafka: tenant-owned ids, durable cancels,
+the outbox, and writes PostgreSQL refuses that must not hold back the rest."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import create_engine
+
+from tests.workers.worker_factories import job_rows, make_deployment, now_ms, results_by_job
+from workers.admission import Admitter
+from workers.intake import Accepted
+from workers.kafka_io import Producer, Record
+from workers.persister import Persister
+from workers.store import Terminal, make_engine
+from workers.writes import CancelRequested, Concluded, Rejected, Republish
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture(scope="module")
+def env(settings):
+    dep = make_deployment(settings)
+    db = make_engine(dep.database_url)
+    producer = Producer(dep.kafka_connection, "inferq-test-persistence")
+    yield dep, db, producer
+    producer.close()
+    db.dispose()
+
+
+def _accepted(dep, job_id: str, tenant: str = "t-a", offset: int = 0, prompt: str = "hello") -> Accepted:
+    from schemas.jobs import JobRequest
+
+    record = Record(dep.topics.jobs("normal"), 0, offset, job_id.encode(), b"{}", now_ms())
+    job = JobRequest(job_id=job_id, tenant=tenant, prompt=prompt)
+    return Accepted(record, job_id, "normal", job, prompt, (1, 2, 3), 8)
+
+
+def _persister(dep, db, producer) -> Persister:
+    def dead_letter(r: Rejected):
+        return producer.send(
+            dep.topics.dlq, r.record.key, r.record.value or b"", [("reason", r.reason.encode())]
+        )
+
+    p = Persister(db, producer, dep.topics, "w-test", dead_letter=dead_letter)
+    p.start()
+    return p
+
+
+def _run(persister: Persister, items) -> set:
+    persister.submit(list(items))
+    persister.close()
+    return set(persister.acked())
+
+
+def test_admission_keeps_ids_per_tenant_and_honours_cancels(env):
+    dep, db, producer = env
+    admitter = Admitter(db, "w-test")
+    base = f"adm-{uuid.uuid4().hex[:8]}"
+    admitter.add([_accepted(dep, f"{base}-1"), _accepted(dep, f"{base}-2", offset=1)])
+    decisions, rejected = admitter.run(lambda a: False)
+    assert [d.outcome.kind for d in decisions] == ["start", "start"] and not rejected
+    assert [d.outcome.attempt for d in decisions] == [1, 1]
+
+    # the same id from another tenant is refused, never merged; from the owner it is a new attempt
+    admitter.add([_accepted(dep, f"{base}-1", tenant="t-b", offset=2), _accepted(dep, f"{base}-2", offset=3)])
+    decisions, _ = admitter.run(lambda a: False)
+    assert [(d.outcome.kind, d.outcome.attempt) for d in decisions] == [("foreign", 0), ("start", 2)]
+    assert job_rows(db, [f"{base}-1"])[f"{base}-1"]["tenant"] == "t-a"
+
+    # a cancel recorded while queued makes the next admission settle it as cancelled
+    persister = _persister(dep, db, producer)
+    at = datetime.now(UTC)
+    _run(persister, [CancelRequested(f"{base}-2", "t-b", at), CancelRequested(f"{base}-2", "t-a", at)])
+    admitter.add([_accepted(dep, f"{base}-2", offset=4)])
+    decisions, _ = admitter.run(lambda a: False)
+    assert decisions[0].outcome.kind == "cancelled"
+
+    # two copies of one id in a batch: the first is admitted, the second waits for its outcome
+    admitter.add([_accepted(dep, f"{base}-3", offset=5), _accepted(dep, f"{base}-3", offset=6)])
+    decisions, _ = admitter.run(lambda a: False)
+    assert [d.accepted.record.offset for d in decisions] == [5] and len(admitter) == 1
+    decisions, _ = admitter.run(lambda a: a.job_id == f"{base}-3")
+    assert [(d.accepted.record.offset, d.outcome.kind) for d in decisions] == [(6, "held")]
+
+
+def test_a_row_postgres_refuses_is_split_off_and_the_rest_is_stored(env):
+    dep, db, producer = env
+    since = now_ms()
+    base = f"split-{uuid.uuid4().hex[:8]}"
+    admitter = Admitter(db, "w-test")
+    admitter.add([_accepted(dep, f"{base}-good", offset=10), _accepted(dep, f"{base}-bad", offset=11)])
+    admitter.run(lambda a: False)
+    topic = dep.topics.jobs("normal")
+    now = datetime.now(UTC)
+    good = Terminal(
+        f"{base}-good", "succeeded", {"output_text": "fine", "finish_reason": "stop", "finished_at": now}
+    )
+    bad = Terminal(
+        f"{base}-bad",
+        "succeeded",
+        {"output_text": "nul \x00 out", "finish_reason": "stop", "finished_at": now},
+    )
+    items = [Concluded(good, ((topic, 0, 10),)), Concluded(bad, ((topic, 0, 11),))]
+    acked = _run(_persister(dep, db, producer), items)
+    assert acked == {(topic, 0, 10), (topic, 0, 11)}
+    rows = job_rows(db, [f"{base}-good", f"{base}-bad"])
+    assert rows[f"{base}-good"]["status"] == "succeeded" and rows[f"{base}-good"]["output_text"] == "fine"
+    assert rows[f"{base}-bad"]["status"] == "failed" and "could not be stored" in rows[f"{base}-bad"]["error"]
+    assert all(row["published_at"] is not None for row in rows.values())
+    results = results_by_job(dep, since, 2)
+    assert [r.status for r in results[f"{base}-good"]] == ["succeeded"]
+    assert [r.status for r in results[f"{base}-bad"]] == ["failed"]
+
+
+def test_outbox_republishes_only_what_never_went_out(env):
+    dep, db, producer = env
+    since = now_ms()
+    base = f"outbox-{uuid.uuid4().hex[:8]}"
+    admitter = Admitter(db, "w-test")
+    admitter.add([_accepted(dep, f"{base}-1", offset=20)])
+    admitter.run(lambda a: False)
+    now = datetime.now(UTC)
+    row = Terminal(
+        f"{base}-1", "succeeded", {"output_text": "out", "finish_reason": "length", "finished_at": now}
+    )
+    with db.begin() as conn:  # a worker that died between the commit and the publish left this
+        from workers.store import finish
+
+        finish(conn, row, now)
+    admitter.add([_accepted(dep, f"{base}-1", offset=21)])
+    decisions, _ = admitter.run(lambda a: False)
+    assert decisions[0].outcome.kind == "done" and not decisions[0].outcome.published
+    topic = dep.topics.jobs("normal")
+    _run(_persister(dep, db, producer), [Republish(f"{base}-1", ((topic, 0, 21),))])
+    assert job_rows(db, [f"{base}-1"])[f"{base}-1"]["published_at"] is not None
+    _run(_persister(dep, db, producer), [Republish(f"{base}-1", ((topic, 0, 22),))])  # published: nothing
+    results = results_by_job(dep, since, 1)
+    assert [(r.status, r.output_text, r.tenant) for r in results[f"{base}-1"]] == [
+        ("succeeded", "out", "t-a")
+    ]
+
+
+def test_a_foreign_rejection_is_announced_to_its_own_tenant_only(env):
+    dep, db, producer = env
+    since = now_ms()
+    job_id = f"foreign-{uuid.uuid4().hex[:8]}"
+    record = Record(dep.topics.jobs("high"), 0, 30, job_id.encode(), b'{"prompt": "x"}', now_ms())
+    item = Rejected(
+        record, job_id, "t-b", "high", "job_id belongs to another tenant", "foreign_tenant", False
+    )
+    assert _run(_persister(dep, db, producer), [item]) == {(record.topic, 0, 30)}
+    assert job_rows(db, [job_id]) == {}  # the row (if any) belongs to the owner
+    results = results_by_job(dep, since, 1)
+    assert [(r.status, r.tenant) for r in results[job_id]] == [("rejected", "t-b")]
+
+
+def test_engine_settings_bound_every_call(env):
+    dep, db, _ = env
+    with db.connect() as conn:
+        timeout = conn.exec_driver_sql("SHOW statement_timeout").scalar()
+    assert timeout == "15s"
+    assert create_engine(dep.database_url).url.password  # the local cluster requires a password

@@ -1,0 +1,134 @@
+"""Records that pass as JSON (or not even that) but would break a later stage: each one is rejected with a
+reason, dead-lettered, and the worker serves the next job as if nothing happened."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kafka import KafkaProducer
+from sqlalchemy import create_engine
+
+from tests.workers.worker_factories import (
+    job_rows,
+    make_deployment,
+    now_ms,
+    read_topic,
+    start_worker,
+    wait_terminal,
+)
+from workers.client import JobClient
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+
+def _deep(levels: int) -> str:
+    return '{"a":' * levels + "1" + "}" * levels
+
+
+# name -> (raw value with {p} for the topic prefix, words the rejection reason must contain)
+POISON = {
+    "nul-prompt": (json.dumps({"job_id": "p-nul-{p}", "prompt": "nul \u0000 inside"}), "NUL"),
+    "nul-chat": (
+        json.dumps({"job_id": "p-nulchat-{p}", "messages": [{"role": "user", "content": "a\u0000b"}]}),
+        "NUL",
+    ),
+    "nul-metadata-key": (
+        json.dumps({"job_id": "p-nulkey-{p}", "prompt": "x", "metadata": {"a\u0000": 1}}),
+        "NUL",
+    ),
+    "nul-stop": (json.dumps({"job_id": "p-nulstop-{p}", "prompt": "x", "stop": ["\u0000"]}), "NUL"),
+    "infinite-timeout": ('{"job_id": "p-inf-{p}", "prompt": "x", "timeout_s": Infinity}', "finite"),
+    "huge-timeout": (json.dumps({"job_id": "p-huge-{p}", "prompt": "x", "timeout_s": 1e15}), "timeout_s"),
+    "overflow-timeout": ('{"job_id": "p-ovf-{p}", "prompt": "x", "timeout_s": 1e999}', "timeout_s"),
+    "nan-temperature": ('{"job_id": "p-nan-{p}", "prompt": "x", "temperature": NaN}', "finite"),
+    "huge-top-k": (json.dumps({"job_id": "p-topk-{p}", "prompt": "x", "top_k": 10**12}), "top_k"),
+    "huge-seed": (json.dumps({"job_id": "p-seed-{p}", "prompt": "x", "seed": 2**70}), "seed"),
+    "giant-integer": ('{"job_id": "p-int-{p}", "prompt": "x", "seed": ' + "9" * 5000 + "}", "JSON"),
+    "deep-nesting": ('{"job_id": "p-deep-{p}", "prompt": "x", "metadata": ' + _deep(5000) + "}", "nested"),
+    "deep-but-parsable": (
+        '{"job_id": "p-deep2-{p}", "prompt": "x", "metadata": ' + _deep(40) + "}",
+        "nested",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def deployment(settings, tmp_path_factory):
+    dep = make_deployment(settings)
+    worker = start_worker(dep, tmp_path_factory.mktemp("worker"), "w-poison")
+    client = JobClient(dep)
+    db = create_engine(dep.database_url)
+    try:
+        yield dep, client, db, worker
+    finally:
+        client.close()
+        db.dispose()
+        assert worker.stop() == 0, worker.output()[-3000:]
+
+
+def test_poison_records_are_rejected_and_the_worker_keeps_serving(deployment):
+    dep, client, db, worker = deployment
+    since = now_ms()
+    before = client.submit({"job_id": f"before-{dep.topic_prefix}", "prompt": "first", "max_tokens": 4})
+    for name, (value, _) in POISON.items():
+        client.submit_raw(value.replace("{p}", dep.topic_prefix).encode(), "normal", key=name)
+    after = client.submit({"job_id": f"after-{dep.topic_prefix}", "prompt": "still here", "max_tokens": 4})
+    client.flush()
+    ids = {
+        name: json.loads(_parsable(v))["job_id"].replace("{p}", dep.topic_prefix)
+        for name, (v, _) in POISON.items()
+    }
+    rows = wait_terminal(db, [before, after, *ids.values()], timeout_s=120)
+    assert rows[before]["status"] == rows[after]["status"] == "succeeded"
+    for name, (_, reason) in POISON.items():
+        row = rows[ids[name]]
+        assert row["status"] == "rejected", (name, row)
+        assert reason in row["error"], (name, row["error"])
+        assert "\x00" not in (row["prompt"] or "")
+    dlq = read_topic(dep, dep.topics.dlq, since, lambda rs: len(rs) >= len(POISON))
+    assert sorted(r.key.decode() for r in dlq) == sorted(POISON)
+    assert all(dict(r.headers)["reason"] == b"invalid" for r in dlq)
+    assert worker.proc.poll() is None
+
+
+def _parsable(value: str) -> str:
+    """The job_id of a poison value, read without tripping over what makes it poison."""
+    start = value.index('"job_id": "') + len('"job_id": "')
+    return json.dumps({"job_id": value[start : value.index('"', start)]})
+
+
+def test_compressed_giants_are_bounded_and_dead_lettered_truncated(deployment):
+    dep, client, db, worker = deployment
+    since = now_ms()
+    producer = KafkaProducer(
+        bootstrap_servers=dep.kafka,
+        compression_type="gzip",
+        max_request_size=200 * 2**20,
+    )
+    try:
+        big = json.dumps({"job_id": f"gz-big-{dep.topic_prefix}", "prompt": "z" * 10_000_000}).encode()
+        producer.send(dep.topics.jobs("low"), key=b"gz-big", value=big).get(60)
+        # inflates past the worker's 64 MiB bound: never decompressed whole, stepped over as undecodable
+        bomb = b'{"prompt": "' + b"0" * (80 * 2**20) + b'"}'
+        meta = producer.send(dep.topics.jobs("low"), key=b"gz-bomb", value=bomb).get(60)
+    finally:
+        producer.close()
+    del bomb
+    after = client.submit(
+        {"job_id": f"after-gz-{dep.topic_prefix}", "prompt": "fine", "max_tokens": 3}, "low"
+    )
+    client.flush()
+    bomb_id = f"{dep.topics.jobs('low')}:{meta.partition}:{meta.offset}"
+    rows = wait_terminal(db, [f"gz-big-{dep.topic_prefix}", bomb_id, after], timeout_s=120)
+    assert rows[after]["status"] == "succeeded"
+    assert rows[f"gz-big-{dep.topic_prefix}"]["status"] == "rejected"
+    assert "limit is 1000000" in rows[f"gz-big-{dep.topic_prefix}"]["error"]
+    assert rows[bomb_id]["status"] == "rejected" and "cannot be decoded" in rows[bomb_id]["error"]
+    dlq = {r.key: r for r in read_topic(dep, dep.topics.dlq, since, lambda rs: len(rs) >= 2)}
+    headers = dict(dlq[b"gz-big"].headers)
+    assert headers["original_size"] == str(len(big)).encode() and headers["truncated"] == b"true"
+    assert 0 < len(dlq[b"gz-big"].value) < 1_000_000 and big.startswith(dlq[b"gz-big"].value)
+    assert dict(dlq[None].headers)["reason"] == b"undecodable"
+    assert worker.proc.poll() is None
+    assert job_rows(db, [after])[after]["worker_id"] == "w-poison"
