@@ -13,11 +13,11 @@ from tests.gpu.factories import SMALL, assert_matches_hf, make_model, make_promp
 
 
 def test_default_model_is_deterministic_per_seed():
-    a, b = load_model(None, seed=0), load_model(None, seed=0)
+    a, b = load_model("tiny", seed=0), load_model("tiny", seed=0)
     assert a.config.vocab_size == 32000 and a.config.hidden_size == 256 and a.config.num_key_value_heads == 4
     assert 15e6 < sum(p.numel() for p in a.model.parameters()) < 25e6
     assert torch.equal(a.model.lm_head.weight, b.model.lm_head.weight)
-    c = load_model(None, seed=1)
+    c = load_model("tiny", seed=1)
     assert not torch.equal(a.model.lm_head.weight, c.model.lm_head.weight)
     assert isinstance(a.tokenizer, ByteTokenizer)
 
@@ -46,7 +46,7 @@ def test_missing_dir_and_bad_dtype_are_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         load_model(str(tmp_path / "nope"))
     with pytest.raises(ValueError, match="dtype"):
-        load_model(None, dtype="float8")
+        load_model("tiny", dtype="float8")
 
 
 def test_small_factory_shape_is_what_tests_assume():
@@ -72,9 +72,10 @@ def test_checkpoint_with_hf_tokenizer_uses_it(tmp_path):
     save_char_tokenizer(tmp_path)
     loaded = load_model(str(tmp_path))
     tokenizer = loaded.tokenizer
-    assert isinstance(tokenizer, HFTokenizer) and tokenizer.eos_token_id == 2
+    assert isinstance(tokenizer, HFTokenizer) and tokenizer.eos_token_ids == (2,)
     assert tokenizer.decode(tokenizer.encode("hé €")) == "hé €"
-    assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])  # no template: plain layout
+    with pytest.raises(ValueError, match=f"model {tmp_path} has no chat template; send `prompt` instead"):
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])  # no layout is invented
     engine = Engine(loaded, EngineConfig(num_blocks=64))
     engine.add_request(EngineRequest("a", tuple(tokenizer.encode("abc")), SamplingParams(max_tokens=8)))
     outs = []
