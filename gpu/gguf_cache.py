@@ -42,6 +42,7 @@ def cached_checkpoint(gguf: Path, cache_dir: Path) -> Path:
     log.info("converting %s into %s once (dequantizing takes a while)", gguf, target)
     start = time.perf_counter()
     temp = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX, dir=root))
+    temp.chmod(0o755)  # mkdtemp makes it private; the entry is a shared cache like the Kafka jars
     try:
         convert_gguf(gguf, temp)
         try:
@@ -75,7 +76,7 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     config.save_pretrained(out)
     model.generation_config.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    _sync(out)
+    _publishable(out)
 
 
 def _unshared(state: dict[str, Any]) -> dict[str, Any]:
@@ -91,9 +92,10 @@ def _unshared(state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _sync(directory: Path) -> None:
-    """Flush the files to disk before the rename publishes them."""
+def _publishable(directory: Path) -> None:
+    """Readable by all like the rest of the cache, and on disk before the rename publishes them."""
     for path in directory.iterdir():
+        path.chmod(0o644)
         with open(path, "rb") as f:
             os.fsync(f.fileno())
 

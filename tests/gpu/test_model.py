@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gpu.engine import Engine, EngineConfig, EngineRequest
-from gpu.model import load_model
+from gpu.model import load_model, parse_dtype
 from gpu.tokenizer import ByteTokenizer, HFTokenizer
 from scheduler.types import SamplingParams
 from tests.gpu.factories import SMALL, assert_matches_hf, make_model, make_prompts, make_requests
@@ -47,6 +47,11 @@ def test_missing_dir_and_bad_dtype_are_clear_errors(tmp_path):
         load_model(str(tmp_path / "nope"))
     with pytest.raises(ValueError, match="dtype"):
         load_model("tiny", dtype="float8")
+
+
+def test_dtype_auto_is_float32_on_cpu_and_bfloat16_on_cuda():
+    assert parse_dtype("auto", "cpu") is torch.float32 and parse_dtype("auto", "cuda:1") is torch.bfloat16
+    assert load_model("tiny", dtype="auto").dtype is torch.float32
 
 
 def test_small_factory_shape_is_what_tests_assume():
