@@ -25,7 +25,7 @@ class EngineConfig:
     block_size: int = 16
     kv_cache_bytes: int | None = None  # memory budget for KV; None = 256 MiB
     kv_cache_memory: int | None = None  # the same budget under vLLM's name; wins over kv_cache_bytes
-    gpu_memory_utilization: float = 0.9  # share of GPU memory the KV cache may fill (GPU sizing reads it)
+    gpu_memory_utilization: float = 0.9  # GPU memory share for KV; range-checked, not read yet (runner sizes)
     num_blocks: int | None = None  # overrides kv_cache_bytes when set (tests use tiny values)
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
