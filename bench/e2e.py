@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from bench.report import RESULTS_DIR
+from gpu.model_source import DEFAULT_MODEL, MODEL_HELP
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backlog-output", type=int, default=256, help="priority: backlog jobs' max_tokens")
     parser.add_argument("--high-jobs", type=int, default=10, help="priority: high-priority jobs per case")
     parser.add_argument("--high-gap-s", type=float, default=0.3, help="priority: seconds between high jobs")
-    parser.add_argument("--model", default=None, help="local HF checkpoint dir (default: the built-in model)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"{MODEL_HELP} (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the engine and the worker")
     parser.add_argument("--worker-args", default="", help="extra `inferq worker` options ('--coalesce-ms 5')")
     parser.add_argument(

@@ -60,13 +60,13 @@ def run_e2e_bench(args: argparse.Namespace, worker_args: list[str]) -> tuple[dic
     load_before = os.getloadavg()
     settings = make_private_settings(Settings.from_env())
     log = Path(tempfile.gettempdir()) / f"inferq-{settings.topic_prefix}" / "worker.log"
-    extra = [*(["--model", args.model] if args.model else []), *worker_args]
+    extra = ["--model", args.model, *worker_args]
     progress(f"prefix {settings.topic_prefix}: starting the worker (log {log}) and loading the engine here")
     worker = WorkerProcess(settings, log, args.threads, extra)
     recorder = client = None
     errors: list[str] = []  # a failed later phase still leaves the saturation numbers on file
     try:
-        engine = Engine.from_options(args.model, **ENGINE_OPTIONS)
+        engine = Engine.from_options(args.model, cache_dir=settings.cache_dir, **ENGINE_OPTIONS)
         wait_joined(settings, worker)
         recorder = TokenRecorder(settings)
         client = JobClient(settings)

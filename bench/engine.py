@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from gpu.model_source import DEFAULT_MODEL, MODEL_HELP
+
 ALL = ("static", "hf_cb", "inferq", "limit")
 
 
@@ -19,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-len", default="16:128", metavar="MIN:MAX", help="prompt tokens, uniform")
     parser.add_argument("--output-len", default="8:256", metavar="MIN:MAX", help="generated tokens, uniform")
     parser.add_argument("--seed", type=int, default=0, help="workload seed")
-    parser.add_argument("--model", default=None, help="local HF checkpoint dir (default: the built-in model)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"{MODEL_HELP} (default: %(default)s)")
     parser.add_argument("--reps", type=int, default=3, help="alternating repetitions of each contender")
     parser.add_argument("--only", default=",".join(ALL), help=f"comma-separated subset of {','.join(ALL)}")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (and OMP_NUM_THREADS)")

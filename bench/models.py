@@ -9,7 +9,7 @@ if TYPE_CHECKING:
 
 
 def load_hf_model(path: str | None, seed: int = 0) -> torch.nn.Module:
-    """A fresh fp32 CPU model in eval mode with SDPA attention (the engine's default model when path is None).
+    """A fresh fp32 CPU model in eval mode with SDPA attention; `path` is a model spec, as the engine takes.
 
     Each contender gets its own instance: transformers' batching manager switches the attention implementation
     of the model it runs, and the engine may repack weights, so no instance is shared between contenders.

@@ -14,6 +14,8 @@ import pstats
 import sys
 import time
 
+from gpu.model_source import DEFAULT_MODEL, MODEL_HELP
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile_engine", description=__doc__)
@@ -21,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", default="16:128", metavar="MIN:MAX")
     parser.add_argument("--output-len", default="8:256", metavar="MIN:MAX")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model", default=None)
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--top", type=int, default=25, help="rows per table")
     args = parser.parse_args(argv)
@@ -59,14 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def contender_vocab(model_path: str | None) -> int:
-    if model_path is None:
-        from gpu.model import default_config
+def contender_vocab(model: str) -> int:
+    from bench.models import load_hf_model
 
-        return int(default_config().vocab_size)
-    from transformers import AutoConfig
-
-    return int(AutoConfig.from_pretrained(model_path, local_files_only=True).vocab_size)
+    return int(load_hf_model(model).config.vocab_size)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,11 @@ import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gpu.detokenizer import Detokenizer
+from gpu.generation_config import GenerationDefaults, eos_token_ids
 from gpu.kv_cache import DEFAULT_CPU_BUDGET
 from gpu.model import LoadedModel, load_model
 from gpu.runner import ModelRunner
@@ -22,6 +24,8 @@ from scheduler.types import FinishReason, Priority, SamplingParams, SequenceRequ
 class EngineConfig:
     block_size: int = 16
     kv_cache_bytes: int | None = None  # memory budget for KV; None = 256 MiB
+    kv_cache_memory: int | None = None  # the same budget under vLLM's name; wins over kv_cache_bytes
+    gpu_memory_utilization: float = 0.9  # GPU memory share for KV; range-checked, not read yet (runner sizes)
     num_blocks: int | None = None  # overrides kv_cache_bytes when set (tests use tiny values)
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
@@ -95,8 +99,13 @@ class Engine:
         self.model = model
         self.config = config
         self.tokenizer = model.tokenizer
+        generation_config = getattr(model.model, "generation_config", None)
+        self.eos_token_ids = eos_token_ids(generation_config, model.tokenizer)
+        self.generation_defaults = GenerationDefaults.from_generation_config(generation_config)
         max_model_len = resolve_max_model_len(model.config, config.max_model_len)
-        kv_bytes = config.kv_cache_bytes or DEFAULT_CPU_BUDGET
+        if not 0.0 < config.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {config.gpu_memory_utilization}")
+        kv_bytes = config.kv_cache_memory or config.kv_cache_bytes or DEFAULT_CPU_BUDGET
         self.runner = ModelRunner(model, config.block_size, max_model_len, config.num_blocks, kv_bytes)
         num_blocks = self.runner.cache.num_blocks
         self.scheduler = Scheduler(
@@ -121,19 +130,21 @@ class Engine:
     def from_options(
         cls,
         model: str | None = None,
-        dtype: str = "float32",
+        dtype: str = "auto",
         device: str = "cpu",
         seed: int = 0,
+        cache_dir: Path | None = None,
         **config: Any,
     ) -> Engine:
-        return cls(load_model(model, dtype, device, seed), EngineConfig(**config))
+        """`model` is a spec as `load_model` takes it (None: the tiny built-in model)."""
+        return cls(load_model(model, dtype, device, seed, cache_dir), EngineConfig(**config))
 
     # ---- requests --------------------------------------------------------------------------------
 
     def add_request(self, request: EngineRequest) -> None:
         if request.request_id in self._live:
             raise ValueError(f"request {request.request_id!r} is already in the engine")
-        eos = None if request.sampling.ignore_eos else self.tokenizer.eos_token_id
+        eos = frozenset() if request.sampling.ignore_eos else self.eos_token_ids
         self.scheduler.add(
             SequenceRequest(
                 seq_id=request.request_id,
@@ -143,7 +154,7 @@ class Engine:
                 tenant=request.tenant,
                 arrival=time.monotonic(),
                 deadline=request.deadline,
-                eos_token_id=eos,
+                eos_token_ids=eos,
             )
         )
         seed = request.sampling.seed if request.sampling.seed is not None else secrets.randbits(63)

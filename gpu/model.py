@@ -1,13 +1,15 @@
-"""Model loading: the built-in default Llama (seeded, no files) or any local Hugging Face checkpoint."""
+"""Model loading: the tiny built-in Llama (seeded, no files), a checkpoint dir, or a GGUF via the cache."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from gpu.gguf_cache import DEFAULT_CACHE_DIR, cached_checkpoint
+from gpu.model_source import SourceKind, resolve_model
 from gpu.tokenizer import BOS_ID, EOS_ID, PAD_ID, ByteTokenizer, HFTokenizer, Tokenizer
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -24,7 +26,7 @@ class LoadedModel:
 
 
 def default_config(**overrides: Any) -> Any:
-    """The built-in model's shape (≈19M parameters); tests shrink it through overrides."""
+    """The tiny built-in model's shape (≈19M parameters); tests shrink it through overrides."""
     from transformers import LlamaConfig
 
     shape = dict(
@@ -43,11 +45,14 @@ def default_config(**overrides: Any) -> Any:
     return LlamaConfig(**shape)
 
 
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+def parse_dtype(dtype: str | torch.dtype, device: torch.device | str = "cpu") -> torch.dtype:
+    """`auto`: float32 on CPU (no fast half-precision matmuls there), bfloat16 on CUDA."""
     if isinstance(dtype, torch.dtype):
         return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     if dtype not in _DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r}; choose one of {sorted(_DTYPES)}")
+        raise ValueError(f"unsupported dtype {dtype!r}; choose auto or one of {sorted(_DTYPES)}")
     return _DTYPES[dtype]
 
 
@@ -68,36 +73,48 @@ def build_default(config: Any, seed: int = 0) -> Any:
     return model
 
 
-def _load_tokenizer(path: str, config: Any) -> Tokenizer:
+def _load_tokenizer(path: Path, config: Any, name: str) -> Tokenizer:
     from transformers import AutoTokenizer
 
     try:
-        return HFTokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True))
+        return HFTokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True), name)
     except (OSError, ValueError, TypeError):
-        # A checkpoint saved without tokenizer files (e.g. the default model written by save_pretrained).
+        # A checkpoint saved without tokenizer files (e.g. the tiny model written by save_pretrained).
         return ByteTokenizer(config.vocab_size)
 
 
 def load_model(
-    path: str | None = None, dtype: str = "float32", device: str = "cpu", seed: int = 0
+    model: str | None = None,
+    dtype: str = "auto",
+    device: str = "cpu",
+    seed: int = 0,
+    cache_dir: Path | None = None,
 ) -> LoadedModel:
-    """Load a causal LM for the runner; never touches the network."""
-    torch_dtype = parse_dtype(dtype)
+    """Load a causal LM for the runner; never touches the network.
+
+    `model` is a spec (see gpu.model_source): `smollm2`, `tiny` (also None: the built-in model needs no
+    files, so None keeps meaning it), a checkpoint directory or a .gguf file. `seed` only shapes the tiny
+    model; a GGUF is converted once into `cache_dir` (default ~/.cache/inferq).
+    """
+    source = resolve_model(model)
     torch_device = torch.device(device)
-    if path is None:
+    torch_dtype = parse_dtype(dtype, torch_device)
+    if source.kind is SourceKind.TINY:
         config = default_config()
-        model = build_default(config, seed)
+        module = build_default(config, seed)
         tokenizer: Tokenizer = ByteTokenizer(config.vocab_size)
     else:
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        if not os.path.isdir(path):
-            raise FileNotFoundError(f"model directory not found: {path}")
+        assert source.path is not None
+        path = source.path
+        if source.kind is SourceKind.GGUF:
+            path = cached_checkpoint(source.path, cache_dir or DEFAULT_CACHE_DIR)
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         check_architecture(config)
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch_dtype)
-        tokenizer = _load_tokenizer(path, config)
-    model = model.to(device=torch_device, dtype=torch_dtype).eval()
+        module = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch_dtype)
+        tokenizer = _load_tokenizer(path, config, source.name)
+    module = module.to(device=torch_device, dtype=torch_dtype).eval()
     return LoadedModel(
-        model=model, config=model.config, tokenizer=tokenizer, device=torch_device, dtype=torch_dtype
+        model=module, config=module.config, tokenizer=tokenizer, device=torch_device, dtype=torch_dtype
     )

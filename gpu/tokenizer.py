@@ -11,7 +11,7 @@ NUM_BYTE_IDS = 256 + BYTE_OFFSET
 
 
 class Tokenizer(Protocol):
-    eos_token_id: int | None
+    eos_token_ids: tuple[int, ...]  # the tokenizer's own; the engine adds the generation_config's
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -21,7 +21,7 @@ class Tokenizer(Protocol):
 
 
 def render_chat(messages: Sequence[Mapping[str, str]]) -> str:
-    """A plain chat layout for models without a template of their own; ends with the assistant's turn."""
+    """The byte tokenizer's chat template: one plain block per message, ending with the assistant's turn."""
     parts = [f"<|{m['role']}|>\n{m['content']}\n" for m in messages]
     return "".join(parts) + "<|assistant|>\n"
 
@@ -35,7 +35,7 @@ class ByteTokenizer:
 
     pad_token_id = PAD_ID
     bos_token_id = BOS_ID
-    eos_token_id: int | None = EOS_ID
+    eos_token_ids: tuple[int, ...] = (EOS_ID,)
 
     def __init__(self, vocab_size: int = NUM_BYTE_IDS) -> None:
         if vocab_size < NUM_BYTE_IDS:
@@ -66,20 +66,25 @@ class ByteTokenizer:
 class HFTokenizer:
     """Adapter over a transformers tokenizer loaded from a local checkpoint directory."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, model_name: str = "model") -> None:
         self.hf = tokenizer
-        self.eos_token_id: int | None = tokenizer.eos_token_id
+        self.model_name = model_name  # for error messages
+        eos = tokenizer.eos_token_id
+        self.eos_token_ids: tuple[int, ...] = () if eos is None else (eos,)
 
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text))
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.hf.decode(list(ids), skip_special_tokens=True)
+        # No clean-up of spaces before punctuation: it depends on the following token, so the streamed
+        # deltas would no longer add up to the final text.
+        return self.hf.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        if getattr(self.hf, "chat_template", None):
-            ids = self.hf.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, Mapping):  # newer transformers return a BatchEncoding
-                ids = ids["input_ids"]
-            return list(ids)
-        return self.encode(render_chat(messages))
+        """The model's own chat template with the assistant's turn opened; never an invented layout."""
+        if not getattr(self.hf, "chat_template", None):
+            raise ValueError(f"model {self.model_name} has no chat template; send `prompt` instead")
+        ids = self.hf.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, Mapping):  # newer transformers return a BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)

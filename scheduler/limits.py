@@ -34,7 +34,7 @@ def why_never_fits(request: SequenceRequest, config: SchedulerConfig) -> str:
 def stop_reason(seq: Sequence, token: int, max_model_len: int) -> FinishReason | None:
     """Why the token just appended ends the sequence, if it does."""
     params = seq.sampling
-    if not params.ignore_eos and token == seq.request.eos_token_id:
+    if not params.ignore_eos and token in seq.request.eos_token_ids:
         return FinishReason.STOP
     if token in params.stop_token_ids:
         return FinishReason.STOP

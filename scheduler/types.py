@@ -50,4 +50,4 @@ class SequenceRequest:
     tenant: str = "default"
     arrival: float = 0.0  # caller's clock (seconds); orders requests within a class
     deadline: float | None = None  # same clock; past it the sequence ends as EXPIRED
-    eos_token_id: int | None = None
+    eos_token_ids: frozenset[int] = frozenset()  # any of them ends the sequence (models have several)

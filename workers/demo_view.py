@@ -1,14 +1,18 @@
-"""What the demo shows: live token events of a set of jobs, then their rows."""
+"""What the demo shows: the jobs' streams (live in a terminal, plain blocks otherwise), then their rows."""
 
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 
+from rich.console import Console
+from rich.live import Live
 from sqlalchemy import select
 
 from schemas.jobs import TokenEvent
 from schemas.tables import TERMINAL_STATUSES, jobs
+from workers.demo_board import DemoBoard, render_live, render_plain
 from workers.kafka_io import TopicReader
 from workers.settings import Settings
 from workers.store import SUMMARY_COLUMNS, make_engine
@@ -16,36 +20,41 @@ from workers.store import SUMMARY_COLUMNS, make_engine
 
 def follow_tokens(
     settings: Settings,
-    labels: dict[str, str],
+    board: DemoBoard,
     since_ms: int,
     timeout_s: float,
     worker: subprocess.Popen | None = None,
 ) -> dict[str, str]:
-    """Print each token event as a line `label | delta` until every job's final event; returns the texts."""
+    """Read token events into the board until every job's final event; returns the streamed texts.
+
+    In a terminal each job's panel grows in place (rich Live); otherwise each job's final text is printed
+    once, as a plain block, when it ends.
+    """
     reader = TopicReader(settings.kafka_connection, settings.topics.tokens, since_ms, "inferq-demo")
-    texts: dict[str, str] = {job_id: "" for job_id in labels}
-    attempts: dict[str, int] = {}
-    done: set[str] = set()
+    console = Console()
+    live = Live(render_live(board), console=console, refresh_per_second=8, transient=True)
     deadline = time.monotonic() + timeout_s
     try:
-        while done != set(labels) and time.monotonic() < deadline:
+        if console.is_terminal:
+            live.start()
+        while not board.done and time.monotonic() < deadline:
             if worker is not None and worker.poll() is not None:
                 raise RuntimeError(f"the worker exited with code {worker.returncode}; see its log")
-            for record in reader.poll(0.2):
+            for record in reader.poll(0.1):
                 event = TokenEvent.model_validate_json(record.value or b"{}")
-                if event.job_id not in labels or event.job_id in done:
-                    continue
-                if attempts.setdefault(event.job_id, event.attempt) != event.attempt:
-                    attempts[event.job_id] = event.attempt  # a retry restarts the text
-                    texts[event.job_id] = ""
-                texts[event.job_id] += event.text
-                end = f"  [{event.finish_reason}]" if event.finish_reason else ""
-                print(f"{labels[event.job_id]} | {event.text!r}{end}", flush=True)
-                if event.finish_reason:
-                    done.add(event.job_id)
+                stream = board.apply(event, time.monotonic())
+                if stream is not None and stream.done and not console.is_terminal:
+                    print(render_plain(stream), flush=True)
+            if console.is_terminal:
+                live.update(render_live(board))
     finally:
+        live.stop()  # transient: the live region goes, and the final state is printed once below
         reader.close()
-    return texts
+    if console.is_terminal:
+        console.print(render_live(board))
+    if not board.done:
+        print(f"timed out after {timeout_s:.0f} s waiting for the final token events", file=sys.stderr)
+    return board.texts()
 
 
 def wait_for_rows(settings: Settings, job_ids: list[str], timeout_s: float) -> list[dict]:

@@ -13,7 +13,18 @@ from workers.cli import build_parser
 @pytest.mark.slow
 def test_bench_engine_runs_every_contender(tmp_path, capsys):
     path = tmp_path / "engine.json"
-    argv = ["bench", "engine", "--json", str(path), "--requests", "3", "--prompt-len", "4:9"]
+    argv = [
+        "bench",
+        "engine",
+        "--model",
+        "tiny",
+        "--json",
+        str(path),
+        "--requests",
+        "3",
+        "--prompt-len",
+        "4:9",
+    ]
     argv += ["--output-len", "2:5", "--reps", "1", "--no-step-time"]
     args = build_parser().parse_args(argv)
     assert args.func(args) == 0

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from gpu.engine import Engine, EngineConfig, EngineRequest
+from gpu.generation_config import eos_token_ids
 from gpu.model import LoadedModel, build_default, default_config
 from gpu.tokenizer import ByteTokenizer
 from scheduler.types import SamplingParams
@@ -81,13 +82,13 @@ def make_requests(
 
 @torch.inference_mode()
 def hf_greedy(model: LoadedModel, prompt: tuple[int, ...], max_tokens: int) -> list[int]:
-    """HF generate alone, greedy; stops at EOS like the engine does (the EOS token is kept)."""
+    """HF generate alone, greedy; stops at any EOS id like the engine does (the EOS token is kept)."""
     out = model.model.generate(
         torch.tensor([prompt]),
         attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
         max_new_tokens=max_tokens,
         do_sample=False,
-        eos_token_id=model.tokenizer.eos_token_id,
+        eos_token_id=sorted(eos_token_ids(model.model.generation_config, model.tokenizer)),
         pad_token_id=0,
     )
     return out[0, len(prompt) :].tolist()

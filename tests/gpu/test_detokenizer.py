@@ -13,7 +13,7 @@ from gpu.tokenizer import ByteTokenizer
 class DecodeOnly:
     """A tokenizer exposing only decode(), like an HF tokenizer: exercises the windowed path."""
 
-    eos_token_id = 2
+    eos_token_ids = (2,)
 
     def __init__(self) -> None:
         self._bytes = ByteTokenizer()

@@ -36,7 +36,7 @@ def test_mixed_batch_matches_hf():
 
 
 def test_default_size_model_matches_hf():
-    model = load_model(None, "float32", "cpu", seed=0)  # the built-in default, exactly as served
+    model = load_model("tiny", "float32", "cpu", seed=0)  # the tiny built-in model, exactly as served
     prompts = make_prompts(4, 5, 40, vocab=32000, seed=1)
     run_and_check(make_engine(model), model, prompts, [12, 4, 9, 6])
 

@@ -6,18 +6,18 @@ import pytest
 import torch
 
 from gpu.engine import Engine, EngineConfig, EngineRequest
-from gpu.model import load_model
+from gpu.model import load_model, parse_dtype
 from gpu.tokenizer import ByteTokenizer, HFTokenizer
 from scheduler.types import SamplingParams
 from tests.gpu.factories import SMALL, assert_matches_hf, make_model, make_prompts, make_requests
 
 
 def test_default_model_is_deterministic_per_seed():
-    a, b = load_model(None, seed=0), load_model(None, seed=0)
+    a, b = load_model("tiny", seed=0), load_model("tiny", seed=0)
     assert a.config.vocab_size == 32000 and a.config.hidden_size == 256 and a.config.num_key_value_heads == 4
     assert 15e6 < sum(p.numel() for p in a.model.parameters()) < 25e6
     assert torch.equal(a.model.lm_head.weight, b.model.lm_head.weight)
-    c = load_model(None, seed=1)
+    c = load_model("tiny", seed=1)
     assert not torch.equal(a.model.lm_head.weight, c.model.lm_head.weight)
     assert isinstance(a.tokenizer, ByteTokenizer)
 
@@ -46,7 +46,12 @@ def test_missing_dir_and_bad_dtype_are_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         load_model(str(tmp_path / "nope"))
     with pytest.raises(ValueError, match="dtype"):
-        load_model(None, dtype="float8")
+        load_model("tiny", dtype="float8")
+
+
+def test_dtype_auto_is_float32_on_cpu_and_bfloat16_on_cuda():
+    assert parse_dtype("auto", "cpu") is torch.float32 and parse_dtype("auto", "cuda:1") is torch.bfloat16
+    assert load_model("tiny", dtype="auto").dtype is torch.float32
 
 
 def test_small_factory_shape_is_what_tests_assume():
@@ -72,9 +77,10 @@ def test_checkpoint_with_hf_tokenizer_uses_it(tmp_path):
     save_char_tokenizer(tmp_path)
     loaded = load_model(str(tmp_path))
     tokenizer = loaded.tokenizer
-    assert isinstance(tokenizer, HFTokenizer) and tokenizer.eos_token_id == 2
+    assert isinstance(tokenizer, HFTokenizer) and tokenizer.eos_token_ids == (2,)
     assert tokenizer.decode(tokenizer.encode("hé €")) == "hé €"
-    assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])  # no template: plain layout
+    with pytest.raises(ValueError, match=f"model {tmp_path} has no chat template; send `prompt` instead"):
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])  # no layout is invented
     engine = Engine(loaded, EngineConfig(num_blocks=64))
     engine.add_request(EngineRequest("a", tuple(tokenizer.encode("abc")), SamplingParams(max_tokens=8)))
     outs = []

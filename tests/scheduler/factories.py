@@ -44,7 +44,7 @@ def make_request(
     tenant: str = "default",
     arrival: float = 0.0,
     deadline: float | None = None,
-    eos_token_id: int | None = EOS,
+    eos_token_ids: frozenset[int] = frozenset({EOS}),
     ignore_eos: bool = True,
     stop_token_ids: tuple[int, ...] = (),
 ) -> SequenceRequest:
@@ -59,7 +59,7 @@ def make_request(
         tenant=tenant,
         arrival=arrival,
         deadline=deadline,
-        eos_token_id=eos_token_id,
+        eos_token_ids=eos_token_ids,
     )
 
 

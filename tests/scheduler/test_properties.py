@@ -60,9 +60,9 @@ def arrivals(draw, n_max: int = 14) -> list[Arrival]:
             tenant=draw(st.sampled_from(["a", "b", "c"])),
             arrival=float(step),
             deadline=deadline,
-            # Often a token the fake model will produce at some step, so EOS endings happen.
-            eos_token_id=draw(
-                st.one_of(st.none(), st.integers(0, 11).map(lambda k, i=i: fake_token_for(f"s{i}", k)))
+            # Often tokens the fake model will produce at some step, so EOS endings happen.
+            eos_token_ids=draw(
+                st.frozensets(st.integers(0, 11).map(lambda k, i=i: fake_token_for(f"s{i}", k)), max_size=3)
             ),
         )
         abort_step = draw(st.one_of(st.none(), st.integers(step, step + 30)))
@@ -182,12 +182,12 @@ class Checker:
         """Each token sampled once, in order, none lost or repeated across preemptions; the right ending."""
         assert tokens == [fake_token_for(request.seq_id, k) for k in range(len(tokens))]
         assert len(tokens) <= request.sampling.max_tokens
-        ends_on_eos = bool(tokens) and not request.sampling.ignore_eos and tokens[-1] == request.eos_token_id
+        ends_on_eos = bool(tokens) and not request.sampling.ignore_eos and tokens[-1] in request.eos_token_ids
         if reason is FinishReason.LENGTH:
             assert len(tokens) == request.sampling.max_tokens and not ends_on_eos
         if reason is FinishReason.STOP:
             assert ends_on_eos
-        if not request.sampling.ignore_eos and request.eos_token_id in tokens[:-1]:
+        if not request.sampling.ignore_eos and request.eos_token_ids & set(tokens[:-1]):
             raise AssertionError("generation continued past EOS")
 
 

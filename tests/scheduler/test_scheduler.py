@@ -188,9 +188,12 @@ def test_eos_and_stop_tokens_end_a_sequence_unless_eos_is_ignored():
     scheduler.add(make_request("eos", ignore_eos=False, max_tokens=10))
     scheduler.add(make_request("ignores", ignore_eos=True, max_tokens=10))
     scheduler.add(make_request("stop", stop_token_ids=(77,), max_tokens=10))
+    scheduler.add(make_request("second-eos", ignore_eos=False, eos_token_ids=frozenset({EOS, 55})))
     output = scheduler.schedule(0)
-    updates = {u.seq_id: u for u in scheduler.update(output, {"eos": EOS, "ignores": EOS, "stop": 77})}
+    sampled = {"eos": EOS, "ignores": EOS, "stop": 77, "second-eos": 55}
+    updates = {u.seq_id: u for u in scheduler.update(output, sampled)}
     assert updates["eos"].finish is FinishReason.STOP
+    assert updates["second-eos"].finish is FinishReason.STOP  # any of the model's EOS ids ends it
     assert updates["ignores"].finish is None
     assert updates["stop"].finish is FinishReason.STOP
     assert [s.seq_id for s in scheduler.running_sequences()] == ["ignores"]

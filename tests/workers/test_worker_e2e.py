@@ -89,7 +89,7 @@ def test_jobs_across_classes_and_tenants_succeed_and_streams_match(deployment):
         lambda rs: sum(1 for r in rs if json.loads(r.value)["finish_reason"]) >= len(jobs),
     )
     events = token_events(records)
-    engine = Engine.from_options()
+    engine = Engine.from_options(model="tiny")
     for job_id, job in jobs.items():
         row, evs = rows[job_id], events[job_id]
         assert [e.seq for e in evs] == list(range(len(evs)))

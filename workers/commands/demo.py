@@ -1,4 +1,4 @@
-"""`inferq demo`: a worker, a handful of prompts, tokens streamed live, then the rows in PostgreSQL."""
+"""`inferq demo`: a worker, a handful of chat questions, answers streamed live, their rows, history in SQL."""
 
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ import subprocess
 import sys
 import time
 
+from gpu.model_source import DEFAULT_MODEL, MODEL_HELP
+
+# (priority, tenant, question): short chat questions a 135M instruction model answers well
 DEMO_JOBS = (
-    ("high", "acme", "Write a haiku about message queues."),
+    ("high", "acme", "What is the capital of France?"),
     ("normal", "acme", "Explain continuous batching in one sentence."),
-    ("normal", "globex", "List three uses of a dead-letter topic."),
-    ("low", "globex", "Summarise the history of the transformer architecture."),
-    ("low", "initech", "Translate 'good morning' into French."),
+    ("normal", "globex", "Give me two tips for writing clear emails."),
+    ("low", "globex", "Write a haiku about message queues."),
+    ("low", "initech", "What is a good name for a pet goldfish?"),
 )
 
 
@@ -22,22 +25,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "demo",
         help="run the end-to-end demo",
-        description="Start a worker with the default model, post a handful of prompts across priorities and "
-        "tenants, stream their tokens live from Kafka, then print their rows from PostgreSQL. "
-        "Needs `inferq up`.",
+        description="Start a worker, post a handful of chat questions across priorities and tenants, show "
+        "their answers as they stream from Kafka, then their rows in PostgreSQL and a few SQL queries "
+        "over job history. Checks that every streamed text equals its stored row. Needs `inferq up`.",
     )
-    p.add_argument(
-        "--model", default=None, help="local Hugging Face checkpoint dir (default: built-in small Llama)"
-    )
-    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"{MODEL_HELP} (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--timeout", type=float, default=300.0)
     p.set_defaults(func=run)
 
 
 def _start_worker(args: argparse.Namespace, log_path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "workers.cli", "worker", "--worker-id", "demo-worker", "--grace-s", "5"]
-    if args.model:
-        cmd += ["--model", args.model]
+    cmd += ["--model", args.model]
     log = open(log_path, "ab")  # noqa: SIM115 - handed to the child process
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -61,49 +61,62 @@ def run(args: argparse.Namespace) -> int:
 
     from workers.client import JobClient
     from workers.commands.jobs import print_rows
+    from workers.demo_board import DemoBoard, DemoJob
+    from workers.demo_queries import run_history_queries
     from workers.demo_view import follow_tokens, wait_for_rows
     from workers.settings import Settings
 
     settings = Settings.from_env()
     log_path = settings.state_dir / "logs" / "demo-worker.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    print(f"starting a worker (log: {log_path})")
+    print(f"starting a worker with model {args.model} (log: {log_path}; a first start converts the model)")
     worker = _start_worker(args, log_path)
     try:
         _wait_until_serving(settings, worker, args.timeout)
         run_id = uuid.uuid4().hex[:8]
-        labels: dict[str, str] = {}
+        jobs: list[DemoJob] = []
         with JobClient(settings) as client:
             since_ms = int(time.time() * 1000) - 1000
-            for i, (priority, tenant, prompt) in enumerate(DEMO_JOBS):
+            for i, (priority, tenant, question) in enumerate(DEMO_JOBS):
+                job_id = f"demo-{run_id}-{i}"
+                messages = [{"role": "user", "content": question}]
+                jobs.append(DemoJob(job_id, priority, tenant, question, time.monotonic()))
                 job = {
-                    "job_id": f"demo-{run_id}-{i}",
+                    "job_id": job_id,
                     "tenant": tenant,
-                    "prompt": prompt,
+                    "messages": messages,
                     "max_tokens": args.max_tokens,
                 }
-                job_id = client.submit(job, priority)
-                labels[job_id] = f"{priority:>6}/{tenant:<7}"
-                print(f"posted {job_id} [{priority}] {prompt}")
+                client.submit(job, priority)
             client.flush()
-        print(
-            "\nstreaming tokens from Kafka as they are generated (the default model is randomly "
-            "initialised, so its text is noise; pass --model DIR for a real checkpoint):\n"
-        )
-        outputs = follow_tokens(settings, labels, since_ms, args.timeout, worker)
+        print(f"posted {len(jobs)} jobs; answers stream from Kafka as they are generated:\n")
+        streamed = follow_tokens(settings, DemoBoard(jobs), since_ms, args.timeout, worker)
         print("\nrows in PostgreSQL:\n")
-        rows = wait_for_rows(settings, list(labels), args.timeout)
+        rows = wait_for_rows(settings, [j.job_id for j in jobs], args.timeout)
         print_rows(rows, width=32)
-        ok = all(r["status"] == "succeeded" for r in rows)
-        ok = ok and all(outputs.get(r["job_id"]) == r["output_text"] for r in rows)
-        print(
-            "\nevery job succeeded and its streamed text equals the stored output"
-            if ok
-            else "\nsome jobs did not succeed, or streams differ from the rows: see the worker log"
-        )
-        return 0 if ok else 1
+        for title, sql, result in run_history_queries(settings.database_url):
+            print(f"\n-- {title}\n{sql};\n")
+            print_rows(result, width=32)
+        return _verdict(rows, streamed)
     finally:
         _stop(worker)
+
+
+def _verdict(rows: list[dict], streamed: dict[str, str]) -> int:
+    """Say whether every job succeeded and every streamed text equals its stored row."""
+    failed = [r["job_id"] for r in rows if r["status"] != "succeeded"]
+    differ = [r["job_id"] for r in rows if streamed.get(r["job_id"]) != r["output_text"]]
+    missing = sorted(set(streamed) - {r["job_id"] for r in rows})
+    if not (failed or differ or missing):
+        print(f"\nall {len(rows)} jobs succeeded, and every streamed text equals its stored row")
+        return 0
+    for label, ids in (("did not succeed", failed), ("streamed text differs from the row", differ)):
+        if ids:
+            print(f"\n{label}: {', '.join(ids)}")
+    if missing:
+        print(f"\nno row for: {', '.join(missing)}")
+    print("see the worker log")
+    return 1
 
 
 def _stop(worker: subprocess.Popen) -> None:

@@ -5,38 +5,97 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import socket
 import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+# Sizes as people write them; bare K/M/G are refused rather than guessed (decimal or binary?).
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_SIZE_UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40})
+
+
+def parse_size(text: str) -> int:
+    """Bytes from `512MiB`, `2GiB`, `1.5GB` or a plain number of bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _SIZE_UNITS or float(match.group(1)) * _SIZE_UNITS[unit] < 1:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512MiB, 2GiB, or bytes)")
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+def _mib(text: str) -> int:
+    return int(text) * 2**20
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """The engine's options under vLLM's names; the old names still work (hidden aliases)."""
+    from gpu.model_source import DEFAULT_MODEL, MODEL_HELP
+
+    hidden = dict(default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=DEFAULT_MODEL, help=f"{MODEL_HELP} (default: %(default)s)")
     g.add_argument(
-        "--model", default=None, help="local Hugging Face checkpoint dir (default: built-in small Llama)"
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights and KV cache; auto: float32 on CPU, bfloat16 on CUDA (default: auto)",
     )
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     g.add_argument("--max-num-seqs", type=int, default=64, help="running sequences per step at most")
-    g.add_argument("--max-batched-tokens", type=int, default=512, help="tokens per step at most")
-    g.add_argument("--kv-cache-mb", type=int, default=None, help="KV cache budget in MiB (default: engine's)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per step at most")
+    g.add_argument("--max-batched-tokens", dest="max_num_batched_tokens", type=int, **hidden)
+    g.add_argument(
+        "--kv-cache-memory",
+        type=parse_size,
+        default=None,
+        metavar="SIZE",
+        help="KV cache budget, e.g. 512MiB or 2GiB (default: the engine's)",
+    )
+    g.add_argument("--kv-cache-mb", dest="kv_cache_memory", type=_mib, **hidden)
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        metavar="FLOAT",
+        help="share of GPU memory the KV cache may fill, 0-1 (default: the engine's)",
+    )
+    g.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse the KV blocks of shared prompt prefixes",
+    )
+    g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", **hidden)
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
 
 
-def build_engine(args: argparse.Namespace):
+def build_engine(args: argparse.Namespace, cache_dir: Path | None = None):
+    """The engine the options describe; a GGUF model is converted into `cache_dir` on first use."""
     from gpu.engine import Engine
 
-    return Engine.from_options(
-        model=args.model,
-        dtype=args.dtype,
-        device=args.device,
+    options = dict(
         max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_batched_tokens,
-        kv_cache_bytes=args.kv_cache_mb * 2**20 if args.kv_cache_mb else None,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size,
-        enable_prefix_caching=not args.no_prefix_caching,
+        enable_prefix_caching=args.enable_prefix_caching,
     )
+    # Only when given, so the engine's own defaults (and their sizing rules) apply otherwise.
+    if args.kv_cache_memory is not None:
+        options["kv_cache_memory"] = args.kv_cache_memory
+    if args.gpu_memory_utilization is not None:
+        options["gpu_memory_utilization"] = args.gpu_memory_utilization
+    start = time.perf_counter()
+    engine = Engine.from_options(
+        model=args.model, dtype=args.dtype, device=args.device, cache_dir=cache_dir, **options
+    )
+    log.info("model %s ready in %.1f s", args.model, time.perf_counter() - start)
+    return engine
 
 
 def warm_up(engine) -> None:
@@ -80,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
     # wait that long for the GIL after every torch op. A short interval hands it back promptly.
     sys.setswitchinterval(float(os.environ.get("INFERQ_SWITCH_INTERVAL", "0.0005")))
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
-    engine = build_engine(args)
+    settings = Settings.from_env()
+    engine = build_engine(args, settings.cache_dir)
     warm_up(engine)
     metrics = WorkerMetrics()
     if args.metrics_port:
@@ -88,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     options = WorkerOptions(
         worker_id=worker_id, max_waiting=args.max_waiting, coalesce_ms=args.coalesce_ms, grace_s=args.grace_s
     )
-    worker = Worker(Settings.from_env(), engine, options, metrics)
+    worker = Worker(settings, engine, options, metrics)
 
     def on_signal(signum: int, _frame: object) -> None:
         if worker.stopping:
