@@ -210,7 +210,7 @@ class Worker:
         then normal, partitions when the local queue is full (high keeps flowing)."""
         waiting, limit = self._waiting, self.options.max_waiting
         topics = self.settings.topics
-        if self.dispatch.admitter.blocked or self.persister.stats().depth >= self.options.max_pending_writes:
+        if self.dispatch.admitter.blocked or self.persister.depth >= self.options.max_pending_writes:
             wanted = set(self.group_topics)
         else:
             wanted = {t for t in self._paused if t in (topics.jobs("low"), topics.jobs("normal"))}

@@ -25,6 +25,7 @@ from sqlalchemy import Engine
 
 from schemas.jobs import JobResult
 from schemas.topics import Topics
+from workers.deliveries import Then, await_stream_ends, describe_item, send_until_delivered
 from workers.kafka_io import Delivery, Producer
 from workers.outbox import count_unpublished, mark_published, result_from_row
 from workers.retry import Backoff, describe_error, is_transient
@@ -69,6 +70,7 @@ class Persister:
         self._lock = threading.Lock()
         self._pending: dict[int, tuple[float, int]] = {}  # batch id -> (submitted at, items)
         self._unpublished = 0
+        self._depth = 0
         self._thread = threading.Thread(target=self._run, name="inferq-persister", daemon=True)
         self.written = 0  # items stored
         self.on_published: Callable[[JobResult], None] = lambda result: None  # on the persister thread
@@ -82,7 +84,13 @@ class Persister:
             now = time.monotonic()
             with self._lock:
                 self._pending[id(items)] = (now, len(items))
+                self._depth += len(items)
             self._inbox.put((now, items))
+
+    @property
+    def depth(self) -> int:
+        """Items submitted and not yet done (cheap: read every loop iteration)."""
+        return self._depth
 
     def stats(self) -> PersisterStats:
         with self._lock:
@@ -129,23 +137,38 @@ class Persister:
                     stop = True
                     break
                 batches.append(more[1])
-            self._process([item for batch in batches for item in batch])
+            self._process_until_done([item for batch in batches for item in batch])
             with self._lock:
                 for batch in batches:
                     self._pending.pop(id(batch), None)
+                    self._depth -= len(batch)
             if stop:
                 return
 
+    def _process_until_done(self, items: list[WriteItem]) -> None:
+        """A bug must not end this thread (every later write would wait forever): log it and try again;
+        every step is idempotent, and the items' offsets stay uncommitted until they are done."""
+        backoff = Backoff(base_s=1.0, cap_s=60.0)
+        while True:
+            try:
+                return self._process(items)
+            except Exception:  # noqa: BLE001
+                delay = backoff.next_delay()
+                log.exception(
+                    "writing a batch of %d items failed unexpectedly; retrying in %.0fs", len(items), delay
+                )
+                time.sleep(delay)
+
     def _process(self, items: list[WriteItem]) -> None:
-        self._await_stream_ends(items)
+        await_stream_ends(items, STREAM_END_WAIT_S)
         rejected = [i for i in items if isinstance(i, Rejected)]
-        self._send_all(
+        send_until_delivered(
             "dead-lettered records", [(r.job_id, lambda r=r: self._dead_letter(r)) for r in rejected]
         )
         stored = self._store(items)
         self._crash_if("crash-before-publish", stored)
         results = [result_from_row(row) for row in stored.outbox] + stored.direct
-        self._send_all("results", [(r.job_id, lambda r=r: self._send_result(r)) for r in results])
+        send_until_delivered("results", [(r.job_id, lambda r=r: self._send_result(r)) for r in results])
         self._crash_if("crash-after-publish", stored)
         if stored.outbox:
             ids = [row.job_id for row in stored.outbox]
@@ -157,19 +180,6 @@ class Persister:
             for source in item.sources:
                 self._done.put(source)
 
-    def _await_stream_ends(self, items: list[WriteItem]) -> None:
-        deadline = time.monotonic() + STREAM_END_WAIT_S
-        for item in items:
-            end = getattr(item, "stream_end", None)
-            if end is None:
-                continue
-            try:
-                end.wait(max(0.0, deadline - time.monotonic()))
-            except Exception as exc:  # noqa: BLE001 - the result must not wait on the stream forever
-                log.warning(
-                    "the last token event of %s was not confirmed: %s", _describe(item), describe_error(exc)
-                )
-
     def _crash_if(self, name: str, stored: Stored) -> None:
         """Fault injection for the outbox tests: a kill -9 at the worst moments of a batch."""
         if self._failpoint == name and any(row.status == "succeeded" for row in stored.outbox):
@@ -178,7 +188,7 @@ class Persister:
 
     def _send_result(self, result: JobResult) -> Delivery:
         delivery = self._producer.send(self._topics.results, result.job_id, result.model_dump_json().encode())
-        return _Then(delivery, lambda: self.on_published(result))
+        return Then(delivery, lambda: self.on_published(result))
 
     def _store(self, items: list[WriteItem]) -> Stored:
         ctx = WriteContext(self._worker_id, utcnow())
@@ -200,46 +210,14 @@ class Persister:
             return self._retry("writing a job row", lambda: self._in_tx(lambda c: item.apply(c, ctx)))
         except Exception as exc:  # noqa: BLE001
             error = describe_error(exc)
-        log.error("write refused for %s: %s; storing its simplest form", _describe(item), error)
+        log.error("write refused for %s: %s; storing its simplest form", describe_item(item), error)
         try:
             return self._retry(
                 "writing a fallback row", lambda: self._in_tx(lambda c: item.fallback(c, ctx, error))
             )
         except Exception as again:  # noqa: BLE001 - nothing simpler exists: log, never wedge
-            log.error("dropped the write for %s: %s", _describe(item), describe_error(again))
+            log.error("dropped the write for %s: %s", describe_item(item), describe_error(again))
             return Stored()
-
-    def _send_all(self, what: str, sends: list[tuple[str, Callable[[], Delivery]]]) -> None:
-        """Send every message and wait for the broker; resend only those that did not arrive."""
-        backoff = Backoff()
-        while sends:
-            started = []
-            for name, send in sends:
-                try:
-                    started.append((name, send, send()))
-                except Exception as exc:  # noqa: BLE001 - e.g. the buffer is full while the broker is away
-                    started.append((name, send, exc))
-            failed, error = [], None
-            for name, send, delivery in started:
-                try:
-                    if isinstance(delivery, Exception):
-                        raise delivery
-                    delivery.wait()
-                except Exception as exc:  # noqa: BLE001
-                    if not is_transient(exc):
-                        log.error(
-                            "%s for job %s can never be sent (%s); dropped", what, name, describe_error(exc)
-                        )
-                        continue
-                    failed.append((name, send))
-                    error = exc
-            if failed:
-                delay = backoff.next_delay()
-                log.warning(
-                    "%d %s not sent (%s); retrying in %.1fs", len(failed), what, describe_error(error), delay
-                )
-                time.sleep(delay)
-            sends = failed
 
     def _watch_cancels(self) -> None:
         ids = list(self._in_flight())
@@ -277,18 +255,6 @@ class Persister:
                 time.sleep(delay)
 
 
-@dataclass(frozen=True)
-class _Then:
-    """A delivery that runs a callback once the broker has the message."""
-
-    delivery: Delivery
-    then: Callable[[], None]
-
-    def wait(self, timeout_s: float = 30.0) -> None:
-        self.delivery.wait(timeout_s)
-        self.then()
-
-
 def _apply_all(conn, items: list[WriteItem], ctx: WriteContext) -> Stored:
     out = Stored()
     for item in items:
@@ -303,8 +269,3 @@ def _drain(q: queue.Queue) -> list:
             out.append(q.get_nowait())
         except queue.Empty:
             return out
-
-
-def _describe(item: WriteItem) -> str:
-    job_id = getattr(item, "job_id", None) or getattr(getattr(item, "row", None), "job_id", "?")
-    return f"{type(item).__name__.lower()} of job {job_id}"

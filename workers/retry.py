@@ -10,15 +10,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from workers.kafka_io.errors import kafka_transient
+
 
 def is_transient(exc: BaseException) -> bool:
-    from kafka.errors import (
-        InvalidRecordError,
-        InvalidTopicError,
-        KafkaError,
-        MessageSizeTooLargeError,
-        RecordListTooLargeError,
-    )
     from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
     from sqlalchemy.exc import TimeoutError as PoolTimeout
 
@@ -28,13 +23,10 @@ def is_transient(exc: BaseException) -> bool:
     # deadlocks (40P01) as OperationalError subclasses.
     if isinstance(exc, OperationalError | InterfaceError | PoolTimeout):
         return True
-    # A broker that is away (timeouts, connection errors, no leader) is transient; a record the broker
-    # will never take is not.
-    if isinstance(
-        exc, MessageSizeTooLargeError | RecordListTooLargeError | InvalidRecordError | InvalidTopicError
-    ):
-        return False
-    return isinstance(exc, KafkaError | TimeoutError | ConnectionError)
+    kafka = kafka_transient(exc)
+    if kafka is not None:
+        return kafka
+    return isinstance(exc, TimeoutError | ConnectionError)
 
 
 @dataclass

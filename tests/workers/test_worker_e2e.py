@@ -217,3 +217,10 @@ def test_metrics_endpoint_counts_what_happened(deployment):
     assert samples['inferq:time_to_first_token_seconds_count{priority="normal"}'] >= 1
     assert samples["inferq:generation_tokens_total"] >= 4
     assert "inferq:kv_cache_usage_perc" in samples and "inferq:num_requests_running" in samples
+    # the malformed-message test ran first in this module: its records are counted by reason
+    assert samples['inferq:requests_rejected_total{reason="invalid"}'] >= 7
+    assert samples['inferq:requests_rejected_total{reason="too_long"}'] >= 1
+    lags = [v for k, v in samples.items() if k.startswith("inferq:consumer_lag{")]
+    assert len(lags) == 13 and all(v >= 0 for v in lags)  # 3 jobs topics x 4 partitions + control
+    assert samples["inferq:persister_queue_depth"] >= 0 and "inferq:persister_oldest_age_seconds" in samples
+    assert samples["inferq:unpublished_results"] >= 0

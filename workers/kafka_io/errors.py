@@ -1,0 +1,22 @@
+"""Which Kafka client errors are worth retrying."""
+
+from __future__ import annotations
+
+from kafka.errors import (
+    InvalidRecordError,
+    InvalidTopicError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+)
+
+# records the broker will never take, however often they are sent
+_NEVER = (MessageSizeTooLargeError, RecordListTooLargeError, InvalidRecordError, InvalidTopicError)
+
+
+def kafka_transient(exc: BaseException) -> bool | None:
+    """True for a broker that is away (timeouts, connections, no leader), False for a record it refuses;
+    None when `exc` is no Kafka client error."""
+    if not isinstance(exc, KafkaError):
+        return None
+    return not isinstance(exc, _NEVER)
