@@ -37,7 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--high-jobs", type=int, default=10, help="priority: high-priority jobs per case")
     parser.add_argument("--high-gap-s", type=float, default=0.3, help="priority: seconds between high jobs")
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"{MODEL_HELP} (default: %(default)s)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of the engine and the worker")
+    parser.add_argument(
+        "--threads",
+        default="1,2",
+        help="torch threads of the engine and the worker; a list runs the saturation at each count side by "
+        "side (the first count's numbers, and its Poisson and priority phases, are the run's results)",
+    )
     parser.add_argument("--worker-args", default="", help="extra `inferq worker` options ('--coalesce-ms 5')")
     parser.add_argument(
         "--phases", default="saturation,poisson,priority", help="a subset, for quick looks at one part"
@@ -53,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before torch is imported in this process
+    counts = [int(t) for t in str(args.threads).split(",") if t.strip()]
+    os.environ["OMP_NUM_THREADS"] = str(max(counts))  # before torch is imported in this process
     signal.signal(signal.SIGTERM, _exit_cleanly)  # unwind, so the worker subprocess is stopped too
     from bench.e2e_run import run_e2e_bench
     from bench.report import write_json

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -85,11 +86,13 @@ class WorkerProcess:
     def __init__(self, settings: Settings, log: Path, threads: int, extra: Iterable[str] = ()) -> None:
         env = {**os.environ, "INFERQ_TOPIC_PREFIX": settings.topic_prefix, "INFERQ_KAFKA": settings.kafka,
                "INFERQ_DATABASE_URL": settings.database_url, "OMP_NUM_THREADS": str(threads)}  # fmt: skip
-        self.worker_id = f"{settings.topic_prefix}-w0"
+        self.worker_id = f"{settings.topic_prefix}-w{threads}"
         self.settings = settings
         self.log = log
+        self.metrics_port = _free_port()
         log.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "workers.cli", "worker", "--worker-id", self.worker_id, *extra]
+        cmd = [sys.executable, "-m", "workers.cli", "worker", "--worker-id", self.worker_id,
+               "--metrics-port", str(self.metrics_port), *extra]  # fmt: skip
         with log.open("wb") as out:
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
 
@@ -100,6 +103,19 @@ class WorkerProcess:
     def cpu_s(self) -> float:
         """CPU seconds the worker has used so far (all its threads)."""
         return pid_cpu_s(self.proc.pid) or 0.0
+
+    def loop_seconds(self) -> dict[str, float]:
+        """The worker's engine-loop seconds by phase so far (its `inferq:loop_seconds` metric)."""
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line.startswith('inferq:loop_seconds_total{phase="'):
+                name, value = line.rsplit(" ", 1)
+                out[name.split('"')[1]] = float(value)
+        return out
 
     def check_alive(self) -> None:
         if self.proc.poll() is not None:
@@ -115,6 +131,12 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait(10)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def wait_joined(settings: Settings, worker: WorkerProcess, timeout_s: float = 300.0) -> None:

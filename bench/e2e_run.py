@@ -52,7 +52,8 @@ def run_e2e_bench(args: argparse.Namespace, worker_args: list[str]) -> tuple[dic
     from workers.client import JobClient
     from workers.settings import Settings
 
-    torch.set_num_threads(args.threads)
+    counts = thread_counts(args.threads)
+    torch.set_num_threads(counts[0])
     phases = {p.strip() for p in args.phases.split(",") if p.strip()}
     if "saturation" not in phases:
         args.reps = 0
@@ -62,7 +63,7 @@ def run_e2e_bench(args: argparse.Namespace, worker_args: list[str]) -> tuple[dic
     log = Path(tempfile.gettempdir()) / f"inferq-{settings.topic_prefix}" / "worker.log"
     extra = ["--model", args.model, *worker_args]
     progress(f"prefix {settings.topic_prefix}: starting the worker (log {log}) and loading the engine here")
-    worker = WorkerProcess(settings, log, args.threads, extra)
+    worker = WorkerProcess(settings, log, counts[0], extra)
     recorder = client = None
     errors: list[str] = []  # a failed later phase still leaves the saturation numbers on file
     try:
@@ -78,9 +79,8 @@ def run_e2e_bench(args: argparse.Namespace, worker_args: list[str]) -> tuple[dic
         engine_run(engine, make_jobs(warm, f"{args.seed}:warm-engine", f"{run_id}-warm-engine"))
         session.burst(make_jobs(warm, f"{args.seed}:warm-e2e", f"{run_id}-warm-e2e"))
 
-        sat = saturation(
-            args, engine, session, workload_lengths(spec, engine.model.config.vocab_size), run_id
-        )
+        lengths = workload_lengths(spec, engine.model.config.vocab_size)
+        sat = saturation(args, engine, session, lengths, run_id)
         walls = [w for w in sat["e2e_wall_s"] if w]
         job_rate = args.job_rate or (args.requests / median(walls) if walls else None)
         poisson, idle, loaded, load_info = [], [], [], {}
@@ -90,6 +90,22 @@ def run_e2e_bench(args: argparse.Namespace, worker_args: list[str]) -> tuple[dic
         if "priority" in phases:
             work = partial(priority, args, session, spec, rng, run_id, settings.database_url)
             idle, loaded, load_info = _guarded(errors, "priority", work, ([], [], {}))
+        by_threads = {counts[0]: sat}
+        for threads in counts[1:]:  # the same saturation with another intra-op thread count on both sides
+            worker.stop()
+            worker = session.worker = WorkerProcess(
+                settings, log.with_name(f"worker-t{threads}.log"), threads, extra
+            )
+            torch.set_num_threads(threads)
+            wait_joined(settings, worker)
+            progress(f"worker {worker.pid} serving with {threads} threads; warm-up")
+            engine_run(
+                engine,
+                make_jobs(warm, f"{args.seed}:warm-engine-{threads}", f"{run_id}-warm-engine-t{threads}"),
+            )
+            session.burst(make_jobs(warm, f"{args.seed}:warm-e2e-{threads}", f"{run_id}-warm-e2e-t{threads}"))
+            if "saturation" in phases:
+                by_threads[threads] = saturation(args, engine, session, lengths, f"{run_id}-t{threads}")
     finally:
         if client is not None:
             client.close()
@@ -110,6 +126,8 @@ def run_e2e_bench(args: argparse.Namespace, worker_args: list[str]) -> tuple[dic
         "e2e_vs_engine_per_cpu_s": ratio(_per_cpu(sat, "e2e"), _per_cpu(sat, "engine")),
         "saturated_job_rate_s": job_rate,
         "saturation_reps": sat,
+        "threads": counts[0],
+        "by_threads": {str(t): _side_by_side(reps) for t, reps in by_threads.items()},
         "poisson": poisson,
         "high_ttft_p99_idle_ms": idle_p99,
         "high_ttft_p99_loaded_ms": loaded_p99,
@@ -139,6 +157,7 @@ def saturation(
     sat["e2e_client_cpu_s"] = []  # this process (submitting, reading the tokens topic) during e2e reps
     sat["e2e_events"] = []  # token events the client received: how much coalescing there was
     sat["e2e_kafka_cpu_s"] = []  # the local broker's CPU during e2e reps (other users' traffic included)
+    sat["e2e_loop_s"] = []  # the worker's engine-loop seconds by phase during each e2e rep
     kafka_pid = local_kafka_pid(session.worker.settings)
     for rep in range(args.reps):
         # one fresh set of characters per repetition, run once on each side
@@ -151,7 +170,10 @@ def saturation(
         _note(sat, "engine", tokens, wall, cpu, label)
         cpu, worker_cpu, busy = time.process_time(), session.worker.cpu_s(), MachineBusy()
         kafka_cpu = pid_cpu_s(kafka_pid)
+        loop_before = session.worker.loop_seconds()
         traces = session.burst(jobs)
+        loop_after = session.worker.loop_seconds()
+        sat["e2e_loop_s"].append({k: v - loop_before.get(k, 0.0) for k, v in loop_after.items()})
         sat["e2e_kafka_cpu_s"].append(_minus(pid_cpu_s(kafka_pid), kafka_cpu or 0.0) if kafka_cpu else None)
         cpu, worker_cpu = time.process_time() - cpu, session.worker.cpu_s() - worker_cpu
         sat["e2e_others_cpu_s"].append(_minus(busy.cpu_s(), cpu + worker_cpu))  # Kafka, Postgres included
@@ -202,6 +224,30 @@ def priority(
     info["ttft_breakdown_idle"] = ttft_breakdown(database_url, idle_traces)
     info["ttft_breakdown_loaded"] = ttft_breakdown(database_url, traces)
     return ttfts(idle_traces), ttfts(traces), info
+
+
+def thread_counts(spec: str | int) -> list[int]:
+    """`--threads 1,2` → [1, 2]: the first count is the run's (its numbers are the top-level results)."""
+    counts = [int(t) for t in str(spec).split(",") if t.strip()]
+    if not counts or min(counts) < 1:
+        raise ValueError(f"--threads wants positive counts, got {spec!r}")
+    return counts
+
+
+def _side_by_side(sat: dict[str, list]) -> dict[str, object]:
+    """One thread count's saturation: both sides' median tok/s, their ratio, and the worker's loop phases."""
+    e2e, engine = median(sat["e2e_tok_s"]), median(sat["engine_tok_s"])
+    phases: dict[str, float] = {}
+    for rep in sat.get("e2e_loop_s", []):
+        for phase, seconds in rep.items():
+            phases[phase] = phases.get(phase, 0.0) + seconds / len(sat["e2e_loop_s"])
+    return {
+        "e2e_tok_s": e2e,
+        "engine_tok_s": engine,
+        "e2e_vs_engine": ratio(e2e, engine),
+        "e2e_vs_engine_per_cpu_s": ratio(_per_cpu(sat, "e2e"), _per_cpu(sat, "engine")),
+        "worker_loop_s_per_rep": phases,
+    }
 
 
 def _guarded(errors: list[str], phase: str, work: Callable[[], T], fallback: T) -> T:

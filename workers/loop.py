@@ -13,6 +13,7 @@ from schemas.validation import Limits
 from workers.dispatch import Dispatcher
 from workers.inflight import utcnow
 from workers.kafka_io import BroadcastReader, Delivery, GroupConsumer, Partition, Producer
+from workers.loop_clock import LoopClock
 from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
 from workers.persister import Persister
@@ -86,8 +87,7 @@ class Worker:
         self._next_control = 0.0
         self._token_sends_paused_until = 0.0
         self._next_intake_metrics = 0.0
-        self._busy_s = 0.0  # wall time of iterations that stepped the engine
-        self._step_s = 0.0  # of which inside engine.step()
+        self.clock = LoopClock()
 
     # ---- lifecycle -------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -116,32 +116,40 @@ class Worker:
 
     def run_once(self) -> None:
         """One iteration: intake, admission, cancels, one engine step, emit, commit, flow control."""
+        clock = self.clock
+        clock.start()
         self._handle_rebalances()
+        clock.lap("rebalance")
         busy = self.engine.has_unfinished()
         now = time.monotonic()
         if not self.stopping and (not busy or now >= self._next_poll):
             self._next_poll = now + self.options.busy_poll_s
             self.dispatch.intake(self.consumer.poll(0.0 if busy else self.options.idle_poll_s, self._room()))
+        clock.lap("intake")
         self.dispatch.admit_pending()
+        clock.lap("admission")
         if not busy or now >= self._next_control:
             self._next_control = now + self.options.control_poll_s
             self.dispatch.broadcast(self.control.poll(0.0))
             for job_id in self.persister.cancelled():
                 self.dispatch.cancel(job_id)
             self._in_flight = tuple(self.dispatch.jobs)
-        t0 = time.monotonic()
+        clock.lap("control")
         if self.engine.has_unfinished():
             step_started = utcnow()
-            self.handle_outputs(self.engine.step(), step_started)
-            self._step_s += time.monotonic() - t0
+            outputs = self.engine.step()
+            clock.lap("step")
+            self.handle_outputs(outputs, step_started)
+            clock.lap("outputs")
         self.dispatch.flush(force=False)
+        clock.lap("flush")
         self._commit(force=False)
+        clock.lap("commit")
         stats = self.engine.stats()
         self._waiting = sum(stats.waiting.values())
         self._flow_control()
         self._observe(stats)
-        if busy:
-            self._busy_s += time.monotonic() - now
+        clock.lap("flow")
 
     def handle_outputs(self, outputs: list[RequestOutput], step_started: datetime) -> None:
         for out in outputs:
@@ -254,6 +262,7 @@ class Worker:
         self._next_intake_metrics = now + 1.0
         p = self.persister.stats()
         self.metrics.observe_intake(self.consumer.lag(), p.depth, p.oldest_age_s, p.unpublished)
+        self.metrics.observe_loop(self.clock.seconds)
 
     def _shutdown(self) -> None:
         self.dispatch.abort_all()  # past the grace period: no terminal row, the group redoes them
@@ -267,6 +276,6 @@ class Worker:
         self.db.dispose()
         s = self.engine.stats()
         log.info(
-            "worker %s stopped: busy %.1fs, of which engine steps %.1fs (model %.1fs over %d steps)",
-            self.options.worker_id, self._busy_s, self._step_s, s.forward_seconds, s.steps,
+            "worker %s stopped: model %.1fs over %d steps; loop time by phase: %s",
+            self.options.worker_id, s.forward_seconds, s.steps, self.clock.summary(),
         )  # fmt: skip

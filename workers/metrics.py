@@ -70,8 +70,15 @@ class WorkerMetrics:
         self.token_events_dropped = Counter(
             "inferq:token_events_dropped", "Token events the broker could not take in time.", registry=r
         )
+        self.loop_seconds = Counter(
+            "inferq:loop_seconds",
+            "Engine-loop time by phase (step = inside engine.step()).",
+            ["phase"],
+            registry=r,
+        )
         self._preemptions_seen = 0
         self._lag_labels: set[tuple[str, str]] = set()
+        self._loop_seen: dict[str, float] = {}
 
     def serve(self, port: int) -> None:
         start_http_server(port, addr="0.0.0.0", registry=self.registry)
@@ -99,6 +106,13 @@ class WorkerMetrics:
         self.persister_depth.set(depth)
         self.persister_age.set(oldest_age_s)
         self.unpublished.set(unpublished)
+
+    def observe_loop(self, seconds: dict[str, float]) -> None:
+        for phase, total in seconds.items():
+            delta = total - self._loop_seen.get(phase, 0.0)
+            if delta > 0:
+                self.loop_seconds.labels(phase).inc(delta)
+                self._loop_seen[phase] = total
 
     def observe_engine(
         self, running: int, waiting: dict[str, int], kv_used: int, kv_total: int, preemptions_total: int
