@@ -16,11 +16,12 @@ from datetime import datetime
 
 from sqlalchemy import Engine
 
+from workers.inflight import utcnow
 from workers.intake import Accepted, rejection
 from workers.kafka_io import Partition
 from workers.retry import Backoff, describe_error, is_transient
 from workers.store import Admission, Admitted, admit
-from workers.writes import Rejected, utcnow
+from workers.writes import Rejected
 
 log = logging.getLogger(__name__)
 

@@ -6,11 +6,18 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from workers.kafka_io import Delivery
 from workers.retry import Backoff, describe_error, is_transient
 
 log = logging.getLogger(__name__)
+
+
+class Waitable(Protocol):
+    """A message on its way to the broker: `wait` returns once the broker has it, else raises."""
+
+    def wait(self, timeout_s: float = 30.0) -> None: ...
 
 
 def send_until_delivered(what: str, sends: list[tuple[str, Callable[[], Delivery]]]) -> None:

@@ -18,9 +18,10 @@ from schemas.jobs import TokenEvent
 from schemas.topics import Topics
 from workers import cancels
 from workers.admission import Admitter, Decision
+from workers.deliveries import Waitable
 from workers.inflight import InFlightJob, utcnow
 from workers.intake import Accepted, Intake
-from workers.kafka_io import Delivery, Record
+from workers.kafka_io import Record
 from workers.sampling import sampling_params
 from workers.store import Terminal
 from workers.streaming import TokenStreamer
@@ -213,7 +214,7 @@ class Dispatcher:
         items, self.items = self.items, []
         self.w.persister.submit(items)
 
-    def _send_token_event(self, event: TokenEvent) -> Delivery | None:
+    def _send_token_event(self, event: TokenEvent) -> Waitable | None:
         return self.w.send_token_event(event)
 
 

@@ -11,12 +11,14 @@ from gpu.engine import Engine, EngineStats, RequestOutput
 from schemas.jobs import TokenEvent
 from schemas.validation import Limits
 from workers.dispatch import Dispatcher
+from workers.event_sender import Sent, TokenEventSender
 from workers.inflight import utcnow
 from workers.kafka_io import BroadcastReader, Delivery, GroupConsumer, Partition, Producer
 from workers.loop_clock import LoopClock
 from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
 from workers.persister import Persister
+from workers.pump import IntakePump
 from workers.settings import Settings
 from workers.store import make_engine
 from workers.writes import Rejected
@@ -24,7 +26,6 @@ from workers.writes import Rejected
 log = logging.getLogger(__name__)
 
 REASSIGN_WINDOW_S = 60.0  # a partition handed back this soon after its revocation resumes where we left it
-TOKEN_SEND_PAUSE_S = 2.0  # after a token event could not be sent, drop events this long without trying
 
 
 def group_id(topic_prefix: str) -> str:
@@ -40,11 +41,8 @@ class WorkerOptions:
     # read as smooth streaming, and at saturation it halves the messages Kafka and consumers must handle
     coalesce_ms: float = 50.0
     commit_interval_s: float = 0.2
-    idle_poll_s: float = 0.05  # poll timeout when the engine has nothing to do
-    # While the engine is busy, poll Kafka at most this often: each poll wakes the client's I/O thread,
-    # and on a loaded machine those wake-ups cost the engine more than a few ms of intake latency.
-    busy_poll_s: float = 0.02
-    control_poll_s: float = 0.1
+    idle_wait_s: float = 0.05  # with nothing to do, the loop waits this long for records at most
+    poll_s: float = 0.05  # the intake thread's poll timeout (records are handed over as they arrive)
     grace_s: float = 30.0  # on shutdown, time to finish in-flight jobs before aborting them
     max_pending_writes: int = 5000  # row writes waiting for PostgreSQL before intake pauses
     limits: Limits = Limits()
@@ -63,8 +61,10 @@ class Worker:
         self.group_topics = (*topics.all_jobs, topics.control)
         self.consumer = GroupConsumer(conn, group_id(settings.topic_prefix), self.group_topics, cid)
         self.control = BroadcastReader(conn, topics.control, cid + "-control")
+        self.pump = IntakePump(self.consumer, self.control, options.poll_s)
         # a short block: while the broker is away, sends fail fast and the engine loop keeps generating
         self.producer = Producer(conn, cid, max_block_s=0.5)
+        self.events = TokenEventSender(self.producer, topics.tokens, self.metrics.token_events_dropped.inc)
         self.db = make_engine(settings.database_url)
         self.offsets = OffsetTracker()
         self._in_flight: tuple[str, ...] = ()
@@ -83,9 +83,6 @@ class Worker:
         self._paused: set[str] = set()
         self._revoked: dict[Partition, tuple[float, int]] = {}  # partition -> (when, where we had got to)
         self._waiting = 0  # sequences waiting in the engine, as of the last iteration
-        self._next_poll = 0.0
-        self._next_control = 0.0
-        self._token_sends_paused_until = 0.0
         self._next_intake_metrics = 0.0
         self.clock = LoopClock()
 
@@ -93,6 +90,7 @@ class Worker:
     def request_stop(self) -> None:
         if self._stop_at is None:
             self._stop_at = time.monotonic() + self.options.grace_s
+            self.pump.stop_intake()
             in_flight, grace = len(self.dispatch.jobs), self.options.grace_s
             log.info("stopping: no new jobs; %d in flight get %.0fs", in_flight, grace)
 
@@ -102,6 +100,7 @@ class Worker:
 
     def run(self) -> None:
         self.persister.start()
+        self.pump.start()
         log.info("worker %s serving %s", self.options.worker_id, ", ".join(self.group_topics))
         try:
             while not self._done():
@@ -120,20 +119,17 @@ class Worker:
         clock.start()
         self._handle_rebalances()
         clock.lap("rebalance")
-        busy = self.engine.has_unfinished()
-        now = time.monotonic()
-        if not self.stopping and (not busy or now >= self._next_poll):
-            self._next_poll = now + self.options.busy_poll_s
-            self.dispatch.intake(self.consumer.poll(0.0 if busy else self.options.idle_poll_s, self._room()))
+        if not self.engine.has_unfinished() and not len(self.dispatch.admitter):
+            self.pump.wait_for_records(self.options.idle_wait_s)  # idle: sleep until work arrives
+        if not self.stopping:
+            self.dispatch.intake(self.pump.records())
         clock.lap("intake")
         self.dispatch.admit_pending()
         clock.lap("admission")
-        if not busy or now >= self._next_control:
-            self._next_control = now + self.options.control_poll_s
-            self.dispatch.broadcast(self.control.poll(0.0))
-            for job_id in self.persister.cancelled():
-                self.dispatch.cancel(job_id)
-            self._in_flight = tuple(self.dispatch.jobs)
+        self.dispatch.broadcast(self.pump.broadcast_records())
+        for job_id in self.persister.cancelled():
+            self.dispatch.cancel(job_id)
+        self._in_flight = tuple(self.dispatch.jobs)
         clock.lap("control")
         if self.engine.has_unfinished():
             step_started = utcnow()
@@ -147,6 +143,7 @@ class Worker:
         clock.lap("commit")
         stats = self.engine.stats()
         self._waiting = sum(stats.waiting.values())
+        self.pump.room = self._room()
         self._flow_control()
         self._observe(stats)
         clock.lap("flow")
@@ -156,20 +153,9 @@ class Worker:
             self.dispatch.on_output(out, step_started)
 
     # ---- Kafka out -------------------------------------------------------------------------
-    def send_token_event(self, event: TokenEvent) -> Delivery | None:
-        """Best effort while the broker is away: the final result never depends on token events."""
-        if time.monotonic() < self._token_sends_paused_until:
-            self.metrics.token_events_dropped.inc()
-            return None
-        try:
-            return self.producer.send(
-                self.settings.topics.tokens, event.job_id, event.model_dump_json().encode()
-            )
-        except Exception as exc:  # noqa: BLE001 - buffer full or no metadata: drop, keep generating
-            self._token_sends_paused_until = time.monotonic() + TOKEN_SEND_PAUSE_S
-            self.metrics.token_events_dropped.inc()
-            log.warning("token events are being dropped for %.0fs: %s", TOKEN_SEND_PAUSE_S, exc)
-            return None
+    def send_token_event(self, event: TokenEvent) -> Sent | None:
+        """Queued for the sender thread; the last event of an attempt comes back as a handle to wait on."""
+        return self.events.send(event, track=event.finish_reason is not None)
 
     def _dead_letter(self, r: Rejected) -> Delivery:
         """The record as it came (cut to what the broker accepts), with why it was refused in headers."""
@@ -207,7 +193,7 @@ class Worker:
                 # jobs just aborted: resume from the first one not done (cooperative rebalancing never does).
                 seen = self._revoked.pop(p, None)
                 if seen is not None and now - seen[0] < REASSIGN_WINDOW_S:
-                    self.consumer.seek(p, seen[1])
+                    self.pump.request(lambda c, p=p, offset=seen[1]: c.seek(p, offset))
             log.info("partitions assigned: %s", sorted(parts))
 
     def _room(self) -> int:
@@ -229,11 +215,11 @@ class Worker:
                 elif waiting < threshold * 3 // 4:
                     wanted.discard(topic)
         if wanted - self._paused:
-            self.consumer.pause(wanted - self._paused)
-            log.debug("paused %s (%d jobs waiting)", sorted(wanted - self._paused), waiting)
+            self.pump.request(lambda c, topics=wanted - self._paused: c.pause(topics))
+            log.debug("pausing %s (%d jobs waiting)", sorted(wanted - self._paused), waiting)
         if self._paused - wanted:
-            self.consumer.resume(self._paused - wanted)
-            log.debug("resumed %s (%d jobs waiting)", sorted(self._paused - wanted), waiting)
+            self.pump.request(lambda c, topics=self._paused - wanted: c.resume(topics))
+            log.debug("resuming %s (%d jobs waiting)", sorted(self._paused - wanted), waiting)
         self._paused = wanted
 
     def _commit(self, force: bool) -> None:
@@ -245,13 +231,13 @@ class Worker:
         if not force and now - self._last_commit < self.options.commit_interval_s:
             return
         self._last_commit = now
-        owned = self.consumer.assignment()
+        owned = self.pump.assignment
         offsets = {p: o for p, o in self.offsets.committable().items() if p in owned}
-        if offsets and force:
+        if offsets and force:  # at shutdown, once the intake thread has stopped: the consumer is ours
             if self.consumer.commit_sync(offsets):
                 self.offsets.committed(offsets)
         elif offsets:
-            self.consumer.commit(offsets)
+            self.pump.request(lambda c: c.commit(offsets))
 
     def _observe(self, s: EngineStats) -> None:
         waiting = {p.name.lower(): n for p, n in s.waiting.items()}
@@ -261,13 +247,15 @@ class Worker:
             return
         self._next_intake_metrics = now + 1.0
         p = self.persister.stats()
-        self.metrics.observe_intake(self.consumer.lag(), p.depth, p.oldest_age_s, p.unpublished)
+        self.metrics.observe_intake(self.pump.lag, p.depth, p.oldest_age_s, p.unpublished)
         self.metrics.observe_loop(self.clock.seconds)
 
     def _shutdown(self) -> None:
         self.dispatch.abort_all()  # past the grace period: no terminal row, the group redoes them
         self.dispatch.flush(force=True)
+        self.events.close()
         self.persister.close()
+        self.pump.stop()
         self._commit(force=True)
         self.producer.flush(10)
         self.producer.close()

@@ -26,11 +26,12 @@ from sqlalchemy import Engine
 from schemas.jobs import JobResult
 from schemas.topics import Topics
 from workers.deliveries import Then, await_stream_ends, describe_item, send_until_delivered
+from workers.inflight import utcnow
 from workers.kafka_io import Delivery, Producer
 from workers.outbox import count_unpublished, mark_published, result_from_row
 from workers.retry import Backoff, describe_error, is_transient
 from workers.store import cancel_requested
-from workers.writes import Rejected, Source, Stored, WriteContext, WriteItem, utcnow
+from workers.writes import Rejected, Source, Stored, WriteContext, WriteItem
 
 log = logging.getLogger(__name__)
 

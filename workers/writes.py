@@ -14,8 +14,8 @@ from typing import Any, Protocol
 from sqlalchemy import Connection, Row
 
 from schemas.jobs import JobResult
-from workers.inflight import utcnow  # noqa: F401 - re-exported for the persister
-from workers.kafka_io import Delivery, Record
+from workers.deliveries import Waitable
+from workers.kafka_io import Record
 from workers.outbox import unpublished
 from workers.store import Terminal, fail, finish, insert_terminal, mark_running, request_cancel
 
@@ -84,7 +84,7 @@ class Concluded:
     sources: tuple[Source, ...]
     # the attempt's last token event: the row is written once the broker has it, so a job that is
     # terminal has its whole stream on the tokens topic (unless the broker stayed away past the wait)
-    stream_end: Delivery | None = None
+    stream_end: Waitable | None = None
 
     def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
         return _outbox(finish(conn, self.row, ctx.now))
