@@ -56,6 +56,8 @@ jobs = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     # Outbox: a terminal row whose result is not on the results topic yet has published_at NULL.
     Column("published_at", DateTime(timezone=True)),
+    Column("publisher", String(128)),  # the worker publishing the result, while published_at is NULL
+    Column("publish_lease_until", DateTime(timezone=True)),  # its claim; renewed before every try
     Column("cancel_requested_at", DateTime(timezone=True)),  # a cancel that arrived while not terminal
     # what history queries filter on: one tenant over a time range, a status, recent completions, a bulk job
     Index("ix_jobs_tenant_created_at", "tenant", "created_at"),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from workers.kafka_io import Delivery
@@ -20,37 +19,68 @@ class Waitable(Protocol):
     def wait(self, timeout_s: float = 30.0) -> None: ...
 
 
-def send_until_delivered(what: str, sends: list[tuple[str, Callable[[], Delivery]]]) -> None:
-    """Send every message and wait for the broker; resend only those that did not arrive."""
+def deliver(
+    what: str,
+    sends: dict[str, Callable[[], Delivery]],
+    keep: Callable[[list[str]], set[str]] | None = None,
+    delivered: Callable[[list[str]], None] = lambda names: None,
+    round_s: float = 5.0,
+) -> None:
+    """Send every message and wait for the broker; resend only those that failed.
+
+    A message still on its way is never sent again (a second copy could land after the first).
+    Before each round, `keep` says which messages are still this worker's to send (a publish lease it
+    renews); after each round, `delivered` hears which ones the broker has. Transient failures retry
+    with backoff for as long as it takes; a message the broker can never take is logged and dropped.
+    """
+    pending, on_way = dict(sends), {}
     backoff = Backoff()
-    while sends:
-        started = []
-        for name, send in sends:
-            try:
-                started.append((name, send, send()))
-            except Exception as exc:  # noqa: BLE001 - e.g. the buffer is full while the broker is away
-                started.append((name, send, exc))
-        failed, error = [], None
-        for name, send, delivery in started:
-            try:
-                if isinstance(delivery, Exception):
-                    raise delivery
-                delivery.wait()
-            except Exception as exc:  # noqa: BLE001
-                if not is_transient(exc):
-                    log.error(
-                        "%s for job %s can never be sent (%s); dropped", what, name, describe_error(exc)
-                    )
-                    continue
-                failed.append((name, send))
-                error = exc
-        if failed:
+    while pending:
+        if keep is not None:
+            ours = keep(list(pending))
+            for name in [n for n in pending if n not in ours]:  # taken over (our lease lapsed) or done
+                pending.pop(name)
+                on_way.pop(name, None)
+        error: BaseException | None = None
+        for name, send in list(pending.items()):
+            if name not in on_way:
+                try:
+                    on_way[name] = send()
+                except Exception as exc:  # noqa: BLE001 - e.g. the buffer is full while the broker is away
+                    if not is_transient(exc):
+                        log.error(
+                            "%s for job %s can never be sent (%s); dropped", what, name, describe_error(exc)
+                        )
+                        pending.pop(name)
+                    error = exc
+        deadline = time.monotonic() + round_s
+        done = []
+        for name, delivery in list(on_way.items()):
+            if not delivery.settle(max(0.0, deadline - time.monotonic())):
+                continue  # still on its way: wait for it next round, never send it twice
+            del on_way[name]
+            if delivery.error is None:
+                done.append(name)
+            elif is_transient(delivery.error):
+                error = delivery.error
+            else:
+                log.error(
+                    "%s for job %s can never be sent (%s); dropped",
+                    what,
+                    name,
+                    describe_error(delivery.error),
+                )
+                pending.pop(name)
+        for name in done:
+            pending.pop(name)
+        if done:
+            delivered(done)
+            backoff.reset()
+        elif pending and not on_way:
             delay = backoff.next_delay()
-            log.warning(
-                "%d %s not sent (%s); retrying in %.1fs", len(failed), what, describe_error(error), delay
-            )
+            reason = describe_error(error) if error else "no answer"
+            log.warning("%d %s not sent (%s); retrying in %.1fs", len(pending), what, reason, delay)
             time.sleep(delay)
-        sends = failed
 
 
 def await_stream_ends(items: Sequence[object], timeout_s: float) -> None:
@@ -66,18 +96,6 @@ def await_stream_ends(items: Sequence[object], timeout_s: float) -> None:
             log.warning(
                 "the last token event of %s was not confirmed: %s", describe_item(item), describe_error(exc)
             )
-
-
-@dataclass(frozen=True)
-class Then:
-    """A delivery that runs a callback once the broker has the message."""
-
-    delivery: Delivery
-    then: Callable[[], None]
-
-    def wait(self, timeout_s: float = 30.0) -> None:
-        self.delivery.wait(timeout_s)
-        self.then()
 
 
 def describe_item(item: object) -> str:

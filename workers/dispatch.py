@@ -18,6 +18,7 @@ from schemas.jobs import TokenEvent
 from schemas.topics import Topics
 from workers import cancels
 from workers.admission import Admitter, Decision
+from workers.admission_thread import AdmissionThread
 from workers.deliveries import Waitable
 from workers.inflight import InFlightJob, utcnow
 from workers.intake import Accepted, Intake
@@ -47,7 +48,9 @@ class Dispatcher:
         engine = worker.engine
         max_model_len = engine.scheduler.config.max_model_len
         self.intake_rules = Intake(topics, worker.options.limits, engine.tokenizer, max_model_len)
-        self.admitter = Admitter(worker.db, worker.options.worker_id)
+        self.admitter = AdmissionThread(
+            Admitter(worker.db, worker.options.worker_id), self._is_held, worker.ready
+        )
         self.recent_cancels = cancels.RecentCancels()
         self.streamer = TokenStreamer(self._send_token_event, worker.options.coalesce_ms / 1000)
         self.items: list[WriteItem] = []
@@ -68,11 +71,14 @@ class Dispatcher:
         self.admitter.add(accepted)
 
     def admit_pending(self) -> None:
-        decisions, rejected = self.admitter.run(self._is_held)
+        decisions, rejected = self.admitter.results()
+        owned = self.w.pump.assignment  # decided after a revocation: the new owner reads them again
         for r in rejected:
-            self._reject(r)
+            if r.record.source in owned:
+                self._reject(r)
         for d in decisions:
-            self._settle(d)
+            if d.accepted.record.source in owned:
+                self._settle(d)
 
     def _is_held(self, a: Accepted) -> bool:
         job = self.jobs.get(a.job_id)
@@ -81,7 +87,9 @@ class Dispatcher:
     def _settle(self, d: Decision) -> None:
         a, outcome = d.accepted, d.outcome
         source = _src(a.record)
-        if outcome.kind == "held":
+        if outcome.kind == "held" or (outcome.kind == "start" and a.job_id in self.jobs):
+            # a second copy while this worker runs the job (decided on the admission thread before the
+            # first copy started here): one run, acked with it
             self.jobs[a.job_id].sources.append(source)
         elif outcome.kind == "done":  # a redelivery: never a second run, a result only if none went out
             if outcome.published:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -61,7 +62,8 @@ class Worker:
         self.group_topics = (*topics.all_jobs, topics.control)
         self.consumer = GroupConsumer(conn, group_id(settings.topic_prefix), self.group_topics, cid)
         self.control = BroadcastReader(conn, topics.control, cid + "-control")
-        self.pump = IntakePump(self.consumer, self.control, options.poll_s)
+        self.ready = threading.Event()  # records or admission decisions are waiting for the loop
+        self.pump = IntakePump(self.consumer, self.control, self.ready, options.poll_s)
         # a short block: while the broker is away, sends fail fast and the engine loop keeps generating
         self.producer = Producer(conn, cid, max_block_s=0.5)
         self.events = TokenEventSender(self.producer, topics.tokens, self.metrics.token_events_dropped.inc)
@@ -100,6 +102,7 @@ class Worker:
 
     def run(self) -> None:
         self.persister.start()
+        self.dispatch.admitter.start()
         self.pump.start()
         log.info("worker %s serving %s", self.options.worker_id, ", ".join(self.group_topics))
         try:
@@ -119,8 +122,9 @@ class Worker:
         clock.start()
         self._handle_rebalances()
         clock.lap("rebalance")
-        if not self.engine.has_unfinished() and not len(self.dispatch.admitter):
-            self.pump.wait_for_records(self.options.idle_wait_s)  # idle: sleep until work arrives
+        if not self.engine.has_unfinished():
+            self.ready.wait(self.options.idle_wait_s)  # idle: sleep until records or decisions arrive
+            self.ready.clear()
         if not self.stopping:
             self.dispatch.intake(self.pump.records())
         clock.lap("intake")
@@ -251,6 +255,7 @@ class Worker:
         self.metrics.observe_loop(self.clock.seconds)
 
     def _shutdown(self) -> None:
+        self.dispatch.admitter.close()  # records not admitted yet stay uncommitted: redelivered
         self.dispatch.abort_all()  # past the grace period: no terminal row, the group redoes them
         self.dispatch.flush(force=True)
         self.events.close()

@@ -1,14 +1,17 @@
 """The result outbox: a terminal row is the durable record of its result until `published_at` is set.
 
-Results are always built from the stored row, so a result published twice (the one window left: a worker
-killed after the broker took the result but before `published_at` was committed) is byte-for-byte the
-same message, and consumers can drop the second by job_id.
+The worker that wrote a terminal row holds a lease on publishing its result (`publisher`,
+`publish_lease_until`) and renews it before every try, so however long the broker is away, nobody else
+publishes that result while the writer lives; a worker that re-reads the job takes it over only once the
+lease has lapsed (the writer died). Results are always built from the stored row, so a result published
+twice (the one window left: a writer killed after the broker took the result and before `published_at`
+was committed, and a take-over after its lease) is byte-for-byte the same message: drop it by job_id.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, Row, func, select
 
@@ -51,21 +54,54 @@ def result_from_row(row: Row) -> JobResult:
     )
 
 
-def unpublished(conn: Connection, job_ids: Sequence[str]) -> list[Row]:
-    """Terminal rows among these whose result has not been published yet."""
+LEASE_S = 30.0  # longer than one publish round (5 s) plus the backoff between rounds (at most 5 s)
+
+
+def claim(worker_id: str, now: datetime) -> dict[str, object]:
+    """Column values that make `worker_id` the publisher of a row it is writing as terminal."""
+    return {"publisher": worker_id, "publish_lease_until": now + timedelta(seconds=LEASE_S)}
+
+
+def renew(conn: Connection, job_ids: Sequence[str], worker_id: str, now: datetime) -> set[str]:
+    """Extend this worker's leases; the job_ids it still publishes (not taken over, not published)."""
     if not job_ids:
-        return []
-    query = select(*jobs.c).where(
-        jobs.c.job_id.in_(list(job_ids)),
-        jobs.c.status.in_(TERMINAL_STATUSES),
-        jobs.c.published_at.is_(None),
+        return set()
+    stmt = (
+        jobs.update()
+        .where(jobs.c.job_id.in_(list(job_ids)), jobs.c.publisher == worker_id, jobs.c.published_at.is_(None))
+        .values(publish_lease_until=now + timedelta(seconds=LEASE_S))
+        .returning(jobs.c.job_id)
     )
-    return list(conn.execute(query))
+    return set(conn.execute(stmt).scalars())
 
 
-def mark_published(conn: Connection, job_ids: Sequence[str], now: datetime) -> None:
+def take_over(conn: Connection, job_id: str, worker_id: str, now: datetime) -> tuple[str, Row | None]:
+    """For a redelivered terminal job: ("published", None), ("taken", row) when this worker may publish
+    its result now (its own lease, or a lapsed one), or ("held", None) while another publisher's holds."""
+    stmt = (
+        jobs.update()
+        .where(
+            jobs.c.job_id == job_id,
+            jobs.c.status.in_(TERMINAL_STATUSES),
+            jobs.c.published_at.is_(None),
+            (jobs.c.publisher == worker_id)
+            | jobs.c.publish_lease_until.is_(None)
+            | (jobs.c.publish_lease_until < now),
+        )
+        .values(**claim(worker_id, now))
+        .returning(*jobs.c)
+    )
+    row = conn.execute(stmt).first()
+    if row is not None:
+        return "taken", row
+    published = conn.execute(select(jobs.c.published_at).where(jobs.c.job_id == job_id)).first()
+    return ("held", None) if published is not None and published.published_at is None else ("published", None)
+
+
+def mark_published(conn: Connection, job_ids: Sequence[str], worker_id: str, now: datetime) -> None:
     if job_ids:
-        conn.execute(jobs.update().where(jobs.c.job_id.in_(list(job_ids))).values(published_at=now))
+        stmt = jobs.update().where(jobs.c.job_id.in_(list(job_ids)), jobs.c.publisher == worker_id)
+        conn.execute(stmt.values(published_at=now, publish_lease_until=None))
 
 
 def count_unpublished(conn: Connection) -> int:

@@ -25,10 +25,10 @@ from sqlalchemy import Engine
 
 from schemas.jobs import JobResult
 from schemas.topics import Topics
-from workers.deliveries import Then, await_stream_ends, describe_item, send_until_delivered
+from workers.deliveries import await_stream_ends, deliver, describe_item
 from workers.inflight import utcnow
 from workers.kafka_io import Delivery, Producer
-from workers.outbox import count_unpublished, mark_published, result_from_row
+from workers.outbox import LEASE_S, count_unpublished, mark_published, renew, result_from_row
 from workers.retry import Backoff, describe_error, is_transient
 from workers.store import cancel_requested
 from workers.writes import Rejected, Source, Stored, WriteContext, WriteItem
@@ -74,7 +74,7 @@ class Persister:
         self._depth = 0
         self._thread = threading.Thread(target=self._run, name="inferq-persister", daemon=True)
         self.written = 0  # items stored
-        self.on_published: Callable[[JobResult], None] = lambda result: None  # on the persister thread
+        self._later: list[tuple[float, list[WriteItem]]] = []  # deferred items: (due, items)
 
     # ---- engine-loop side -------------------------------------------------------------------
     def start(self) -> None:
@@ -122,6 +122,11 @@ class Persister:
             if now >= next_count:
                 next_count = now + UNPUBLISHED_COUNT_S
                 self._count_unpublished()
+            due = [items for at, items in self._later if at <= now]
+            if due:
+                self._later = [(at, items) for at, items in self._later if at > now]
+                for items in due:  # back in line, counted in the depth again (they were never done)
+                    self.submit(items)
             try:
                 first = self._inbox.get(timeout=CANCEL_WATCH_S)
             except queue.Empty:
@@ -163,33 +168,48 @@ class Persister:
     def _process(self, items: list[WriteItem]) -> None:
         await_stream_ends(items, STREAM_END_WAIT_S)
         rejected = [i for i in items if isinstance(i, Rejected)]
-        send_until_delivered(
-            "dead-lettered records", [(r.job_id, lambda r=r: self._dead_letter(r)) for r in rejected]
+        deliver(
+            "dead-lettered records",
+            {_name(r, n): lambda r=r: self._dead_letter(r) for n, r in enumerate(rejected)},
         )
         stored = self._store(items)
         self._crash_if("crash-before-publish", stored)
-        results = [result_from_row(row) for row in stored.outbox] + stored.direct
-        send_until_delivered("results", [(r.job_id, lambda r=r: self._send_result(r)) for r in results])
-        self._crash_if("crash-after-publish", stored)
-        if stored.outbox:
-            ids = [row.job_id for row in stored.outbox]
-            self._retry(
-                "marking results published", lambda: self._in_tx(lambda c: mark_published(c, ids, utcnow()))
-            )
+        deliver("results", {r.job_id: lambda r=r: self._send_result(r) for r in stored.direct})
+        results = {row.job_id: result_from_row(row) for row in stored.outbox}
+        deliver(
+            "results",
+            {job_id: lambda r=r: self._send_result(r) for job_id, r in results.items()},
+            keep=lambda ids: self._retry("renewing publish leases", lambda: self._in_tx(self._renew(ids))),
+            delivered=lambda ids: self._mark_published(ids, stored),
+        )
         self.written += len(items)
+        deferred = {id(item) for item in stored.deferred}
         for item in items:
-            for source in item.sources:
-                self._done.put(source)
+            if id(item) not in deferred:
+                for source in item.sources:
+                    self._done.put(source)
+        if stored.deferred:  # another live worker publishes these: look again once its lease may lapse
+            self._later.append((time.monotonic() + LEASE_S / 2, stored.deferred))
+
+    def _renew(self, ids: list[str]):
+        return lambda conn: renew(conn, ids, self._worker_id, utcnow())
+
+    def _mark_published(self, ids: list[str], stored: Stored) -> None:
+        self._crash_if("crash-after-publish", stored)
+        try:
+            mark = lambda conn: mark_published(conn, ids, self._worker_id, utcnow())  # noqa: E731
+            self._retry("marking results published", lambda: self._in_tx(mark))
+        except Exception as exc:  # noqa: BLE001 - the rows stay in the outbox; a redelivery republishes
+            log.error("marking %d results published failed: %s", len(ids), describe_error(exc))
+
+    def _send_result(self, result: JobResult) -> Delivery:
+        return self._producer.send(self._topics.results, result.job_id, result.model_dump_json().encode())
 
     def _crash_if(self, name: str, stored: Stored) -> None:
         """Fault injection for the outbox tests: a kill -9 at the worst moments of a batch."""
         if self._failpoint == name and any(row.status == "succeeded" for row in stored.outbox):
             log.error("failpoint %s: killing this process", name)
             os.kill(os.getpid(), signal.SIGKILL)
-
-    def _send_result(self, result: JobResult) -> Delivery:
-        delivery = self._producer.send(self._topics.results, result.job_id, result.model_dump_json().encode())
-        return Then(delivery, lambda: self.on_published(result))
 
     def _store(self, items: list[WriteItem]) -> Stored:
         ctx = WriteContext(self._worker_id, utcnow())
@@ -270,3 +290,7 @@ def _drain(q: queue.Queue) -> list:
             out.append(q.get_nowait())
         except queue.Empty:
             return out
+
+
+def _name(r: Rejected, n: int) -> str:
+    return f"{r.job_id or 'record'}#{n}"

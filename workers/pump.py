@@ -27,6 +27,7 @@ class IntakePump:
         self,
         consumer: GroupConsumer,
         control: BroadcastReader,
+        ready: threading.Event,
         poll_s: float = 0.05,
         control_poll_s: float = 0.05,
     ) -> None:
@@ -39,7 +40,7 @@ class IntakePump:
         self._commands: queue.Queue[Command] = queue.Queue()
         self._stop = threading.Event()
         self._intake_stopped = threading.Event()  # shutdown: keep the membership, read no more jobs
-        self._arrived = threading.Event()
+        self._ready = ready  # set when records arrive: it wakes an idle engine loop
         self._thread = threading.Thread(target=self._run, name="inferq-intake", daemon=True)
         # written by this thread, read by the engine loop (a reference swap each time: no torn reads)
         self.room = 512  # records the loop can take now; written by the loop
@@ -60,11 +61,6 @@ class IntakePump:
                 break
         owned = self.assignment
         return [r for r in out if r.source in owned]  # fetched before a revocation: not ours any more
-
-    def wait_for_records(self, timeout_s: float) -> None:
-        """Block until records arrive (or the timeout): how an idle loop sleeps without missing work."""
-        self._arrived.wait(timeout_s)
-        self._arrived.clear()
 
     def broadcast_records(self) -> list[Record]:
         out: list[Record] = []
@@ -99,7 +95,7 @@ class IntakePump:
                     control = self._control.poll(0.0)
                     if control:
                         self._control_records.put(control)
-                        self._arrived.set()
+                        self._ready.set()
                 if self._intake_stopped.is_set():
                     time.sleep(self._poll_s)
                     continue
@@ -107,7 +103,7 @@ class IntakePump:
                 self.assignment = frozenset(self.consumer.assignment())
                 if records:
                     self._records.put(records)
-                    self._arrived.set()
+                    self._ready.set()
                 if now >= next_lag:
                     next_lag = now + 1.0
                     self.lag = self.consumer.lag()

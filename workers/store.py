@@ -193,7 +193,9 @@ def insert_terminal(conn: Connection, job_id: str, status: str, values: dict[str
     return conn.execute(stmt).first()
 
 
-def request_cancel(conn: Connection, job_id: str, tenant: str, at: datetime, worker_id: str) -> Row | None:
+def request_cancel(
+    conn: Connection, job_id: str, tenant: str, at: datetime, worker_id: str, claim: dict[str, Any]
+) -> Row | None:
     """Record a tenant's cancel durably; the row if it was created `cancelled` (nobody had the job yet).
 
     A queued or running job of that tenant gets `cancel_requested_at`: its owner aborts it, and any later
@@ -211,6 +213,7 @@ def request_cancel(conn: Connection, job_id: str, tenant: str, at: datetime, wor
         updated_at=at,
         cancel_requested_at=at,
         worker_id=worker_id,
+        **claim,
     )
     stmt = stmt.on_conflict_do_update(
         index_elements=[jobs.c.job_id],
@@ -235,12 +238,19 @@ def cancel_requested(conn: Connection, job_ids: Sequence[str]) -> set[str]:
     return set(conn.execute(query).scalars())
 
 
-def fail(conn: Connection, job_id: str, error: str, now: datetime) -> Row | None:
+def fail(conn: Connection, job_id: str, error: str, now: datetime, claim: dict[str, Any]) -> Row | None:
     """Make a job `failed` with a reason, writing nothing else (used when its real row cannot be stored)."""
     return conn.execute(
         jobs.update()
         .where(jobs.c.job_id == job_id, jobs.c.status.not_in(TERMINAL_STATUSES))
-        .values(status="failed", finish_reason="error", error=error[:2000], finished_at=now, updated_at=now)
+        .values(
+            status="failed",
+            finish_reason="error",
+            error=error[:2000],
+            finished_at=now,
+            updated_at=now,
+            **claim,
+        )
         .returning(*jobs.c)
     ).first()
 

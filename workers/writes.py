@@ -16,7 +16,7 @@ from sqlalchemy import Connection, Row
 from schemas.jobs import JobResult
 from workers.deliveries import Waitable
 from workers.kafka_io import Record
-from workers.outbox import unpublished
+from workers.outbox import claim, take_over
 from workers.store import Terminal, fail, finish, insert_terminal, mark_running, request_cancel
 
 Source = tuple[str, int, int]  # topic, partition, offset
@@ -31,12 +31,14 @@ def storable(text: str) -> str:
 class Stored:
     """What writes produced: results to publish, and which of them are outbox rows."""
 
-    outbox: list[Row] = field(default_factory=list)  # publish, then set published_at
+    outbox: list[Row] = field(default_factory=list)  # publish (this worker holds the lease), then mark
     direct: list[JobResult] = field(default_factory=list)  # publish only (there is no row of ours)
+    deferred: list[Any] = field(default_factory=list)  # items to try again later (not acked meanwhile)
 
     def __iadd__(self, other: Stored) -> Stored:
         self.outbox += other.outbox
         self.direct += other.direct
+        self.deferred += other.deferred
         return self
 
 
@@ -44,6 +46,11 @@ class Stored:
 class WriteContext:
     worker_id: str
     now: datetime
+
+    @property
+    def claim(self) -> dict[str, Any]:
+        """Written with every terminal row: this worker publishes its result (see outbox.py)."""
+        return claim(self.worker_id, self.now)
 
 
 class WriteItem(Protocol):
@@ -87,10 +94,12 @@ class Concluded:
     stream_end: Waitable | None = None
 
     def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
-        return _outbox(finish(conn, self.row, ctx.now))
+        row = Terminal(self.row.job_id, self.row.status, {**self.row.values, **ctx.claim})
+        return _outbox(finish(conn, row, ctx.now))
 
     def fallback(self, conn: Connection, ctx: WriteContext, error: str) -> Stored:
-        return _outbox(fail(conn, self.row.job_id, storable(f"result could not be stored: {error}"), ctx.now))
+        reason = storable(f"result could not be stored: {error}")
+        return _outbox(fail(conn, self.row.job_id, reason, ctx.now, ctx.claim))
 
 
 @dataclass(frozen=True)
@@ -127,6 +136,7 @@ class Rejected:
     def _values(self, ctx: WriteContext) -> dict[str, Any]:
         rec = self.record
         return {
+            **ctx.claim,
             "tenant": self.tenant,
             "priority": self.priority,
             "error": storable(self.error),
@@ -162,15 +172,20 @@ class CancelRequested(_NoFallback):
     sources: tuple[Source, ...] = ()  # the control record, when this worker owns the control partition
 
     def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
-        return _outbox(request_cancel(conn, self.job_id, self.tenant, self.at, ctx.worker_id))
+        return _outbox(request_cancel(conn, self.job_id, self.tenant, self.at, ctx.worker_id, ctx.claim))
 
 
 @dataclass(frozen=True)
 class Republish(_NoFallback):
-    """A redelivered job that is terminal already: its result goes out again only if it never did."""
+    """A redelivered job that is terminal already: its result goes out again only if it never did, and
+    only once its publisher's lease has lapsed (a live publisher, e.g. one waiting out a broker outage,
+    publishes it itself: this item waits and is acked when that is done)."""
 
     job_id: str
     sources: tuple[Source, ...]
 
     def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
-        return Stored(outbox=unpublished(conn, [self.job_id]))
+        state, row = take_over(conn, self.job_id, ctx.worker_id, ctx.now)
+        if state == "taken":
+            return Stored(outbox=[row])
+        return Stored(deferred=[self]) if state == "held" else Stored()

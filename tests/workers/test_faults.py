@@ -24,6 +24,7 @@ from tests.workers.worker_factories import (
     token_events,
     wait_status,
     wait_terminal,
+    wait_until,
 )
 from workers.client import JobClient
 
@@ -123,14 +124,6 @@ def test_worker_killed_around_the_publish_still_yields_the_result(private, deplo
         assert job_rows(db, [job_id])[job_id]["attempts"] == 1  # never run twice
     finally:
         assert survivor.stop() == 0, survivor.output()[-3000:]
-
-
-def wait_until(condition, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.2)
 
 
 def test_soak_with_a_worker_killed_and_the_broker_restarted(private, deployment):

@@ -3,18 +3,21 @@ the outbox, and writes PostgreSQL refuses that must not hold back the rest."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy import create_engine
 
-from tests.workers.worker_factories import job_rows, make_deployment, now_ms, results_by_job
+from schemas.tables import jobs
+from tests.workers.worker_factories import job_rows, make_deployment, now_ms, results_by_job, wait_until
 from workers.admission import Admitter
 from workers.intake import Accepted
 from workers.kafka_io import Producer, Record
+from workers.outbox import claim
 from workers.persister import Persister
-from workers.store import Terminal, make_engine
+from workers.store import Terminal, finish, make_engine
 from workers.writes import CancelRequested, Concluded, Rejected, Republish
 
 pytestmark = pytest.mark.services
@@ -127,8 +130,6 @@ def test_outbox_republishes_only_what_never_went_out(env):
         f"{base}-1", "succeeded", {"output_text": "out", "finish_reason": "length", "finished_at": now}
     )
     with db.begin() as conn:  # a worker that died between the commit and the publish left this
-        from workers.store import finish
-
         finish(conn, row, now)
     admitter.add([_accepted(dep, f"{base}-1", offset=21)])
     decisions, _ = admitter.run(lambda a: False)
@@ -163,3 +164,29 @@ def test_engine_settings_bound_every_call(env):
         timeout = conn.exec_driver_sql("SHOW statement_timeout").scalar()
     assert timeout == "15s"
     assert create_engine(dep.database_url).url.password  # the local cluster requires a password
+
+
+def test_a_live_publishers_result_is_not_published_by_another_worker(env):
+    dep, db, producer = env
+    since = now_ms()
+    base = f"lease-{uuid.uuid4().hex[:8]}"
+    admitter = Admitter(db, "w-other")
+    admitter.add([_accepted(dep, f"{base}-1", offset=40)])
+    admitter.run(lambda a: False)
+    now = datetime.now(UTC)
+    values = {"output_text": "out", "finish_reason": "stop", "finished_at": now, **claim("w-other", now)}
+    with db.begin() as conn:  # w-other wrote it and is still trying to publish (say, the broker is away)
+        finish(conn, Terminal(f"{base}-1", "succeeded", values), now)
+    topic = dep.topics.jobs("normal")
+    persister = _persister(dep, db, producer)
+    persister.submit([Republish(f"{base}-1", ((topic, 0, 41),))])
+    time.sleep(2)
+    assert persister.acked() == []  # waits for the live publisher, unacked
+    assert job_rows(db, [f"{base}-1"])[f"{base}-1"]["published_at"] is None
+    with db.begin() as conn:  # w-other died: its lease lapses
+        conn.execute(jobs.update().where(jobs.c.job_id == f"{base}-1").values(publish_lease_until=now))
+    wait_until(lambda: (topic, 0, 41) in persister.acked(), timeout_s=60)
+    persister.close()
+    row = job_rows(db, [f"{base}-1"])[f"{base}-1"]
+    assert row["published_at"] is not None and row["publisher"] == "w-test"
+    assert len(results_by_job(dep, since, 1)[f"{base}-1"]) == 1

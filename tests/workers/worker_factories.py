@@ -156,3 +156,12 @@ def wait_group_members(settings: Settings, count: int, timeout_s: float = 120) -
         if time.monotonic() > deadline:
             raise AssertionError(f"group {group} never had {count} stable members")
         time.sleep(0.5)
+
+
+def wait_until(condition, timeout_s: float = 120) -> None:
+    """Until condition() holds, polling every 0.2 s."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,17 @@ class Delivery:
 
     def wait(self, timeout_s: float = 30.0) -> None:
         self._future.get(timeout=timeout_s)
+
+    def settle(self, timeout_s: float) -> bool:
+        """Wait up to timeout_s for the outcome; True once the broker answered (see `error`)."""
+        with contextlib.suppress(Exception):  # a failure, or still on its way: is_done tells them apart
+            self._future.get(timeout=timeout_s)
+        return bool(self._future.is_done)
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why a settled send failed; None if it succeeded."""
+        return self._future.exception if self._future.failed() else None
 
 
 class Producer:

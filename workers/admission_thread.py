@@ -1,0 +1,115 @@
+"""Admission on a thread of its own: the engine loop never waits for PostgreSQL.
+
+A database that is slow, or unreachable until a connect timeout, would otherwise stall generation for
+every job in flight. The loop hands accepted records over and collects decisions later; meanwhile the
+admitter retries with backoff, and `blocked` tells the loop to pause intake.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+from workers.admission import Admitter, Decision
+from workers.intake import Accepted
+from workers.kafka_io import Partition
+from workers.writes import Rejected
+
+log = logging.getLogger(__name__)
+
+
+class AdmissionThread:
+    def __init__(
+        self,
+        admitter: Admitter,
+        is_held: Callable[[Accepted], bool],
+        ready: threading.Event,
+        tick_s: float = 0.05,
+    ) -> None:
+        self._admitter = admitter
+        self._is_held = is_held
+        self._ready = ready  # set when decisions are waiting: it wakes an idle engine loop
+        self._tick_s = tick_s
+        self._inbox: queue.Queue[list[Accepted] | set[Partition] | None] = queue.Queue()
+        self._out: queue.Queue[tuple[list[Decision], list[Rejected]]] = queue.Queue()
+        self._lock = threading.Lock()
+        self._outstanding = 0  # records handed over and not yet decided (or dropped)
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="inferq-admission", daemon=True)
+
+    # ---- engine-loop side -------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def blocked(self) -> bool:
+        """Records wait for the database (pause intake until they are through)."""
+        return self._admitter.blocked
+
+    def __len__(self) -> int:
+        return self._outstanding
+
+    def add(self, accepted: list[Accepted]) -> None:
+        if accepted:
+            with self._lock:
+                self._outstanding += len(accepted)
+            self._inbox.put(list(accepted))
+            self._wake.set()
+
+    def drop(self, partitions: set[Partition]) -> None:
+        """Forget records of revoked partitions not admitted yet (decisions already made are the caller's
+        to filter: their partitions are not owned any more)."""
+        self._inbox.put(set(partitions))
+        self._wake.set()
+
+    def results(self) -> tuple[list[Decision], list[Rejected]]:
+        decisions: list[Decision] = []
+        rejected: list[Rejected] = []
+        while True:
+            try:
+                d, r = self._out.get_nowait()
+            except queue.Empty:
+                return decisions, rejected
+            decisions += d
+            rejected += r
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self._inbox.put(None)
+        self._wake.set()
+        self._thread.join(timeout_s)
+
+    # ---- admission thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._tick_s)  # the tick lets backoff retries happen without new records
+            self._wake.clear()
+            while True:
+                try:
+                    item = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    return
+                if isinstance(item, set):
+                    before = len(self._admitter)
+                    self._admitter.drop(item)
+                    self._settled(before - len(self._admitter))
+                else:
+                    self._admitter.add(item)
+            try:
+                decisions, rejected = self._admitter.run(self._is_held)
+            except Exception:  # noqa: BLE001 - never let the thread die: the records stay pending
+                log.exception("admission failed unexpectedly; retrying")
+                time.sleep(1.0)
+                continue
+            if decisions or rejected:
+                self._out.put((decisions, rejected))
+                self._settled(len(decisions) + len(rejected))
+                self._ready.set()
+
+    def _settled(self, n: int) -> None:
+        with self._lock:
+            self._outstanding -= n
