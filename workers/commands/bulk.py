@@ -223,6 +223,7 @@ def _bulk_worker(args: argparse.Namespace) -> int:
     def setup_logging(**_kwargs: object) -> None:  # a receiver here means Celery leaves logging to us
         logs.configure(args.log_level, args.log_format, hostname)
 
+    setup_logging()  # now too: warnings Celery raises while starting become log lines
     signals.setup_logging.connect(setup_logging, weak=False)
     # --quiet: no start-up banner on stdout (it is not a log line, and would break JSON logs)
     quiet = ["--quiet"] if args.log_format == "json" else []
