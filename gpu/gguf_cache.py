@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,11 @@ log = logging.getLogger(__name__)
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "inferq"  # workers pass Settings.cache_dir (INFERQ_CACHE)
 _TEMP_PREFIX = ".tmp-"
 _STALE_TEMP_S = 3600.0  # a conversion takes a minute at most: older temporaries were left by a crash
+
+# Told each stage of a conversion as it begins: (what, stage number from 1, number of stages). The
+# caller draws it (a progress bar, a log line); a conversion found in the cache reports nothing.
+Progress = Callable[[str, int, int], None]
+CONVERSION_STAGES = ("reading the tokenizer", "dequantizing the weights", "writing the checkpoint")
 
 
 def file_digest(path: Path) -> str:
@@ -31,7 +37,7 @@ def file_digest(path: Path) -> str:
     return sha.hexdigest()
 
 
-def cached_checkpoint(gguf: Path, cache_dir: Path) -> Path:
+def cached_checkpoint(gguf: Path, cache_dir: Path, progress: Progress | None = None) -> Path:
     """The checkpoint directory converted from `gguf`, converting it first if no cache entry exists."""
     root = cache_dir / "models"
     target = root / f"gguf-{file_digest(gguf)}"
@@ -44,7 +50,7 @@ def cached_checkpoint(gguf: Path, cache_dir: Path) -> Path:
     temp = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX, dir=root))
     temp.chmod(0o755)  # mkdtemp makes it private; the entry is a shared cache like the Kafka jars
     try:
-        convert_gguf(gguf, temp)
+        convert_gguf(gguf, temp, progress)
         try:
             os.rename(temp, target)
         except OSError:
@@ -57,7 +63,7 @@ def cached_checkpoint(gguf: Path, cache_dir: Path) -> Path:
     return target
 
 
-def convert_gguf(gguf: Path, out: Path) -> None:
+def convert_gguf(gguf: Path, out: Path, progress: Progress | None = None) -> None:
     """Write a checkpoint `from_pretrained(out)` loads: fp32 weights, config, generation config, tokenizer.
 
     transformers refuses `save_pretrained` on a GGUF-loaded model, so the parts are written one by one.
@@ -66,9 +72,16 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    def stage(index: int) -> None:
+        if progress is not None:
+            progress(CONVERSION_STAGES[index], index + 1, len(CONVERSION_STAGES))
+
     options: dict[str, Any] = dict(gguf_file=gguf.name, local_files_only=True)
+    stage(0)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **options)
+    stage(1)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **options)
+    stage(2)
     save_file(_unshared(model.state_dict()), out / "model.safetensors", metadata={"format": "pt"})
     config = model.config
     if hasattr(config, "quantization_config"):

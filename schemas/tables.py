@@ -18,9 +18,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-JOB_STATUSES = ("queued", "running", "succeeded", "failed", "rejected", "cancelled", "expired")
-TERMINAL_STATUSES = ("succeeded", "failed", "rejected", "cancelled", "expired")
-BULK_STATUSES = ("validating", "submitting", "running", "finalizing", "completed", "cancelled", "failed")
+from schemas.statuses import BULK_STATUSES, JOB_STATUSES, TERMINAL_STATUSES
+
+__all__ = ["BULK_STATUSES", "JOB_STATUSES", "TERMINAL_STATUSES", "bulk_jobs", "jobs", "metadata"]
+
 
 metadata = MetaData()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 # Each module defines `register(subparsers)`, adding its verbs with `set_defaults(func=...)`.
 # Heavy imports (torch, Kafka, SQL) happen inside the verbs, so `inferq --help` stays fast.
@@ -16,7 +17,15 @@ COMMAND_MODULES = (
     "workers.commands.bench",  # bench engine
     "workers.commands.history",  # history
     "workers.commands.bulk",  # bulk submit|status|wait|fetch|cancel, bulk-worker
+    "workers.commands.run_batch",  # run-batch
 )
+
+
+def inferq_version() -> str:
+    try:
+        return version("inferq")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="inferq",
         description="Kafka-driven continuous-batching LLM inference worker with job history in PostgreSQL.",
     )
+    parser.add_argument("--version", action="version", version=f"inferq {inferq_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)

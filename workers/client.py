@@ -1,37 +1,93 @@
-"""A small client for producer services: submit jobs, cancel them, stream their tokens, wait for results.
+"""The client for producer services: submit jobs (each confirmed by the broker), cancel them, stream their
+tokens and wait for their results, with a timeout on every call. A light import: no torch, no Celery.
 
 from workers.client import JobClient
-from schemas.jobs import JobRequest
 
 with JobClient() as client:
-    job_id = client.submit(JobRequest(job_id="order-42", prompt="Hello"), priority="high")
-    for event in client.stream(job_id):
+    sent = client.submit({"job_id": "order-42", "prompt": "Hello"}, priority="high")
+    print(sent.partition, sent.offset)          # where the broker stored it
+    for event in client.stream(sent):
         print(event.text, end="", flush=True)
-    print(client.wait(job_id).status)
+    print(client.wait(sent).status)
+
+One consumer serves all the jobs a client follows (workers/watch.py), however many streams and waits run
+at once, from any number of threads. With `database_url`, `wait` falls back to the job's row in PostgreSQL
+when the results topic no longer has its result (retention, or a result published before the wait began).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from schemas.jobs import JobRequest, JobResult, TokenEvent
-from workers.kafka_io import Producer, TopicReader
+from workers.kafka_io import PartitionReader, Producer
 from workers.settings import Settings
+from workers.watch import CaughtUp, Failed, Follower, StreamHub
+
+DELIVERY_TIMEOUT_S = 30.0  # connecting, metadata, and the broker's acknowledgement of a message
+WAIT_TIMEOUT_S = 300.0  # stream() and wait(): how long a job may take to produce its final event
 
 
 class JobTimeout(TimeoutError):
     pass
 
 
+@dataclass(frozen=True)
+class Submitted:
+    """A job the broker has acknowledged (acks=all): its id and where it was stored."""
+
+    job_id: str
+    tenant: str
+    priority: str
+    topic: str
+    partition: int
+    offset: int
+
+
+class DeliveryFailed(RuntimeError):
+    """The broker did not acknowledge a job in time. `delivered`: the jobs of the same call it did take
+    (sending the whole batch again is safe: job_ids make it idempotent)."""
+
+    def __init__(self, job_id: str, error: BaseException, delivered: tuple[Submitted, ...] = ()) -> None:
+        super().__init__(f"job {job_id} was not delivered: {type(error).__name__}: {error}")
+        self.job_id = job_id
+        self.delivered = delivered
+
+
+JobRef = str | Submitted
+
+
+def _job_id(job: JobRef) -> str:
+    return job.job_id if isinstance(job, Submitted) else job
+
+
 class JobClient:
-    def __init__(self, settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        timeout_s: float = DELIVERY_TIMEOUT_S,
+        database_url: str | None = None,
+    ) -> None:
+        """`timeout_s` bounds every exchange with the broker; `database_url` enables the result fallback."""
         self.settings = settings or Settings.from_env()
-        self._producer = Producer(self.settings.kafka_connection, "inferq-client", linger_ms=5)
+        self.timeout_s = timeout_s
+        self.database_url = database_url
+        conn = self.settings.kafka_connection
+        # linger 0: a confirmed submit waits one round trip, not a batching delay as well
+        self._producer = Producer(
+            conn, "inferq-client", linger_ms=0, max_block_s=timeout_s, timeout_s=timeout_s
+        )
         self._submitted_ms: dict[str, int] = {}
         self._tenants: dict[str, str] = {}
+        self._hub: StreamHub | None = None
+        self._hub_lock = threading.Lock()
+        self._db = None
 
     def __enter__(self) -> JobClient:
         return self
@@ -39,94 +95,188 @@ class JobClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def submit(self, job: JobRequest | dict, priority: str = "normal") -> str:
-        """Post a job; returns its job_id (a fresh UUID when the job has none).
+    # ---- producing -----------------------------------------------------------------------------
+    def submit(
+        self, job: JobRequest | dict, priority: str = "normal", *, timeout_s: float | None = None
+    ) -> Submitted:
+        """Post a job and wait until the broker has it; raises DeliveryFailed otherwise.
 
         Give your own job_id to make retries idempotent: a job_id already finished is never run again.
         """
+        return self.submit_many([job], priority, timeout_s=timeout_s)[0]
+
+    def submit_many(
+        self,
+        jobs: Iterable[JobRequest | dict],
+        priority: str = "normal",
+        *,
+        timeout_s: float | None = None,
+        on_delivered: Callable[[Submitted], None] | None = None,
+    ) -> list[Submitted]:
+        """Post jobs together (one round of batching), then confirm each; all are validated before any is
+        sent. Raises DeliveryFailed at the first job the broker did not take within `timeout_s`."""
+        topic = self.settings.topics.jobs(priority)
+        prepared = [self._prepare(job) for job in jobs]
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        sent = []
+        for job in prepared:
+            try:
+                data = json.dumps(job.model_dump(mode="json", exclude_none=True)).encode()
+                sent.append((job, self._producer.send(topic, job.job_id, data)))
+            except Exception as exc:  # noqa: BLE001 - no metadata in time, buffer full: not delivered
+                raise DeliveryFailed(job.job_id, exc) from exc
+        done: list[Submitted] = []
+        for job, delivery in sent:
+            try:
+                placed = delivery.wait(max(0.0, deadline - time.monotonic()))
+            except Exception as exc:  # noqa: BLE001 - KafkaTimeoutError, broker errors
+                raise DeliveryFailed(job.job_id, exc, tuple(done)) from exc
+            done.append(
+                Submitted(job.job_id, job.tenant, priority, placed.topic, placed.partition, placed.offset)
+            )
+            if on_delivered is not None:
+                on_delivered(done[-1])
+        return done
+
+    def _prepare(self, job: JobRequest | dict) -> JobRequest:
         if isinstance(job, dict):
             job = JobRequest.model_validate(job)
         if job.job_id is None:
             job = job.model_copy(update={"job_id": uuid.uuid4().hex})
-        topic = self.settings.topics.jobs(priority)
-        data = job.model_dump(mode="json", exclude_none=True)
         self._submitted_ms[job.job_id] = int(time.time() * 1000) - 1000
         self._tenants[job.job_id] = job.tenant
-        self._producer.send(topic, job.job_id, json.dumps(data).encode())
-        return job.job_id
+        return job
 
     def submit_raw(self, value: bytes, priority: str = "normal", key: str | None = None) -> None:
-        """Post bytes as they are (for testing validation and the dead-letter path)."""
+        """Post bytes as they are (for testing validation and the dead-letter path); see `flush`."""
         self._producer.send(self.settings.topics.jobs(priority), key, value)
 
-    def cancel(self, job_id: str, tenant: str | None = None) -> None:
-        """Cancel a job of `tenant` (default: the tenant this client submitted it as, else "default")."""
+    def cancel(self, job: JobRef, tenant: str | None = None, *, timeout_s: float | None = None) -> None:
+        """Cancel a job of `tenant` (default: the tenant this client submitted it as, else "default");
+        returns once the broker has the cancel (raises DeliveryFailed otherwise)."""
+        job_id = _job_id(job)
         tenant = tenant or self._tenants.get(job_id, "default")
         value = json.dumps({"type": "cancel", "job_id": job_id, "tenant": tenant}).encode()
-        self._producer.send(self.settings.topics.control, job_id, value)
-        self._producer.flush()
+        try:
+            self._producer.send(self.settings.topics.control, job_id, value).wait(
+                self.timeout_s if timeout_s is None else timeout_s
+            )
+        except Exception as exc:  # noqa: BLE001
+            raise DeliveryFailed(job_id, exc) from exc
 
-    def flush(self) -> None:
-        self._producer.flush()
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Out with anything `submit_raw` left buffered (submit and cancel never leave anything)."""
+        self._producer.flush(self.timeout_s if timeout_s is None else timeout_s)
 
+    # ---- following -----------------------------------------------------------------------------
     def stream(
-        self, job_id: str, timeout_s: float | None = None, since_ms: int | None = None
+        self, job: JobRef, timeout_s: float | None = WAIT_TIMEOUT_S, since_ms: int | None = None
     ) -> Iterator[TokenEvent]:
-        """Token events of the job's latest attempt, until its final event.
+        """Token events of the job until its final one; raises JobTimeout after `timeout_s`.
 
         A new attempt (a worker died and another redid the job) restarts the text: an event with a
         higher attempt than seen so far begins again at seq 0, and the caller should reset its output.
         """
-        self._producer.flush()
-        since = since_ms if since_ms is not None else self._submitted_ms.get(job_id, 0)
-        reader = TopicReader(
-            self.settings.kafka_connection, self.settings.topics.tokens, since, "inferq-stream", key=job_id
-        )
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        job_id = _job_id(job)
+        follower = self._follow(job_id, self.settings.topics.tokens, since_ms)
+        deadline = time.monotonic() + (WAIT_TIMEOUT_S if timeout_s is None else timeout_s)
         seen: set[tuple[int, int]] = set()
         try:
-            while deadline is None or time.monotonic() < deadline:
-                for record in reader.poll(0.2):
-                    event = TokenEvent.model_validate_json(record.value or b"{}")
-                    if (event.attempt, event.seq) in seen:
-                        continue  # the producer retried: de-duplicate by (attempt, seq)
-                    seen.add((event.attempt, event.seq))
-                    yield event
-                    if event.finish_reason is not None:
-                        return
+            while (left := deadline - time.monotonic()) > 0:
+                item = follower.get(min(left, 1.0))
+                if isinstance(item, Failed):
+                    raise item.error
+                if item is None or isinstance(item, CaughtUp):
+                    continue
+                event = TokenEvent.model_validate_json(item.value or b"{}")
+                if (event.attempt, event.seq) in seen:
+                    continue  # a producer retry, or a partition read again for another follower
+                seen.add((event.attempt, event.seq))
+                yield event
+                if event.finish_reason is not None:
+                    return
             raise JobTimeout(f"no final token event for {job_id} within {timeout_s}s")
         finally:
-            reader.close()
+            self._unfollow(follower)
 
     def wait(
         self,
-        job_id: str,
-        timeout_s: float | None = None,
+        job: JobRef,
+        timeout_s: float | None = WAIT_TIMEOUT_S,
         since_ms: int | None = None,
         tenant: str | None = None,
     ) -> JobResult:
-        """The job's result from the results topic (the result for `tenant`: default the submitting one).
+        """The job's result for `tenant` (default: the submitting one); raises JobTimeout after `timeout_s`.
 
         Another tenant posting the same job_id gets its own `rejected` result under the same key: it is
-        skipped here.
+        skipped here. With `database_url`, a result the topic no longer holds is read from the job's row.
         """
+        job_id = _job_id(job)
         tenant = tenant or self._tenants.get(job_id, "default")
-        self._producer.flush()
-        since = since_ms if since_ms is not None else self._submitted_ms.get(job_id, 0)
-        reader = TopicReader(
-            self.settings.kafka_connection, self.settings.topics.results, since, "inferq-wait", key=job_id
-        )
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        follower = self._follow(job_id, self.settings.topics.results, since_ms)
+        deadline = time.monotonic() + (WAIT_TIMEOUT_S if timeout_s is None else timeout_s)
         try:
-            while deadline is None or time.monotonic() < deadline:
-                for record in reader.poll(0.2):
-                    result = JobResult.model_validate_json(record.value or b"{}")
+            while (left := deadline - time.monotonic()) > 0:
+                item = follower.get(min(left, 1.0))
+                if isinstance(item, Failed):
+                    raise item.error
+                if isinstance(item, CaughtUp):
+                    stored = self._stored_result(job_id, tenant)
+                    if stored is not None:
+                        return stored
+                elif item is not None:
+                    result = JobResult.model_validate_json(item.value or b"{}")
                     if result.tenant == tenant:
                         return result
+            stored = self._stored_result(job_id, tenant)
+            if stored is not None:
+                return stored
             raise JobTimeout(f"no result for {job_id} within {timeout_s}s")
         finally:
-            reader.close()
+            self._unfollow(follower)
+
+    def _follow(self, job_id: str, topic: str, since_ms: int | None) -> Follower:
+        since = since_ms if since_ms is not None else self._submitted_ms.get(job_id, 0)
+        with self._hub_lock:
+            if self._hub is None or not self._hub.alive:
+                topics = self.settings.topics
+                counts = {t: self._producer.partitions(t) for t in (topics.tokens, topics.results)}
+
+                def reader() -> PartitionReader:
+                    return PartitionReader(
+                        self.settings.kafka_connection, "inferq-client-watch", self.timeout_s
+                    )
+
+                self._hub = StreamHub(reader, counts)
+            return self._hub.follow(job_id, (topic,), since)
+
+    def _unfollow(self, follower: Follower) -> None:
+        if self._hub is not None:
+            self._hub.unfollow(follower)
+
+    def _stored_result(self, job_id: str, tenant: str) -> JobResult | None:
+        """The result built from the job's row (as workers build what they publish), once it is terminal
+        and published; None without a database URL, a row of this tenant, or a published result."""
+        if self.database_url is None:
+            return None
+        from sqlalchemy import select
+
+        from schemas.tables import jobs
+        from workers.outbox import result_from_row
+        from workers.store import make_engine
+
+        if self._db is None:
+            self._db = make_engine(self.database_url)
+        with self._db.connect() as conn:
+            row = conn.execute(select(*jobs.c).where(jobs.c.job_id == job_id)).first()
+        if row is None or row.tenant != tenant or row.published_at is None:
+            return None
+        return result_from_row(row)
 
     def close(self) -> None:
-        self._producer.flush()
-        self._producer.close()
+        if self._hub is not None:
+            self._hub.close()
+        self._producer.flush(self.timeout_s)
+        self._producer.close(self.timeout_s)
+        if self._db is not None:
+            self._db.dispose()

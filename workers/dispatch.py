@@ -6,7 +6,6 @@ admitter (synchronous, guarded) and write items handed to the persister (asynchr
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -20,6 +19,7 @@ from workers import cancels
 from workers.admission import Admitter, Decision
 from workers.admission_thread import AdmissionThread
 from workers.deliveries import Waitable
+from workers.events import job_event
 from workers.inflight import InFlightJob, utcnow
 from workers.intake import Accepted, Intake
 from workers.kafka_io import Record
@@ -30,8 +30,6 @@ from workers.writes import CancelRequested, Concluded, Rejected, Republish, Runn
 
 if TYPE_CHECKING:
     from workers.loop import Worker
-
-log = logging.getLogger(__name__)
 
 PRIORITIES = {"high": Priority.HIGH, "normal": Priority.NORMAL, "low": Priority.LOW}
 
@@ -105,7 +103,8 @@ class Dispatcher:
             self.items.append(
                 Concluded(_cancelled_before_start(a.job_id, self.w.options.worker_id), (source,))
             )
-            self.w.metrics.finished.labels("cancelled").inc()
+            self.w.metrics.observe_finished("cancelled", "abort")
+            job_event("finished", a.job_id, a.priority, status="cancelled", finish_reason="abort")
         else:
             self._start(a, outcome.attempt)
 
@@ -126,7 +125,7 @@ class Dispatcher:
             deadline = time.monotonic() + remaining
         self.jobs[a.job_id] = job
         self.streamer.start(a.job_id, attempt)
-        self.w.metrics.prompt_tokens.inc(job.prompt_tokens)
+        self.w.metrics.observe_admitted(job.prompt_tokens)
         self.w.engine.add_request(
             EngineRequest(
                 request_id=a.job_id,
@@ -138,11 +137,14 @@ class Dispatcher:
                 deadline=deadline,
             )
         )
+        job_event("admitted", a.job_id, a.priority, tenant=a.tenant, attempt=attempt,
+                  prompt_tokens=job.prompt_tokens, max_tokens=a.max_tokens)  # fmt: skip
 
     def _reject(self, r: Rejected) -> None:
         self.w.metrics.rejected.labels(r.reason).inc()
         rec = r.record
-        log.warning("rejected %s (%s:%d@%d): %s", r.job_id, rec.topic, rec.partition, rec.offset, r.error)
+        job_event("rejected", r.job_id, r.priority, tenant=r.tenant, reason=r.reason, error=r.error,
+                  topic=rec.topic, partition=rec.partition, offset=rec.offset)  # fmt: skip
         self.items.append(r)
 
     # ---- cancels ---------------------------------------------------------------------------
@@ -184,11 +186,17 @@ class Dispatcher:
         if out.started and job.started_at is None:
             job.started_at = step_started or utcnow()  # first scheduled: when its first step began
             self.items.append(Running(job.job_id, job.started_at))
+            job_event("started", job.job_id, job.priority, attempt=job.attempt,
+                      queue_ms=_ms_between(job.created_at, job.started_at))  # fmt: skip
         if out.new_token_ids or out.text_delta:
             text = storable(out.text_delta)  # a model can emit U+0000; stream and row carry the same text
-            job.on_tokens(len(out.new_token_ids), text)
+            first = job.first_token_mono is None and bool(out.new_token_ids)
+            gap_s = job.on_tokens(len(out.new_token_ids), text)
             self.streamer.add(job.job_id, text, out.new_token_ids)
-            self.w.metrics.generation_tokens.inc(len(out.new_token_ids))
+            self.w.metrics.observe_tokens(job.priority, len(out.new_token_ids), gap_s)
+            if first:
+                job_event("first_token", job.job_id, job.priority, attempt=job.attempt,
+                          ttft_ms=_ms_between(job.created_at, job.first_token_at))  # fmt: skip
         if out.finish_reason is not None:
             self._conclude(job, out.finish_reason.value, out.detail or None)
 
@@ -197,7 +205,10 @@ class Dispatcher:
         row, timings = job.conclude(finish, self.w.options.worker_id, error=detail)
         stream_end = self.streamer.finish(job.job_id, finish, job.usage)
         self.items.append(Concluded(row, tuple(job.sources), stream_end))
-        self.w.metrics.observe_job(row.status, job.priority, timings)
+        self.w.metrics.observe_job(row.status, finish, job.priority, timings)
+        ms = timings.model_dump(include={"queue_ms", "ttft_ms", "mean_itl_ms", "e2e_ms"})
+        job_event("finished", job.job_id, job.priority, status=row.status, finish_reason=finish,
+                  attempt=job.attempt, **job.usage.model_dump(), **ms, error=detail)  # fmt: skip
 
     # ---- rebalance, flush, shutdown --------------------------------------------------------
     def revoke(self, partitions: Iterable[tuple[str, int]]) -> None:
@@ -224,6 +235,10 @@ class Dispatcher:
 
     def _send_token_event(self, event: TokenEvent) -> Waitable | None:
         return self.w.send_token_event(event)
+
+
+def _ms_between(earlier: datetime, later: datetime | None) -> float | None:
+    return None if later is None else max(0.0, (later - earlier).total_seconds() * 1000)
 
 
 def _cancelled_before_start(job_id: str, worker_id: str) -> Terminal:

@@ -40,6 +40,14 @@ class Report:
         return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
 
 
+def parse_age(value: str) -> timedelta:
+    """`30d`, `12h`, `90m`, `2w`: a positive age."""
+    match = _DURATION.match(value.strip())
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"not an age: {value!r} (try 30d, 12h, 90m or 2w)")
+    return timedelta(**{_UNITS[match.group(2)]: float(match.group(1))})
+
+
 def parse_time(value: str, now: datetime) -> datetime:
     """`24h`, `90m`, `7d`, `2w` (ago), or an ISO date/time (UTC unless it says otherwise)."""
     match = _DURATION.match(value.strip())

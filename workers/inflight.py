@@ -41,8 +41,10 @@ class InFlightJob:
     completion_tokens: int = 0
     output: list[str] = field(default_factory=list)
 
-    def on_tokens(self, count: int, text: str) -> None:
+    def on_tokens(self, count: int, text: str) -> float | None:
+        """Record new output; returns the seconds since the previous token (None for the first tokens)."""
         now = time.monotonic()
+        gap = None if not count or self.last_token_mono is None else now - self.last_token_mono
         if count and self.first_token_mono is None:
             self.first_token_mono = now
             self.first_token_at = self._wall(now)
@@ -50,6 +52,7 @@ class InFlightJob:
             self.last_token_mono = now
         self.completion_tokens += count
         self.output.append(text)
+        return gap
 
     def _wall(self, mono: float) -> datetime:
         return self.queued_at + timedelta(seconds=mono - self.queued_mono)

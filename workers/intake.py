@@ -20,6 +20,10 @@ from workers.writes import Rejected
 log = logging.getLogger(__name__)
 
 
+class PromptTooLong(InvalidMessage):
+    """A prompt that leaves no room in the model's context for a single output token."""
+
+
 @dataclass(frozen=True)
 class Accepted:
     record: Record
@@ -69,13 +73,23 @@ class Intake:
     def _accept(self, record: Record, priority: str) -> Accepted | Rejected:
         job = parse_job(record.value, self.limits)
         job_id = job.job_id or derived_job_id(record)
+        try:
+            prompt_text, ids, max_tokens = self.prepare(job)
+        except PromptTooLong as exc:
+            return rejection(record, priority, str(exc), "too_long", job_id)
+        return Accepted(record, job_id, priority, job, prompt_text, ids, max_tokens)
+
+    def prepare(self, job: JobRequest) -> tuple[str, tuple[int, ...], int]:
+        """The prompt as stored, its token ids, and max_tokens clamped to the context's room; raises
+        InvalidMessage (PromptTooLong when it does not fit). `inferq run-batch` uses it too."""
         prompt_text, ids = self._tokenize(job)
         room = self.max_model_len - len(ids)
         if room < 1:
-            error = f"prompt is {len(ids)} tokens; the model's context is {self.max_model_len} tokens"
-            return rejection(record, priority, error, "too_long", job_id)
+            raise PromptTooLong(
+                f"prompt is {len(ids)} tokens; the model's context is {self.max_model_len} tokens"
+            )
         wanted = job.max_tokens or min(self.limits.default_max_tokens, self.limits.max_tokens)
-        return Accepted(record, job_id, priority, job, prompt_text, tuple(ids), min(wanted, room))
+        return prompt_text, tuple(ids), min(wanted, room)
 
     def _tokenize(self, job: JobRequest) -> tuple[str, list[int]]:
         if job.prompt is not None:

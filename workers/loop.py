@@ -245,7 +245,9 @@ class Worker:
 
     def _observe(self, s: EngineStats) -> None:
         waiting = {p.name.lower(): n for p, n in s.waiting.items()}
-        self.metrics.observe_engine(s.running, waiting, s.kv_blocks_used, s.kv_blocks_total, s.preemptions)
+        self.metrics.observe_engine(
+            s.running, waiting, s.kv_blocks_used, s.kv_blocks_total, s.preemptions, s.prefix_cache_hits
+        )
         now = time.monotonic()
         if now < self._next_intake_metrics:
             return

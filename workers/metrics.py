@@ -1,4 +1,6 @@
-"""Prometheus metrics of one worker, named after vLLM's (`vllm:` → `inferq:`) where they mean the same."""
+"""Prometheus metrics of one worker, named and labelled after vLLM's (`vllm:` → `inferq:`) where they mean
+the same: engine and request metrics carry `model_name`, the success counter `finished_reason`, so
+dashboards and alerts written for vLLM read them with the prefix changed."""
 
 from __future__ import annotations
 
@@ -11,46 +13,54 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0
 
 
 class WorkerMetrics:
-    def __init__(self) -> None:
+    def __init__(self, model_name: str = "unknown") -> None:
+        self.model_name = model_name
         self.registry = CollectorRegistry()
         r = self.registry
-        self.ttft = Histogram(
-            "inferq:time_to_first_token_seconds",
-            "Time from posting to the first token.",
-            ["priority"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        by_class = ["model_name", "priority"]
+
+        def latency(name: str, doc: str, buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> Histogram:
+            return Histogram(name, doc, by_class, buckets=buckets, registry=r)
+
+        self.ttft = latency("inferq:time_to_first_token_seconds", "Time from posting to the first token.")
+        self.itl = latency(
+            "inferq:inter_token_latency_seconds", "Time between consecutive output tokens.", _ITL_BUCKETS
         )
-        self.itl = Histogram(
-            "inferq:inter_token_latency_seconds",
-            "Mean time between output tokens of a job.",
-            ["priority"],
-            buckets=_ITL_BUCKETS,
-            registry=r,
+        self.e2e = latency("inferq:e2e_request_latency_seconds", "Time from posting to the final token.")
+        self.queue_time = latency("inferq:request_queue_time_seconds", "Time from posting to the first step.")
+        self.running = Gauge(
+            "inferq:num_requests_running", "Sequences in the batch.", ["model_name"], registry=r
         )
-        self.e2e = Histogram(
-            "inferq:e2e_request_latency_seconds",
-            "Time from posting to the final token.",
-            ["priority"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.queue_time = Histogram(
-            "inferq:request_queue_time_seconds",
-            "Time from posting to the first schedule.",
-            ["priority"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.running = Gauge("inferq:num_requests_running", "Sequences in the batch.", registry=r)
         self.waiting = Gauge(
-            "inferq:num_requests_waiting", "Sequences waiting, per class.", ["priority"], registry=r
+            "inferq:num_requests_waiting", "Sequences waiting, per class.", by_class, registry=r
         )
-        self.kv_usage = Gauge("inferq:kv_cache_usage_perc", "Fraction of KV blocks in use.", registry=r)
-        self.preemptions = Counter("inferq:num_preemptions", "Sequences preempted.", registry=r)
-        self.prompt_tokens = Counter("inferq:prompt_tokens", "Prompt tokens admitted.", registry=r)
-        self.generation_tokens = Counter("inferq:generation_tokens", "Tokens generated.", registry=r)
-        self.finished = Counter("inferq:request_success", "Jobs ended, by status.", ["status"], registry=r)
+        self.kv_usage = Gauge(
+            "inferq:kv_cache_usage_perc", "Fraction of KV blocks in use.", ["model_name"], registry=r
+        )
+        self.preemptions = Counter(
+            "inferq:num_preemptions", "Sequences preempted.", ["model_name"], registry=r
+        )
+        self.prompt_tokens = Counter(
+            "inferq:prompt_tokens", "Prompt tokens admitted.", ["model_name"], registry=r
+        )
+        self.generation_tokens = Counter(
+            "inferq:generation_tokens", "Tokens generated.", ["model_name"], registry=r
+        )
+        self.prefix_queries = Counter(
+            "inferq:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            ["model_name"],
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            "inferq:prefix_cache_hits", "Prompt tokens found in the prefix cache.", ["model_name"], registry=r
+        )
+        self.finished = Counter(
+            "inferq:request_success",
+            "Jobs ended, by finish reason (stop, length, abort, expired, rejected, error) and job status.",
+            ["model_name", "finished_reason", "status"],
+            registry=r,
+        )
         self.rejected = Counter(
             "inferq:requests_rejected", "Records sent to the DLQ, by reason.", ["reason"], registry=r
         )
@@ -76,23 +86,44 @@ class WorkerMetrics:
             ["phase"],
             registry=r,
         )
+        # series that exist from the start (at 0), so rates and ratios have data before the first event
+        for per_model in (self.running, self.kv_usage, self.preemptions, self.prompt_tokens,
+                          self.generation_tokens, self.prefix_queries, self.prefix_hits):  # fmt: skip
+            per_model.labels(model_name)
         self._preemptions_seen = 0
+        self._prefix_hits_seen = 0
         self._lag_labels: set[tuple[str, str]] = set()
         self._loop_seen: dict[str, float] = {}
 
     def serve(self, port: int) -> None:
         start_http_server(port, addr="0.0.0.0", registry=self.registry)
 
-    def observe_job(self, status: str, priority: str, timings: Timings) -> None:
-        self.finished.labels(status).inc()
+    def observe_admitted(self, prompt_tokens: int) -> None:
+        """A job handed to the engine: its prompt is counted, and looked up in the prefix cache."""
+        self.prompt_tokens.labels(self.model_name).inc(prompt_tokens)
+        self.prefix_queries.labels(self.model_name).inc(prompt_tokens)
+
+    def observe_tokens(self, priority: str, count: int, gap_s: float | None) -> None:
+        """`count` new tokens of a job, `gap_s` after its previous ones (None for its first): every gap
+        between consecutive tokens is one ITL observation, as vLLM observes them."""
+        self.generation_tokens.labels(self.model_name).inc(count)
+        if gap_s is not None and count:
+            itl = self.itl.labels(self.model_name, priority)
+            for _ in range(count):
+                itl.observe(gap_s / count)
+
+    def observe_finished(self, status: str, finish_reason: str) -> None:
+        self.finished.labels(self.model_name, finish_reason, status).inc()
+
+    def observe_job(self, status: str, finish_reason: str, priority: str, timings: Timings) -> None:
+        self.observe_finished(status, finish_reason)
         for hist, value in (
             (self.ttft, timings.ttft_ms),
-            (self.itl, timings.mean_itl_ms),
             (self.e2e, timings.e2e_ms),
             (self.queue_time, timings.queue_ms),
         ):
             if value is not None:
-                hist.labels(priority).observe(value / 1000)
+                hist.labels(self.model_name, priority).observe(value / 1000)
 
     def observe_intake(
         self, lag: dict[tuple[str, int], int], depth: int, oldest_age_s: float, unpublished: int
@@ -115,12 +146,23 @@ class WorkerMetrics:
                 self._loop_seen[phase] = total
 
     def observe_engine(
-        self, running: int, waiting: dict[str, int], kv_used: int, kv_total: int, preemptions_total: int
+        self,
+        running: int,
+        waiting: dict[str, int],
+        kv_used: int,
+        kv_total: int,
+        preemptions_total: int,
+        prefix_hits_total: int,
     ) -> None:
-        self.running.set(running)
+        model = self.model_name
+        self.running.labels(model).set(running)
         for priority, n in waiting.items():
-            self.waiting.labels(priority).set(n)
-        self.kv_usage.set(kv_used / kv_total if kv_total else 0.0)
+            self.waiting.labels(model, priority).set(n)
+        self.kv_usage.labels(model).set(kv_used / kv_total if kv_total else 0.0)
+        # the engine counts totals since it started; counters move by what is new
         if preemptions_total > self._preemptions_seen:
-            self.preemptions.inc(preemptions_total - self._preemptions_seen)
+            self.preemptions.labels(model).inc(preemptions_total - self._preemptions_seen)
             self._preemptions_seen = preemptions_total
+        if prefix_hits_total > self._prefix_hits_seen:
+            self.prefix_hits.labels(model).inc(prefix_hits_total - self._prefix_hits_seen)
+            self._prefix_hits_seen = prefix_hits_total

@@ -22,6 +22,31 @@ POSTGRES_PORT = 15432
 POSTGRES_PASSWORD_FILE = "postgres-password"  # in the state dir, mode 0600, written by `inferq up`
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+
+# Every environment variable inferq reads, all of them here: compose files and images are checked against it.
+ENV_VARIABLES = (
+    "INFERQ_KAFKA",
+    "INFERQ_KAFKA_SECURITY_PROTOCOL",
+    "INFERQ_KAFKA_SASL_MECHANISM",
+    "INFERQ_KAFKA_SASL_USERNAME",
+    "INFERQ_KAFKA_SASL_PASSWORD",
+    "INFERQ_KAFKA_SSL_CAFILE",
+    "INFERQ_KAFKA_SSL_CERTFILE",
+    "INFERQ_KAFKA_SSL_KEYFILE",
+    "INFERQ_DATABASE_URL",
+    "INFERQ_TOPIC_PREFIX",
+    "INFERQ_JOBS_PARTITIONS",
+    "INFERQ_STREAM_PARTITIONS",
+    "INFERQ_TOPIC_REPLICATION_FACTOR",
+    "INFERQ_CELERY_BROKER",
+    "INFERQ_RETENTION_DAYS",
+    "INFERQ_SERVED_MODEL_NAME",
+    "INFERQ_METRICS_PORT",
+    "INFERQ_SWITCH_INTERVAL",
+    "INFERQ_STATE_DIR",
+    "INFERQ_CACHE",
+    "INFERQ_FAILPOINT",
+)
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
@@ -34,6 +59,10 @@ def _cache_dir(env: Mapping[str, str] | None = None) -> Path:
     # shared by checkouts, outside the repo: the Kafka jars fetched by `inferq up`, converted models
     env = os.environ if env is None else env
     return Path(env.get("INFERQ_CACHE", Path.home() / ".cache" / "inferq")).resolve()
+
+
+def _optional_float(text: str | None) -> float | None:
+    return float(text) if text else None
 
 
 def database_url_for(url: str | None, state_dir: Path) -> str:
@@ -123,7 +152,14 @@ class Settings:
     stream_partitions: int = 4  # tokens and results
     replication_factor: int = 1
     celery_broker: str = ""  # empty: the project's PostgreSQL through SQLAlchemy
-    retention_days: float = 30.0  # bulk maintenance purges finished jobs and bulk jobs older than this
+    # Finished jobs and bulk jobs older than this many days are purged by the bulk worker's beat; None (the
+    # default): nothing is purged unless asked (`inferq history purge`), history is kept.
+    retention_days: float | None = None
+    served_model_name: str = ""  # the model name Batch responses echo and metrics carry; "": the --model spec
+    metrics_port: int | None = None  # `inferq worker` serves Prometheus metrics here unless --metrics-port
+    # The Kafka clients' I/O threads run Python; with the default 5 ms switch interval the engine loop can
+    # wait that long for the GIL after every torch op. A short interval hands it back promptly.
+    switch_interval_s: float = 0.0005
     state_dir: Path = field(default_factory=_state_dir)
     cache_dir: Path = field(default_factory=_cache_dir)
     failpoint: str = ""  # tests only: a named fault to inject (see workers/failpoints.py)
@@ -165,7 +201,10 @@ class Settings:
             stream_partitions=int(env.get("INFERQ_STREAM_PARTITIONS", defaults.stream_partitions)),
             replication_factor=int(env.get("INFERQ_TOPIC_REPLICATION_FACTOR", defaults.replication_factor)),
             celery_broker=env.get("INFERQ_CELERY_BROKER", ""),
-            retention_days=float(env.get("INFERQ_RETENTION_DAYS", defaults.retention_days)),
+            retention_days=_optional_float(env.get("INFERQ_RETENTION_DAYS")),
+            served_model_name=env.get("INFERQ_SERVED_MODEL_NAME", ""),
+            metrics_port=int(env["INFERQ_METRICS_PORT"]) if env.get("INFERQ_METRICS_PORT") else None,
+            switch_interval_s=float(env.get("INFERQ_SWITCH_INTERVAL", defaults.switch_interval_s)),
             state_dir=state_dir,
             cache_dir=_cache_dir(env),
             failpoint=env.get("INFERQ_FAILPOINT", ""),

@@ -44,3 +44,16 @@ def test_the_entry_is_named_by_the_digest_and_reused(smollm2, settings):
     assert entry.name == f"gguf-{file_digest(gguf)}"
     assert {p.name for p in entry.iterdir()} >= {"model.safetensors", "config.json", "tokenizer.json"}
     assert "quantization_config" not in (entry / "config.json").read_text()
+
+
+def test_a_conversion_reports_its_stages_and_a_cached_entry_none(tmp_path):
+    stages = []
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(range(256)) * 4)
+    with pytest.raises(Exception):  # noqa: B017 - the reader fails in the first stage, after reporting it
+        cached_checkpoint(broken, tmp_path / "cache", lambda *stage: stages.append(stage))
+    assert stages == [("reading the tokenizer", 1, 3)]
+    stages.clear()
+    (tmp_path / "cache" / "models" / f"gguf-{file_digest(broken)}").mkdir()  # as if converted before
+    cached_checkpoint(broken, tmp_path / "cache", lambda *stage: stages.append(stage))
+    assert stages == []

@@ -78,10 +78,10 @@ def cli_env(settings: Settings, state_dir: Path) -> dict[str, str]:
 
 
 def start_bulk_worker(
-    settings: Settings, state_dir: Path, log: Path, timeout_s: float = 60
+    settings: Settings, state_dir: Path, log: Path, *extra: str, timeout_s: float = 60
 ) -> BulkWorkerProcess:
     """`inferq bulk-worker` in its own process group, once Celery says it is ready."""
-    cmd = [sys.executable, "-m", "workers.cli", "bulk-worker", "--concurrency", "2"]
+    cmd = [sys.executable, "-m", "workers.cli", "bulk-worker", "--concurrency", "2", *extra]
     proc = subprocess.Popen(cmd, env=cli_env(settings, state_dir), stdout=log.open("ab"),
                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     worker = BulkWorkerProcess(proc, log)

@@ -21,11 +21,11 @@ def test_a_paused_backlog_drains_completely_and_high_jobs_pass_it(settings, tmp_
         with JobClient(dep) as client:
             backlog = {"prompt": "x" * 30, "max_tokens": 24}
             ids = [f"bp-{dep.topic_prefix}-{i}" for i in range(160)]
-            low = [client.submit({**backlog, "job_id": job_id}, "low") for job_id in ids]
-            client.flush()
+            low = [
+                s.job_id for s in client.submit_many([{**backlog, "job_id": job_id} for job_id in ids], "low")
+            ]
             urgent = {"job_id": f"bp-high-{dep.topic_prefix}", "prompt": "urgent", "max_tokens": 2}
-            high = client.submit(urgent, "high")
-            client.flush()
+            high = client.submit(urgent, "high").job_id
         rows = wait_terminal(db, [*low, high], timeout_s=180)
         assert {r["status"] for r in rows.values()} == {"succeeded"}
         # the high job got in while the low partitions were paused, well before the backlog drained

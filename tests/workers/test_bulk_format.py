@@ -7,7 +7,7 @@ import json
 import pytest
 
 from schemas.validation import InvalidMessage
-from tests.workers.bulk_factories import CHAT, batch_line, write_batch
+from tests.workers.bulk_factories import CHAT, COMPLETIONS, batch_line, write_batch
 from workers.bulk.batch_format import (
     BatchLine,
     LineError,
@@ -50,9 +50,14 @@ def test_chat_line_with_text_parts_and_max_completion_tokens():
         ({**batch_line("x"), "method": "GET"}, "method must be"),
         ({**batch_line("x"), "url": "/v1/embeddings"}, "url must be one of"),
         ({**batch_line("x"), "custom_id": ""}, "custom_id must be"),
-        (batch_line("x", logprobs=2), "unsupported body fields for /v1/completions: logprobs"),
+        (batch_line("x", tools=[]), "unsupported body fields for /v1/completions: tools"),
+        (batch_line("x", logprobs=2), "body.logprobs must be false or null"),
         (batch_line("x", n=2), "body.n must be 1"),
-        (batch_line("x", stream=True), "stream is not supported"),
+        (batch_line("x", n=True), "body.n must be 1"),
+        (batch_line("x", stream=True), "body.stream must be false"),
+        (batch_line("x", presence_penalty=0.5), "body.presence_penalty must be 0"),
+        (batch_line("x", CHAT, response_format={"type": "json_object"}), "body.response_format must be"),
+        (batch_line("x", CHAT, echo=False), "unsupported body fields for /v1/chat/completions: echo"),
         (batch_line("x", prompt=["a", "b"]), "body.prompt must be a string"),
         (batch_line("x", max_tokens=0), "max_tokens"),
         (batch_line("x", max_tokens=100_000), "over the limit"),
@@ -67,6 +72,36 @@ def test_invalid_lines_say_why_with_their_line_number(line, expected):
     assert isinstance(item, LineError)
     assert item.message.startswith("line 17: ") and expected in item.message
     assert item.line_no == 17
+
+
+NEUTRAL_BODY = {
+    "n": 1,
+    "stream": False,
+    "stream_options": {"include_usage": True},
+    "user": "u-1",
+    "logprobs": False,
+    "presence_penalty": 0,
+    "frequency_penalty": 0.0,
+    "logit_bias": {},
+    "service_tier": "auto",
+}
+
+
+@pytest.mark.parametrize(
+    ("url", "extra"),
+    [
+        (COMPLETIONS, {"best_of": 1, "echo": False, "suffix": None}),
+        (
+            CHAT,
+            {"top_logprobs": 0, "response_format": {"type": "text"}, "store": False, "metadata": {"a": "b"}},
+        ),
+    ],
+)
+def test_fields_at_values_that_change_nothing_are_accepted_and_ignored(url, extra):
+    item = parse(batch_line("ok", url, **NEUTRAL_BODY, **extra))
+    assert isinstance(item, BatchLine), item
+    plain = to_job(parse(batch_line("ok", url)), bulk_id="b", tenant="t")
+    assert to_job(item, bulk_id="b", tenant="t") == plain
 
 
 def test_custom_id_is_kept_on_an_error_when_readable():

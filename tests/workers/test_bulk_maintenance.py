@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select, text
 
-from schemas.tables import bulk_jobs, jobs
+from schemas.tables import jobs
 from tests.workers.bulk_factories import numbered_batch
 from tests.workers.history_factories import insert_jobs, make_job, migrated_engine
 from workers.bulk import advance, maintenance, store
@@ -63,41 +63,18 @@ def test_worker_group_matches_the_worker_loop():
     assert maintenance.worker_group("t9") == group_id("t9")
 
 
-def test_purge_removes_old_finished_rows_but_keeps_open_bulk_jobs(db, tmp_path):
-    old = NOW - timedelta(days=40)
-    with db.begin() as conn:
-        conn.execute(bulk_jobs.insert().values(bulk_id="old-done", status="completed", finished_at=old))
-        conn.execute(bulk_jobs.insert().values(bulk_id="old-open", status="running"))
-        insert_jobs(conn, [
-            make_job("old", finished_at=old),
-            make_job("old-running", status="running", finished_at=None, created_at=old),
-            make_job("recent", finished_at=NOW - timedelta(days=1)),
-            make_job("old-of-done-bulk", finished_at=old, bulk_id="old-done"),
-            make_job("old-of-open-bulk", finished_at=old, bulk_id="old-open"),
-        ])  # fmt: skip
-    (tmp_path / "bulk" / "old-done").mkdir(parents=True)
-    with db.connect() as conn:
-        counts = maintenance.purge(conn, retention_days=30, now=NOW, state_dir=tmp_path)
-    assert counts["jobs"] == 2 and counts["bulk_jobs"] == 1
-    assert sorted(statuses(db)) == ["old-of-open-bulk", "old-running", "recent"]
-    assert not (tmp_path / "bulk" / "old-done").exists()
-
-
 class CrashingSubmitter:
-    """Stands in for JobClient: records what was flushed, and 'crashes' after `crash_after` submits."""
+    """Stands in for JobClient: records what the 'broker' took, and fails a batch that would take it past
+    `crash_after` jobs (as submit_many raises DeliveryFailed)."""
 
     def __init__(self, crash_after: int | None = None) -> None:
-        self.crash_after, self.pending, self.flushed = crash_after, [], []
+        self.crash_after, self.flushed = crash_after, []
 
-    def submit(self, job, priority: str = "normal") -> str:
-        if self.crash_after is not None and len(self.flushed) + len(self.pending) >= self.crash_after:
+    def submit_many(self, jobs, priority: str = "normal") -> list[str]:
+        if self.crash_after is not None and len(self.flushed) + len(jobs) > self.crash_after:
             raise RuntimeError("crash")
-        self.pending.append((job.job_id, priority, job.bulk_id))
-        return job.job_id
-
-    def flush(self) -> None:
-        self.flushed += self.pending
-        self.pending = []
+        self.flushed += [(job.job_id, priority, job.bulk_id) for job in jobs]
+        return [job.job_id for job in jobs]
 
 
 def test_producer_resumes_from_its_last_checkpoint(db, tmp_path):

@@ -70,10 +70,14 @@ def deployment(settings, tmp_path_factory):
 def test_poison_records_are_rejected_and_the_worker_keeps_serving(deployment):
     dep, client, db, worker = deployment
     since = now_ms()
-    before = client.submit({"job_id": f"before-{dep.topic_prefix}", "prompt": "first", "max_tokens": 4})
+    before = client.submit(
+        {"job_id": f"before-{dep.topic_prefix}", "prompt": "first", "max_tokens": 4}
+    ).job_id
     for name, (value, _) in POISON.items():
         client.submit_raw(value.replace("{p}", dep.topic_prefix).encode(), "normal", key=name)
-    after = client.submit({"job_id": f"after-{dep.topic_prefix}", "prompt": "still here", "max_tokens": 4})
+    after = client.submit(
+        {"job_id": f"after-{dep.topic_prefix}", "prompt": "still here", "max_tokens": 4}
+    ).job_id
     client.flush()
     ids = {
         name: json.loads(_parsable(v))["job_id"].replace("{p}", dep.topic_prefix)
@@ -117,7 +121,7 @@ def test_compressed_giants_are_bounded_and_dead_lettered_truncated(deployment):
     del bomb
     after = client.submit(
         {"job_id": f"after-gz-{dep.topic_prefix}", "prompt": "fine", "max_tokens": 3}, "low"
-    )
+    ).job_id
     client.flush()
     bomb_id = f"{dep.topics.jobs('low')}:{meta.partition}:{meta.offset}"
     rows = wait_terminal(db, [f"gz-big-{dep.topic_prefix}", bomb_id, after], timeout_s=120)

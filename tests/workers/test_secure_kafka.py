@@ -40,7 +40,7 @@ def test_submit_stream_and_result_over_sasl_ssl(settings, broker, tmp_path):
     try:
         job_id = client.submit(
             {"job_id": f"secure-{dep.topic_prefix}", "prompt": "over TLS", "max_tokens": 12}
-        )
+        ).job_id
         events = list(client.stream(job_id, timeout_s=180))
         result = client.wait(job_id, timeout_s=60)
         row = wait_terminal(db, [job_id])[job_id]

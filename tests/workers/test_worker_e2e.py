@@ -39,7 +39,9 @@ def _free_port() -> int:
 def deployment(settings, tmp_path_factory):
     dep = make_deployment(settings)
     port = _free_port()
-    worker = start_worker(dep, tmp_path_factory.mktemp("worker"), "w-e2e", "--metrics-port", str(port))
+    worker = start_worker(
+        dep, tmp_path_factory.mktemp("worker"), "w-e2e", "--metrics-port", str(port), "--log-format", "json"
+    )
     worker.metrics_port = port
     client = JobClient(dep)
     db = create_engine(dep.database_url)
@@ -131,7 +133,7 @@ def test_malformed_messages_go_to_dlq_and_rejected_rows(deployment):
         client.submit_raw(value.replace(b"{p}", dep.topic_prefix.encode()), "normal", key=name)
     good = client.submit(
         {"job_id": f"after-bad-{dep.topic_prefix}", "prompt": "still serving", "max_tokens": 3}
-    )
+    ).job_id
     client.flush()
     dlq = read_topic(dep, dep.topics.dlq, since, lambda rs: len(rs) >= len(MALFORMED))
     assert sorted(r.key.decode() for r in dlq) == sorted(MALFORMED)
@@ -161,13 +163,15 @@ def test_malformed_messages_go_to_dlq_and_rejected_rows(deployment):
 
 def test_cancel_and_timeout(deployment):
     dep, client, db, _ = deployment
-    long_job = client.submit({"job_id": f"cancel-{dep.topic_prefix}", "prompt": "go on", "max_tokens": 2000})
+    long_job = client.submit(
+        {"job_id": f"cancel-{dep.topic_prefix}", "prompt": "go on", "max_tokens": 2000}
+    ).job_id
     client.flush()
     wait_status(db, long_job, "running")
     client.cancel(long_job)
     expired = client.submit(
         {"job_id": f"expire-{dep.topic_prefix}", "prompt": "late", "max_tokens": 2000, "timeout_s": 0.5}
-    )
+    ).job_id
     client.flush()
     rows = wait_terminal(db, [long_job, expired])
     assert rows[long_job]["status"] == "cancelled"
@@ -191,7 +195,9 @@ def test_duplicates_and_redeliveries_yield_one_terminal_row_and_result(deploymen
     client.flush()
     rows = wait_terminal(db, [job["job_id"]])
     client.submit(job, "low")  # a redelivery of a finished job
-    probe = client.submit({"job_id": f"probe-{dep.topic_prefix}", "prompt": "after", "max_tokens": 2}, "low")
+    probe = client.submit(
+        {"job_id": f"probe-{dep.topic_prefix}", "prompt": "after", "max_tokens": 2}, "low"
+    ).job_id
     client.flush()
     wait_terminal(db, [probe])
     results = _results(dep, since, 2)
@@ -201,7 +207,9 @@ def test_duplicates_and_redeliveries_yield_one_terminal_row_and_result(deploymen
 
 def test_metrics_endpoint_counts_what_happened(deployment):
     dep, client, db, worker = deployment
-    job_id = client.submit({"job_id": f"metrics-{dep.topic_prefix}", "prompt": "count me", "max_tokens": 4})
+    job_id = client.submit(
+        {"job_id": f"metrics-{dep.topic_prefix}", "prompt": "count me", "max_tokens": 4}
+    ).job_id
     client.flush()
     wait_terminal(db, [job_id])
     time.sleep(0.5)
@@ -213,10 +221,20 @@ def test_metrics_endpoint_counts_what_happened(deployment):
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
             samples[name] = float(value)
-    assert samples['inferq:request_success_total{status="succeeded"}'] >= 1
-    assert samples['inferq:time_to_first_token_seconds_count{priority="normal"}'] >= 1
-    assert samples["inferq:generation_tokens_total"] >= 4
-    assert "inferq:kv_cache_usage_perc" in samples and "inferq:num_requests_running" in samples
+    model = 'model_name="tiny"'  # --model tiny, no --served-model-name: the spec is the name
+    success = [k for k in samples if k.startswith("inferq:request_success_total{finished_reason=")]
+    assert any(model in k and 'status="succeeded"' in k and samples[k] >= 1 for k in success), success
+    assert samples[f'inferq:time_to_first_token_seconds_count{{{model},priority="normal"}}'] >= 1
+    assert samples[f'inferq:inter_token_latency_seconds_count{{{model},priority="normal"}}'] >= 3  # 4 tokens
+    assert samples[f"inferq:generation_tokens_total{{{model}}}"] >= 4
+    assert (
+        samples[f"inferq:prefix_cache_queries_total{{{model}}}"]
+        >= samples[f"inferq:prefix_cache_hits_total{{{model}}}"]
+    )
+    assert (
+        f"inferq:kv_cache_usage_perc{{{model}}}" in samples
+        and f"inferq:num_requests_running{{{model}}}" in samples
+    )
     # the malformed-message test ran first in this module: its records are counted by reason
     assert samples['inferq:requests_rejected_total{reason="invalid"}'] >= 7
     assert samples['inferq:requests_rejected_total{reason="too_long"}'] >= 1
@@ -224,3 +242,32 @@ def test_metrics_endpoint_counts_what_happened(deployment):
     assert len(lags) == 13 and all(v >= 0 for v in lags)  # 3 jobs topics x 4 partitions + control
     assert samples["inferq:persister_queue_depth"] >= 0 and "inferq:persister_oldest_age_seconds" in samples
     assert samples["inferq:unpublished_results"] >= 0
+
+
+def test_json_logs_carry_every_event_of_a_job_and_never_its_text(deployment):
+    dep, client, db, worker = deployment
+    secret = f"do-not-log-{dep.topic_prefix}"
+    job_id = client.submit(
+        {"job_id": f"logged-{dep.topic_prefix}", "prompt": secret, "max_tokens": 6}, "high"
+    ).job_id
+    client.submit_raw(b'{"job_id": "bad-log-%s", "max_tokens": "many"}' % dep.topic_prefix.encode(), "low")
+    client.flush()
+    row = wait_terminal(db, [job_id])[job_id]
+    wait_terminal(db, [f"bad-log-{dep.topic_prefix}"])
+    time.sleep(0.5)  # the log line of the rejection may trail its row by a moment
+    lines = [ln for ln in worker.output().splitlines() if ln.strip()]
+    records = [json.loads(ln) for ln in lines]  # every line is one JSON object
+    assert all({"time", "level", "logger", "message", "worker_id"} <= r.keys() for r in records)
+    assert {r["worker_id"] for r in records} == {"w-e2e"}
+    events = [r for r in records if r.get("job_id") == job_id]
+    assert [e["event"] for e in events] == ["admitted", "started", "first_token", "finished"]
+    assert {(e["level"], e["priority"]) for e in events} == {("INFO", "high")}
+    finished = events[-1]
+    assert finished["status"] == row["status"] == "succeeded"
+    assert finished["finish_reason"] == row["finish_reason"]
+    assert finished["completion_tokens"] == row["completion_tokens"] > 0
+    assert finished["e2e_ms"] >= finished["ttft_ms"] >= 0
+    rejected = [r for r in records if r.get("job_id") == f"bad-log-{dep.topic_prefix}"]
+    assert [(r["event"], r["reason"], r["priority"]) for r in rejected] == [("rejected", "invalid", "low")]
+    assert "max_tokens" in rejected[0]["error"]
+    assert secret not in worker.output()

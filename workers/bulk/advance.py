@@ -47,7 +47,7 @@ def jobs_done(engine: Engine, row: store.Row) -> bool:
     return _all_rows_terminal(engine, row["bulk_id"], Path(row["input_path"]))
 
 
-def write_files(engine: Engine, row: store.Row) -> FinalCounts:
+def write_files(engine: Engine, row: store.Row, model_name: str | None = None) -> FinalCounts:
     bulk_id, folder = row["bulk_id"], Path(row["input_path"]).parent
     output, errors = folder / "output.jsonl", folder / "errors.jsonl"
     with engine.connect() as conn:
@@ -58,6 +58,7 @@ def write_files(engine: Engine, row: store.Row) -> FinalCounts:
             output,
             errors,
             unfinished_code="cancelled" if row["status"] == "cancelled" else "missing",
+            model_name=model_name,
         )
     with engine.begin() as conn:
         store.set_files(conn, bulk_id, str(output), str(errors), dataclasses.asdict(counts))
@@ -66,8 +67,11 @@ def write_files(engine: Engine, row: store.Row) -> FinalCounts:
     return counts
 
 
-def maybe_finalize(engine: Engine, bulk_id: str, now: datetime | None = None) -> FinalCounts | None:
-    """Write the files if the bulk job is ready; the caller holds the bulk job's lock."""
+def maybe_finalize(
+    engine: Engine, bulk_id: str, now: datetime | None = None, model_name: str | None = None
+) -> FinalCounts | None:
+    """Write the files if the bulk job is ready; the caller holds the bulk job's lock. `model_name`: the
+    served model's, echoed in the responses (INFERQ_SERVED_MODEL_NAME)."""
     now = now or datetime.now(UTC)
     with engine.connect() as conn:
         row = store.get(conn, bulk_id)
@@ -90,10 +94,12 @@ def maybe_finalize(engine: Engine, bulk_id: str, now: datetime | None = None) ->
             return None
     elif row["status"] != "finalizing":  # finalizing: a worker died while writing; write again
         return None
-    return write_files(engine, row)
+    return write_files(engine, row, model_name)
 
 
-def tick(engine: Engine, topic_prefix: str, start_producer: Callable[[str], None]) -> None:
+def tick(
+    engine: Engine, topic_prefix: str, start_producer: Callable[[str], None], model_name: str | None = None
+) -> None:
     """One pass over the deployment's open bulk jobs."""
     with engine.connect() as conn:
         open_jobs = store.open_bulk_ids(conn, topic_prefix)
@@ -106,4 +112,4 @@ def tick(engine: Engine, topic_prefix: str, start_producer: Callable[[str], None
             continue
         with store.bulk_lock(engine, bulk_id) as got:
             if got:  # else a finaliser is at work on it
-                maybe_finalize(engine, bulk_id)
+                maybe_finalize(engine, bulk_id, model_name=model_name)

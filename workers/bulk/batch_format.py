@@ -17,15 +17,11 @@ from typing import Any
 
 from schemas.jobs import JobRequest
 from schemas.validation import InvalidMessage, Limits, parse_job
+from workers.bulk.batch_fields import check_body
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 MAX_CUSTOM_ID = 512
 _JOB_ID_SAFE = re.compile(r"^[A-Za-z0-9._:@/+=-]+$")  # schemas.jobs.JobRequest.job_id's pattern
-_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "user"}
-_ALLOWED = {
-    "/v1/completions": _COMMON | {"prompt"},
-    "/v1/chat/completions": _COMMON | {"messages", "max_completion_tokens"},
-}
 
 
 @dataclass(frozen=True)
@@ -128,13 +124,9 @@ def _check_envelope(data: Any) -> tuple[str, str, dict[str, Any]]:
     body = data.get("body")
     if not isinstance(body, dict):
         raise InvalidMessage("body must be a JSON object")
-    unknown = set(body) - _ALLOWED[url]
-    if unknown:
-        raise InvalidMessage(f"unsupported body fields for {url}: {', '.join(sorted(unknown))}")
-    if body.get("n", 1) != 1:
-        raise InvalidMessage("body.n must be 1")
-    if body.get("stream", False) is not False:
-        raise InvalidMessage("body.stream is not supported in a batch")
+    problem = check_body(url, body)
+    if problem is not None:
+        raise InvalidMessage(problem)
     if body.get("model") is not None and not isinstance(body["model"], str):
         raise InvalidMessage("body.model must be a string")
     return custom_id, url, body

@@ -39,6 +39,7 @@ def write_results(
     *,
     unfinished_code: str = "cancelled",
     chunk: int = 500,
+    model_name: str | None = None,
 ) -> FinalCounts:
     """Write both files atomically (temp file, then rename), so a re-run after a crash starts clean."""
     counts = {"succeeded": 0, "failed": 0, "invalid": 0, "unfinished": 0}
@@ -57,7 +58,7 @@ def write_results(
                     status = row["status"] if row else None
                     if status == "succeeded":
                         counts["succeeded"] += 1
-                        record, target = success_line(item, row), out
+                        record, target = success_line(item, row, model_name), out
                     elif status in ("failed", "rejected", "cancelled", "expired"):
                         counts["failed"] += 1
                         record, target = failed_line(item, row), err

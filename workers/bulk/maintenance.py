@@ -1,4 +1,5 @@
-"""Periodic upkeep of the database: release jobs of dead workers, purge rows older than the retention.
+"""Periodic upkeep of the database: release jobs of dead workers, drop the Celery broker's delivered
+messages. (Purging job history is workers/retention.py, and only when configured.)
 
 Every statement is conditional on the state it changes, so it never races a worker's own writes: a worker
 that finishes a job first wins, and a row we reset is one no live worker owns.
@@ -6,9 +7,7 @@ that finishes a job first wins, and a row we reset is one no live worker owns.
 
 from __future__ import annotations
 
-import shutil
 from datetime import datetime, timedelta
-from pathlib import Path
 
 from sqlalchemy import Connection, inspect, text
 
@@ -64,41 +63,14 @@ def _delete_in_batches(conn: Connection, sql: str, params: dict) -> int:
             return total
 
 
-def purge(
-    conn: Connection, retention_days: float, now: datetime, state_dir: Path | None = None
-) -> dict[str, int]:
-    """Delete terminal jobs and finished bulk jobs (with their files) older than the retention.
-
-    A job of a bulk job that is still open is kept, so its output can still be written.
-    """
-    cutoff = now - timedelta(days=retention_days)
-    counts = {}
-    counts["jobs"] = _delete_in_batches(
+def purge_broker_messages(conn: Connection, now: datetime) -> int:
+    """Celery's SQLAlchemy transport keeps delivered messages (visible = false) forever: those older than a
+    day go (the broker's own housekeeping, not job history)."""
+    if not inspect(conn).has_table("kombu_message"):
+        return 0
+    return _delete_in_batches(
         conn,
-        "DELETE FROM jobs WHERE job_id IN (SELECT job_id FROM jobs j WHERE finished_at < :cutoff "
-        "AND status IN ('succeeded', 'failed', 'rejected', 'cancelled', 'expired') "
-        "AND NOT EXISTS (SELECT 1 FROM bulk_jobs b WHERE b.bulk_id = j.bulk_id "
-        "AND b.status IN ('validating', 'submitting', 'running', 'finalizing')) LIMIT :batch)",
-        {"cutoff": cutoff},
+        "DELETE FROM kombu_message WHERE id IN (SELECT id FROM kombu_message WHERE visible = false "
+        "AND timestamp < :cutoff LIMIT :batch)",
+        {"cutoff": (now - timedelta(days=1)).replace(tzinfo=None)},
     )
-    gone = conn.execute(
-        text(
-            "DELETE FROM bulk_jobs WHERE finished_at < :cutoff "
-            "AND status IN ('completed', 'cancelled', 'failed') RETURNING bulk_id"
-        ),
-        {"cutoff": cutoff},
-    ).scalars().all()  # fmt: skip
-    conn.commit()
-    counts["bulk_jobs"] = len(gone)
-    if state_dir is not None:
-        for bulk_id in gone:
-            shutil.rmtree(state_dir / "bulk" / bulk_id, ignore_errors=True)
-    # Celery's SQLAlchemy transport keeps delivered messages (visible = false) forever.
-    if inspect(conn).has_table("kombu_message"):
-        counts["broker_messages"] = _delete_in_batches(
-            conn,
-            "DELETE FROM kombu_message WHERE id IN (SELECT id FROM kombu_message WHERE visible = false "
-            "AND timestamp < :cutoff LIMIT :batch)",
-            {"cutoff": (now - timedelta(days=1)).replace(tzinfo=None)},
-        )
-    return counts

@@ -21,8 +21,9 @@ def _usage(row: Row) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def response_body(line: BatchLine, row: Row) -> dict[str, Any]:
-    """The body OpenAI's endpoint would have returned for this request."""
+def response_body(line: BatchLine, row: Row, model_name: str | None = None) -> dict[str, Any]:
+    """The body OpenAI's endpoint would have returned for this request; `model` is the served model's
+    name when known (as vLLM answers), else the name the request gave."""
     text, finish = row.get("output_text") or "", row.get("finish_reason")
     if line.url == "/v1/chat/completions":
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
@@ -34,17 +35,18 @@ def response_body(line: BatchLine, row: Row) -> dict[str, Any]:
         "id": row["job_id"],
         "object": kind,
         "created": _created(row),
-        "model": line.model,
+        "model": model_name or line.model,
         "choices": [choice],
         "usage": _usage(row),
     }
 
 
-def success_line(line: BatchLine, row: Row) -> dict[str, Any]:
+def success_line(line: BatchLine, row: Row, model_name: str | None = None) -> dict[str, Any]:
+    body = response_body(line, row, model_name)
     return {
         "id": f"batch_req_{row['job_id']}",
         "custom_id": line.custom_id,
-        "response": {"status_code": 200, "request_id": row["job_id"], "body": response_body(line, row)},
+        "response": {"status_code": 200, "request_id": row["job_id"], "body": body},
         "error": None,
     }
 

@@ -1,6 +1,6 @@
 """Producing a bulk job's lines as Kafka jobs, resumable from the last checkpoint.
 
-A checkpoint (bulk_jobs.submitted_lines) is written only after the producer flushed every job before
+A checkpoint (bulk_jobs.submitted_lines) is written only after the broker acknowledged every job before
 it, so a restart re-sends at most one checkpoint's worth of jobs; their job_ids are deterministic and
 the worker skips a job_id it has already finished, so nothing runs twice.
 """
@@ -8,6 +8,7 @@ the worker skips a job_id it has already finished, so nothing runs twice.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
@@ -24,8 +25,8 @@ CHECKPOINT_LINES = 200
 
 
 class Submitter(Protocol):  # workers.client.JobClient
-    def submit(self, job: JobRequest, priority: str = "normal") -> str: ...
-    def flush(self) -> None: ...
+    def submit_many(self, jobs: Sequence[JobRequest], priority: str = "normal") -> Sequence[object]:
+        """Returns once the broker has every job; raises otherwise."""
 
 
 def produce(engine: Engine, bulk_id: str, client: Submitter, checkpoint: int = CHECKPOINT_LINES) -> str:
@@ -48,21 +49,23 @@ def produce(engine: Engine, bulk_id: str, client: Submitter, checkpoint: int = C
             store.transition(conn, bulk_id, ("submitting",), "submitting", started_at=datetime.now(UTC))
     start, done = row["submitted_lines"], row["submitted_lines"]
     log.info("bulk %s: producing from line item %d", bulk_id, start)
+    chunk: list[JobRequest] = []
     for index, item in enumerate(read_batch(Path(row["input_path"])), start=1):
         if index <= start:
             continue
         if isinstance(item, BatchLine):
-            client.submit(to_job(item, bulk_id=bulk_id, tenant=row["tenant"]), priority=row["priority"])
+            chunk.append(to_job(item, bulk_id=bulk_id, tenant=row["tenant"]))
         done = index
         if index % checkpoint == 0:
-            client.flush()
+            client.submit_many(chunk, priority=row["priority"])
+            chunk = []
             with engine.begin() as conn:
                 store.set_submitted(conn, bulk_id, index)
                 status = store.get(conn, bulk_id)["status"]
             if status != "submitting":
                 log.info("bulk %s: %s at line item %d; producer stops", bulk_id, status, index)
                 return status
-    client.flush()
+    client.submit_many(chunk, priority=row["priority"])
     with engine.begin() as conn:
         store.set_submitted(conn, bulk_id, done)
         store.transition(conn, bulk_id, ("submitting",), "running")

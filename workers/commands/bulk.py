@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from schemas.topics import PRIORITY_CLASSES
+from workers.commands.options import add_log_options, add_timeout_option
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_status)
     p = verbs.add_parser("wait", help="show a progress bar until the bulk job has finished")
     p.add_argument("bulk_id")
-    p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 124)")
+    add_timeout_option(p, None, "the bulk job (exit 124)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between updates")
     p.set_defaults(func=_wait)
     p = verbs.add_parser("fetch", help="the output file (Batch output format), in input order")
@@ -54,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--concurrency", type=int, default=4, help="task threads (default: 4)")
     p.add_argument("--no-beat", action="store_true", help="do not embed the beat (run one elsewhere)")
-    p.add_argument("--loglevel", default="INFO")
+    add_log_options(p)
     p.set_defaults(func=_bulk_worker)
 
 
@@ -207,14 +208,28 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _bulk_worker(args: argparse.Namespace) -> int:
+    import socket
+
+    from celery import signals
+
+    from workers import logs
     from workers.bulk.celery_app import make_app, queue
     from workers.settings import Settings
 
     settings = Settings.from_env()
     settings.state_dir.mkdir(parents=True, exist_ok=True)
-    argv = ["worker", "--pool", "threads", "--concurrency", str(args.concurrency),
-            "--queues", queue(settings), "--loglevel", args.loglevel,
-            "--hostname", f"bulk-{os.getpid()}@%h", "--without-mingle", "--without-gossip"]  # fmt: skip
+    hostname = f"bulk-{os.getpid()}@{socket.gethostname()}"
+
+    def setup_logging(**_kwargs: object) -> None:  # a receiver here means Celery leaves logging to us
+        logs.configure(args.log_level, args.log_format, hostname)
+
+    setup_logging()  # now too: warnings Celery raises while starting become log lines
+    signals.setup_logging.connect(setup_logging, weak=False)
+    # --quiet: no start-up banner on stdout (it is not a log line, and would break JSON logs)
+    quiet = ["--quiet"] if args.log_format == "json" else []
+    argv = [*quiet, "worker", "--pool", "threads", "--concurrency", str(args.concurrency),
+            "--queues", queue(settings), "--loglevel", args.log_level,
+            "--hostname", hostname, "--without-mingle", "--without-gossip"]  # fmt: skip
     if not args.no_beat:
         argv += ["--beat", "--schedule", str(settings.state_dir / f"celerybeat-{settings.topic_prefix}")]
     make_app(settings).worker_main(argv)

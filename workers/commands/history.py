@@ -81,6 +81,61 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     fmt.add_argument("--json", action="store_true", help="print JSON (all columns)")
     fmt.add_argument("--csv", action="store_true", help="print CSV (all columns) of one --report")
     p.set_defaults(func=_history)
+    verbs = p.add_subparsers(dest="history_command", metavar="VERB")
+    purge = verbs.add_parser(
+        "purge",
+        help="delete finished jobs and bulk jobs older than an age",
+        description="Delete terminal jobs and finished bulk jobs (with their files) that finished longer "
+        "ago than --older-than; jobs of a bulk job still open are kept. Prints what it deleted (with "
+        "--dry-run, what it would delete). The bulk worker runs the same purge every minute when "
+        "INFERQ_RETENTION_DAYS is set, and never otherwise.",
+    )
+    purge.add_argument(
+        "--older-than",
+        default=None,
+        metavar="AGE",
+        help="30d, 12h, 2w, 90m (default: INFERQ_RETENTION_DAYS days; one of the two is needed)",
+    )
+    purge.add_argument("--dry-run", action="store_true", help="count what would be deleted, delete nothing")
+    purge.add_argument("--json", action="store_true", help="print the counts as JSON")
+    purge.set_defaults(func=_purge)
+
+
+def _purge(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    from workers import history, retention
+    from workers.settings import Settings
+    from workers.store import make_engine
+
+    settings = Settings.from_env()
+    try:
+        if args.older_than is not None:
+            age = history.parse_age(args.older_than)
+        elif settings.retention_days is not None:
+            age = timedelta(days=settings.retention_days)
+        else:
+            raise ValueError("give --older-than (e.g. 30d) or set INFERQ_RETENTION_DAYS")
+    except ValueError as exc:
+        print(f"inferq history purge: {exc}", file=sys.stderr)
+        return 2
+    cutoff = datetime.now(UTC) - age
+    engine = make_engine(settings.database_url)
+    try:
+        with engine.connect() as conn:
+            done = retention.purge(conn, cutoff, settings.state_dir, dry_run=args.dry_run)
+    finally:
+        engine.dispose()
+    if args.json:
+        doc = {"jobs": done.jobs, "bulk_jobs": done.bulk_jobs, "dry_run": done.dry_run}
+        print(json.dumps({**doc, "finished_before": cutoff.isoformat()}))
+    else:
+        verb = "would delete" if done.dry_run else "deleted"
+        print(
+            f"{verb} {done.jobs} jobs and {done.bulk_jobs} bulk jobs finished before "
+            f"{cutoff:%Y-%m-%d %H:%M} UTC"
+        )
+    return 0
 
 
 def _history(args: argparse.Namespace) -> int:

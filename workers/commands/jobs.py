@@ -7,6 +7,12 @@ import json
 import sys
 from pathlib import Path
 
+from schemas.statuses import JOB_STATUSES
+from schemas.topics import PRIORITY_CLASSES
+from workers.commands.options import HIDDEN, add_timeout_option
+
+SCHEMA_NAMES = ("JobRequest", "CancelRequest", "TokenEvent", "JobResult", "Rejection")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -17,8 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("prompt", nargs="?", help="the prompt (or use --file)")
     p.add_argument("--file", type=Path, help="JSONL file, one JobRequest per line")
-    p.add_argument("--priority", default="normal", choices=["high", "normal", "low"])
-    p.add_argument("--tenant", default=None)
+    p.add_argument("--priority", default="normal", choices=PRIORITY_CLASSES, help="(default: normal)")
+    p.add_argument("--tenant", default=None, help="(default: the job's, else default)")
     p.add_argument("--job-id", default=None, help="idempotency key (default: a new UUID)")
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--temperature", type=float, default=None)
@@ -26,15 +32,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    p.add_argument("--timeout-s", type=float, default=None, help="job deadline, from posting")
+    p.add_argument(
+        "--job-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the job's deadline (its timeout_s), counted from posting",
+    )
+    p.add_argument("--timeout-s", dest="job_timeout", type=float, **HIDDEN)
     p.add_argument("--stream", action="store_true", help="print tokens live from the tokens topic")
     p.add_argument("--wait", action="store_true", help="print the result from the results topic")
-    p.add_argument("--wait-timeout", type=float, default=300.0, help="seconds to wait with --stream/--wait")
+    add_timeout_option(p, 300.0, "--stream/--wait")
     p.set_defaults(func=submit)
 
     c = subparsers.add_parser("cancel", help="cancel a job", description="Cancel a queued or running job.")
     c.add_argument("job_id")
-    c.add_argument("--tenant", default="default", help="the tenant that owns the job (only it can cancel)")
+    c.add_argument(
+        "--tenant",
+        default="default",
+        help="the tenant that owns the job (only it can cancel) (default: default)",
+    )
     c.set_defaults(func=cancel)
 
     t = subparsers.add_parser(
@@ -43,14 +60,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Print a job's tokens as they are generated (from the tokens topic), then its status.",
     )
     t.add_argument("job_id")
-    t.add_argument("--timeout", type=float, default=300.0)
+    add_timeout_option(t, 300.0, "the job's final token")
     t.set_defaults(func=tail)
 
     j = subparsers.add_parser("jobs", help="recent jobs from PostgreSQL", description="List recent job rows.")
-    j.add_argument("--status", default=None)
+    j.add_argument("--status", default=None, choices=JOB_STATUSES)
+    j.add_argument("--priority", default=None, choices=PRIORITY_CLASSES)
     j.add_argument("--tenant", default=None)
     j.add_argument("--bulk-id", default=None)
-    j.add_argument("--limit", type=int, default=20)
+    j.add_argument("--limit", type=int, default=20, help="(default: 20)")
     j.add_argument("--json", action="store_true", help="one JSON object per line")
     j.set_defaults(func=list_jobs)
 
@@ -63,12 +81,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "name",
         nargs="?",
         default="JobRequest",
-        choices=["JobRequest", "CancelRequest", "TokenEvent", "JobResult", "Rejection"],
+        choices=SCHEMA_NAMES,
     )
     s.set_defaults(func=schema)
 
 
-def _jobs_from_args(args: argparse.Namespace) -> list[dict]:
+def _jobs_from_args(args: argparse.Namespace) -> list:
     overrides = {
         k: v
         for k, v in {
@@ -79,32 +97,65 @@ def _jobs_from_args(args: argparse.Namespace) -> list[dict]:
             "top_k": args.top_k,
             "seed": args.seed,
             "stop": args.stop,
-            "timeout_s": args.timeout_s,
+            "timeout_s": args.job_timeout,
             "job_id": args.job_id,
         }.items()
         if v is not None
     }
     if args.file:
-        lines = [ln for ln in args.file.read_text().splitlines() if ln.strip()]
-        return [{**json.loads(ln), **{k: v for k, v in overrides.items() if k != "job_id"}} for ln in lines]
+        shared = {k: v for k, v in overrides.items() if k != "job_id"}
+        return [_job_line(line, n, shared) for n, line in enumerate(args.file.read_text().splitlines(), 1)
+                if line.strip()]  # fmt: skip
     if args.prompt is None:
         raise SystemExit("inferq submit: give a prompt or --file")
-    return [{"prompt": args.prompt, **overrides}]
+    return [_job_line(json.dumps({"prompt": args.prompt}), 0, overrides)]
+
+
+def _job_line(line: str, number: int, overrides: dict):
+    """A JobRequest from a line of the file (validated here: a bad line stops the command before anything
+    is sent, naming the line)."""
+    from pydantic import ValidationError
+
+    from schemas.jobs import JobRequest
+
+    where = f"line {number}: " if number else ""
+    try:
+        data = json.loads(line)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        return JobRequest.model_validate({**data, **overrides})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'job'}: {e['msg']}" for e in exc.errors())
+        raise SystemExit(f"inferq submit: {where}{problems}; nothing was sent") from None
+    except ValueError as exc:
+        raise SystemExit(f"inferq submit: {where}{exc}; nothing was sent") from None
 
 
 def submit(args: argparse.Namespace) -> int:
-    from workers.client import JobClient
+    from workers import progress
+    from workers.client import DeliveryFailed, JobClient
 
+    jobs = _jobs_from_args(args)
     with JobClient() as client:
-        ids = [client.submit(job, args.priority) for job in _jobs_from_args(args)]
-        client.flush()
-        for job_id in ids:
-            print(job_id, file=sys.stderr if args.stream else sys.stdout)
-        for job_id in ids:
+        try:
+            with progress.bar(
+                "submitting", len(jobs), enabled=bool(args.file) and progress.wanted()
+            ) as advance:
+                sent = client.submit_many(jobs, args.priority, on_delivered=lambda _s: advance(1))
+        except DeliveryFailed as exc:
+            print(
+                f"inferq submit: {exc}; {len(exc.delivered)} of {len(jobs)} were delivered before it "
+                "(submitting the same file again is safe: job_ids make it idempotent)",
+                file=sys.stderr,
+            )
+            return 1
+        for s in sent:
+            print(s.job_id, file=sys.stderr if args.stream else sys.stdout)
+        for s in sent:
             if args.stream:
-                _print_stream(client, job_id, args.wait_timeout)
+                _print_stream(client, s.job_id, args.timeout)
             if args.wait:
-                print(client.wait(job_id, args.wait_timeout).model_dump_json(indent=2))
+                print(client.wait(s, args.timeout).model_dump_json(indent=2))
     return 0
 
 
@@ -157,6 +208,7 @@ def list_jobs(args: argparse.Namespace) -> int:
     query = select(*cols).order_by(jobs.c.created_at.desc()).limit(args.limit)
     for col, value in (
         (jobs.c.status, args.status),
+        (jobs.c.priority, args.priority),
         (jobs.c.tenant, args.tenant),
         (jobs.c.bulk_id, args.bulk_id),
     ):

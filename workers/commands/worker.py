@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from workers.commands.options import HIDDEN, add_log_options
+
 log = logging.getLogger(__name__)
 
 
@@ -37,18 +39,28 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     """The engine's options under vLLM's names; the old names still work (hidden aliases)."""
     from gpu.model_source import DEFAULT_MODEL, MODEL_HELP
 
-    hidden = dict(default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    hidden = HIDDEN
     g = parser.add_argument_group("engine")
     g.add_argument("--model", default=DEFAULT_MODEL, help=f"{MODEL_HELP} (default: %(default)s)")
+    g.add_argument(
+        "--served-model-name",
+        default=None,
+        metavar="NAME",
+        help="the name responses and metrics carry (default: INFERQ_SERVED_MODEL_NAME, else --model)",
+    )
     g.add_argument(
         "--dtype",
         default="auto",
         choices=["auto", "float32", "bfloat16", "float16"],
         help="weights and KV cache; auto: float32 on CPU, bfloat16 on CUDA (default: auto)",
     )
-    g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    g.add_argument("--max-num-seqs", type=int, default=64, help="running sequences per step at most")
-    g.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per step at most")
+    g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
+    g.add_argument(
+        "--max-num-seqs", type=int, default=64, help="running sequences per step at most (default: 64)"
+    )
+    g.add_argument(
+        "--max-num-batched-tokens", type=int, default=512, help="tokens per step at most (default: 512)"
+    )
     g.add_argument("--max-batched-tokens", dest="max_num_batched_tokens", type=int, **hidden)
     g.add_argument(
         "--kv-cache-memory",
@@ -72,10 +84,27 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         help="reuse the KV blocks of shared prompt prefixes",
     )
     g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", **hidden)
-    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
 
 
-def build_engine(args: argparse.Namespace, cache_dir: Path | None = None):
+def served_model_name(args: argparse.Namespace, settings) -> str:
+    return args.served_model_name or settings.served_model_name or args.model
+
+
+def convert_model(spec: str, cache_dir: Path | None, show_progress: bool) -> None:
+    """A GGUF model's one-off conversion, done here so a person sees it progress (the engine then finds
+    the cache entry); nothing for other models or an entry already converted."""
+    from gpu.gguf_cache import DEFAULT_CACHE_DIR, cached_checkpoint
+    from gpu.model_source import SourceKind, resolve_model
+    from workers import progress
+
+    source = resolve_model(spec)
+    if source.kind is SourceKind.GGUF and source.path is not None:
+        with progress.stages(f"converting {source.path.name} once", enabled=show_progress) as report:
+            cached_checkpoint(source.path, cache_dir or DEFAULT_CACHE_DIR, report)
+
+
+def build_engine(args: argparse.Namespace, cache_dir: Path | None = None, show_progress: bool = False):
     """The engine the options describe; a GGUF model is converted into `cache_dir` on first use."""
     from gpu.engine import Engine
 
@@ -91,6 +120,7 @@ def build_engine(args: argparse.Namespace, cache_dir: Path | None = None):
     if args.gpu_memory_utilization is not None:
         options["gpu_memory_utilization"] = args.gpu_memory_utilization
     start = time.perf_counter()
+    convert_model(args.model, cache_dir, show_progress)
     engine = Engine.from_options(
         model=args.model, dtype=args.dtype, device=args.device, cache_dir=cache_dir, **options
     )
@@ -118,33 +148,52 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_engine_options(p)
     p.add_argument("--worker-id", default=None, help="name in the jobs table (default: host-pid)")
-    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
-    p.add_argument("--max-waiting", type=int, default=256, help="local queue size before pausing low/normal")
     p.add_argument(
-        "--coalesce-ms", type=float, default=50.0, help="send token events of a job at most this often"
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics on this port (default: INFERQ_METRICS_PORT, else none)",
     )
-    p.add_argument("--grace-s", type=float, default=30.0, help="time to finish in-flight jobs on shutdown")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--max-waiting",
+        type=int,
+        default=256,
+        help="local queue size before pausing low/normal (default: 256)",
+    )
+    p.add_argument(
+        "--coalesce-ms",
+        type=float,
+        default=50.0,
+        help="send token events of a job at most this often (default: 50)",
+    )
+    p.add_argument(
+        "--grace-s",
+        type=float,
+        default=30.0,
+        help="seconds to finish in-flight jobs on shutdown (default: 30)",
+    )
+    add_log_options(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(logging.WARNING)
-    from workers.loop import Worker, WorkerOptions
-    from workers.metrics import WorkerMetrics
+    from workers import logs, progress
     from workers.settings import Settings
 
-    # The Kafka clients' I/O threads run Python; with the default 5 ms switch interval the engine loop can
-    # wait that long for the GIL after every torch op. A short interval hands it back promptly.
-    sys.setswitchinterval(float(os.environ.get("INFERQ_SWITCH_INTERVAL", "0.0005")))
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+    logs.configure(args.log_level, args.log_format, worker_id)
+    from workers.loop import Worker, WorkerOptions
+    from workers.metrics import WorkerMetrics
+
     settings = Settings.from_env()
-    engine = build_engine(args, settings.cache_dir)
+    sys.setswitchinterval(settings.switch_interval_s)
+    show_progress = args.log_format == "text" and progress.wanted()
+    engine = build_engine(args, settings.cache_dir, show_progress)
     warm_up(engine)
-    metrics = WorkerMetrics()
-    if args.metrics_port:
-        metrics.serve(args.metrics_port)
+    metrics = WorkerMetrics(served_model_name(args, settings))
+    metrics_port = args.metrics_port if args.metrics_port is not None else settings.metrics_port
+    if metrics_port:
+        metrics.serve(metrics_port)
     options = WorkerOptions(
         worker_id=worker_id, max_waiting=args.max_waiting, coalesce_ms=args.coalesce_ms, grace_s=args.grace_s
     )

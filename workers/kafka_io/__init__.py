@@ -7,8 +7,8 @@ is built from a `KafkaConnection` (bootstrap servers + security settings).
 
 from workers.kafka_io.admin import group_client_ids, group_members
 from workers.kafka_io.consumer import GroupConsumer, RebalanceEvent
-from workers.kafka_io.producer import Delivery, Producer
-from workers.kafka_io.readers import BroadcastReader, TopicReader
+from workers.kafka_io.producer import Delivery, Placed, Producer
+from workers.kafka_io.readers import BroadcastReader, PartitionReader, TopicReader
 from workers.kafka_io.records import Partition, Record, partition_for_key
 
 __all__ = [
@@ -16,6 +16,8 @@ __all__ = [
     "Delivery",
     "GroupConsumer",
     "Partition",
+    "PartitionReader",
+    "Placed",
     "Producer",
     "RebalanceEvent",
     "Record",

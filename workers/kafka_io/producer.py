@@ -13,13 +13,25 @@ from workers.settings import KafkaConnection
 
 
 @dataclass(frozen=True)
+class Placed:
+    """Where the broker stored a message."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+
+@dataclass(frozen=True)
 class Delivery:
     """A sent message; `wait` blocks until the broker has it (without forcing out everything else)."""
 
     _future: Any
 
-    def wait(self, timeout_s: float = 30.0) -> None:
-        self._future.get(timeout=timeout_s)
+    def wait(self, timeout_s: float = 30.0) -> Placed:
+        """Raises what the client raised (e.g. KafkaTimeoutError) when the broker has not taken it."""
+        meta = self._future.get(timeout=timeout_s)
+        return Placed(meta.topic, meta.partition, meta.offset, meta.timestamp)
 
     def settle(self, timeout_s: float) -> bool:
         """Wait up to timeout_s for the outcome; True once the broker answered (see `error`)."""
@@ -41,8 +53,19 @@ class Producer:
     """
 
     def __init__(
-        self, conn: KafkaConnection, client_id: str, linger_ms: int = 5, max_block_s: float = 60.0
+        self,
+        conn: KafkaConnection,
+        client_id: str,
+        linger_ms: int = 5,
+        max_block_s: float = 60.0,
+        timeout_s: float | None = None,
     ) -> None:
+        """`timeout_s` bounds everything else too: the first connection, each request, and a message's
+        delivery (the client gives up on it and its future fails); None keeps the client's defaults."""
+        bounds = {}
+        if timeout_s is not None:
+            ms = max(1000, int(timeout_s * 1000))
+            bounds = dict(bootstrap_timeout_ms=ms, request_timeout_ms=ms, delivery_timeout_ms=ms + linger_ms)
         self._producer = KafkaProducer(
             **conn.client_options(),
             client_id=client_id,
@@ -51,6 +74,7 @@ class Producer:
             linger_ms=linger_ms,
             max_block_ms=int(max_block_s * 1000),
             compression_type=None,
+            **bounds,
         )
 
     def send(
@@ -58,6 +82,10 @@ class Producer:
     ) -> Delivery:
         raw_key = key.encode() if isinstance(key, str) else key
         return Delivery(self._producer.send(topic, value=value, key=raw_key, headers=list(headers) or None))
+
+    def partitions(self, topic: str) -> int:
+        """How many partitions the topic has (waits at most max_block_s for the broker to say)."""
+        return len(self._producer.partitions_for(topic))
 
     def flush(self, timeout_s: float | None = None) -> None:
         self._producer.flush(timeout=timeout_s)

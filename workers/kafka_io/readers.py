@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kafka import KafkaConsumer, TopicPartition
 
-from workers.kafka_io.records import Record, partition_for_key, to_record
+from workers.kafka_io.records import Partition, Record, partition_for_key, to_record
 from workers.settings import KafkaConnection
 
 
@@ -57,6 +57,52 @@ class TopicReader:
         batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000))
         records = (r for rs in batches.values() for r in rs)
         return [to_record(r) for r in records if self.key is None or r.key == self.key]
+
+    def close(self) -> None:
+        self._consumer.close(autocommit=False)
+
+
+class PartitionReader:
+    """Reads the partitions it is told to, outside any group, and moves them by time or offset.
+
+    Every call is bounded: partitions are named by the caller (no waiting for topic metadata), look-ups
+    time out after `timeout_s`. One thread only (the client library's consumer is not thread-safe).
+    """
+
+    def __init__(self, conn: KafkaConnection, client_id: str, timeout_s: float) -> None:
+        ms = max(1000, int(timeout_s * 1000))
+        self._timeout_ms = ms
+        self._consumer = KafkaConsumer(
+            **conn.client_options(),
+            client_id=client_id,
+            enable_auto_commit=False,
+            bootstrap_timeout_ms=ms,
+            request_timeout_ms=ms,
+        )
+
+    def assign(self, partitions: set[Partition]) -> None:
+        """Read exactly these; a partition kept from the last assignment keeps its position."""
+        self._consumer.assign([TopicPartition(t, p) for t, p in sorted(partitions)])
+
+    def offset_at(self, partition: Partition, since_ms: int) -> int:
+        """The first offset with a timestamp at or after `since_ms`, else the end of the partition."""
+        tp = TopicPartition(*partition)
+        found = self._consumer.offsets_for_times({tp: since_ms}, timeout_ms=self._timeout_ms).get(tp)
+        return found.offset if found is not None else self.end_offset(partition)
+
+    def end_offset(self, partition: Partition) -> int:
+        tp = TopicPartition(*partition)
+        return self._consumer.end_offsets([tp], timeout_ms=self._timeout_ms)[tp]
+
+    def position(self, partition: Partition) -> int:
+        return self._consumer.position(TopicPartition(*partition), timeout_ms=self._timeout_ms)
+
+    def seek(self, partition: Partition, offset: int) -> None:
+        self._consumer.seek(TopicPartition(*partition), offset)
+
+    def poll(self, timeout_s: float) -> list[Record]:
+        batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000))
+        return [to_record(r) for records in batches.values() for r in records]
 
     def close(self) -> None:
         self._consumer.close(autocommit=False)

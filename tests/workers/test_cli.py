@@ -1,0 +1,77 @@
+"""The command line as people use it: --version, one spelling per idea (old ones hidden but working),
+allowed values in --help, and `submit --file` end to end against the real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib.metadata import version
+
+import pytest
+
+from schemas.jobs import JobRequest
+from schemas.statuses import JOB_STATUSES
+from tests.services.factories import run_cli
+from tests.workers.worker_factories import make_deployment, now_ms, read_topic
+from workers.cli import build_parser
+
+
+def test_version():
+    assert run_cli("--version").stdout.strip() == f"inferq {version('inferq')}"
+
+
+def test_allowed_values_are_listed_and_enforced():
+    help_text = run_cli("jobs", "--help").stdout
+    assert "{" + ",".join(JOB_STATUSES) + "}" in help_text.replace("\n", "").replace(" ", "")
+    bad = run_cli("jobs", "--status", "done", check=False)
+    assert bad.returncode == 2 and "invalid choice: 'done'" in bad.stderr
+    assert "{text,json}" in run_cli("worker", "--help").stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "hidden", "dest", "value"),
+    [
+        (["submit", "x", "--wait-timeout", "5"], "--wait-timeout", "timeout", 5.0),
+        (["submit", "x", "--timeout-s", "3"], "--timeout-s", "job_timeout", 3.0),
+        (["bulk", "wait", "b", "--wait-timeout", "7"], "--wait-timeout", "timeout", 7.0),
+        (["bulk-worker", "--loglevel", "debug"], "--loglevel", "log_level", "DEBUG"),
+        (["worker", "--max-batched-tokens", "64"], "--max-batched-tokens", "max_num_batched_tokens", 64),
+        (["worker", "--no-prefix-caching"], "--no-prefix-caching", "enable_prefix_caching", False),
+    ],
+)
+def test_old_spellings_still_work_but_are_not_shown(argv, hidden, dest, value):
+    assert getattr(build_parser().parse_args(argv), dest) == value
+    verb = argv[:2] if argv[0] == "bulk" else argv[:1]
+    assert hidden not in run_cli(*verb, "--help").stdout
+
+
+def test_one_spelling_per_idea_in_help():
+    for verb in (["submit"], ["tail"], ["bulk", "wait"]):
+        text = run_cli(*verb, "--help").stdout
+        assert "--timeout SECONDS" in text and "--wait-timeout" not in text
+    assert "--job-timeout SECONDS" in run_cli("submit", "--help").stdout
+    for verb in (["worker"], ["bulk-worker"], ["run-batch"]):
+        text = run_cli(*verb, "--help").stdout
+        assert "--log-level" in text and "--loglevel" not in text and "--log-format" in text
+
+
+@pytest.mark.services
+def test_submit_file_sends_every_line_confirmed_or_nothing(settings, tmp_path):
+    dep = make_deployment(settings)
+    env = {**os.environ, "INFERQ_TOPIC_PREFIX": dep.topic_prefix, "INFERQ_KAFKA": dep.kafka}
+    lines = [{"job_id": f"file-{dep.topic_prefix}-{i}", "prompt": f"line {i}"} for i in range(5)]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([json.dumps(lines[0]), "", json.dumps({"prompt": "x", "colour": "red"})]))
+    refused = run_cli("submit", "--file", str(bad), env=env, check=False)
+    assert refused.returncode == 1 and "line 3: colour: Extra inputs" in refused.stderr
+    assert "nothing was sent" in refused.stderr
+    good = tmp_path / "good.jsonl"
+    good.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    since = now_ms()
+    options = ("--priority", "low", "--tenant", "acme", "--job-timeout", "60")
+    done = run_cli("submit", "--file", str(good), *options, env=env)
+    assert done.stdout.split() == [line["job_id"] for line in lines]
+    records = read_topic(dep, dep.topics.jobs("low"), since, lambda rs: len(rs) >= 5, timeout_s=30)
+    sent = sorted((JobRequest.model_validate_json(r.value) for r in records), key=lambda j: j.job_id)
+    assert [j.job_id for j in sent] == sorted(line["job_id"] for line in lines)  # nothing from bad.jsonl
+    assert {(j.tenant, j.timeout_s) for j in sent} == {("acme", 60.0)}

@@ -1,0 +1,110 @@
+"""The producer client: confirmed delivery, one consumer for many streams, the PostgreSQL fallback for
+results, bounded waits, and a light import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import pytest
+from sqlalchemy import create_engine
+
+from tests.services.factories import make_private_services
+from tests.workers.worker_factories import make_deployment, now_ms, start_worker, wait_terminal
+from workers.client import DeliveryFailed, JobClient, JobTimeout, Submitted
+
+
+def test_importing_the_client_loads_neither_torch_nor_celery():
+    heavy = "('torch', 'celery', 'transformers')"
+    code = f"import sys, workers.client; print(sorted(m for m in {heavy} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.fixture(scope="module")
+def serving(settings, tmp_path_factory):
+    dep = make_deployment(settings)
+    worker = start_worker(dep, tmp_path_factory.mktemp("worker"), "w-client")
+    db = create_engine(dep.database_url)
+    try:
+        yield dep, db
+    finally:
+        db.dispose()
+        assert worker.stop() == 0, worker.output()[-3000:]
+
+
+@pytest.mark.services
+@pytest.mark.slow
+def test_one_consumer_serves_many_streams_and_waits(serving):
+    dep, db = serving
+    with JobClient(dep) as client:
+        sent = client.submit_many(
+            [
+                {"job_id": f"many-{dep.topic_prefix}-{i}", "prompt": f"job {i}", "max_tokens": 4 + i}
+                for i in range(6)
+            ]
+        )
+        assert all(isinstance(s, Submitted) and s.offset >= 0 and s.priority == "normal" for s in sent)
+        assert {s.topic for s in sent} == {dep.topics.jobs("normal")}
+        texts: dict[str, str] = {}
+
+        def follow(s: Submitted) -> None:
+            texts[s.job_id] = "".join(e.text for e in client.stream(s, timeout_s=120))
+
+        threads = [threading.Thread(target=follow, args=(s,)) for s in sent[:3]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for s in sent[3:]:  # their events went by while the first three streamed: read again from the time
+            texts[s.job_id] = "".join(e.text for e in client.stream(s, timeout_s=120))
+        results = {s.job_id: client.wait(s, timeout_s=60) for s in sent}
+        hubs = [t for t in threading.enumerate() if t.name == "inferq-stream-hub"]
+        assert len(hubs) == 1  # every stream and wait above went through the same consumer
+    rows = wait_terminal(db, [s.job_id for s in sent])
+    for s in sent:
+        assert texts[s.job_id] == results[s.job_id].output_text == rows[s.job_id]["output_text"]
+        assert results[s.job_id].status == "succeeded"
+
+
+@pytest.mark.services
+@pytest.mark.slow
+def test_wait_falls_back_to_the_row_when_the_topic_has_no_result(serving):
+    dep, db = serving
+    with JobClient(dep) as client:
+        job_id = client.submit(
+            {"job_id": f"old-{dep.topic_prefix}", "tenant": "acme", "prompt": "x", "max_tokens": 3}
+        ).job_id
+        published = client.wait(job_id, timeout_s=120)
+    later = now_ms() + 2000  # after the result was published: the topic holds nothing for it from here
+    with JobClient(dep, database_url=dep.database_url) as client:
+        assert client.wait(job_id, since_ms=later, tenant="acme", timeout_s=60) == published
+        with pytest.raises(JobTimeout):  # another tenant's wait never reads acme's row
+            client.wait(job_id, since_ms=later, tenant="intruder", timeout_s=3)
+    with JobClient(dep) as client, pytest.raises(JobTimeout):  # no database: nothing to fall back on
+        client.wait(job_id, since_ms=later, tenant="acme", timeout_s=3)
+
+
+@pytest.mark.services
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # a call that hung instead of raising fails here
+def test_submit_raises_when_the_broker_is_gone(tmp_path):
+    private = make_private_services(tmp_path / "state")
+    try:
+        private.cli("up")
+        settings = private.settings
+        client = JobClient(settings, timeout_s=5)
+        sent = client.submit({"job_id": "before-the-outage", "prompt": "hi"}, "high")
+        assert (sent.topic, sent.offset) == (settings.topics.jobs("high"), 0)
+        private.cli("down")
+        with pytest.raises(DeliveryFailed) as failed:
+            client.submit({"job_id": "during-the-outage", "prompt": "hi"})
+        assert failed.value.job_id == "during-the-outage" and failed.value.delivered == ()
+        with pytest.raises(DeliveryFailed):
+            client.cancel("before-the-outage")
+        with pytest.raises(Exception):  # noqa: B017 - JobTimeout, or the client's error: never a hang
+            client.wait(sent, timeout_s=3)
+        client.close()  # bounded by timeout_s too
+    finally:
+        private.cli("down", "--purge", check=False)

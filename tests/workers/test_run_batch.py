@@ -1,0 +1,69 @@
+"""`inferq run-batch`: an OpenAI Batch file through the engine in-process (no Kafka, no PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.gpu.factories import make_engine
+from tests.services.factories import run_cli
+from tests.workers.bulk_factories import CHAT, batch_line, write_batch
+from workers.bulk.batch_format import read_batch
+from workers.run_batch import BatchRunner, Tally
+
+# Fields OpenAI and vLLM clients send that change nothing here: the file must run as it is.
+NEUTRAL = {"n": 1, "logprobs": False, "user": "u", "presence_penalty": 0, "stream": False,
+           "stream_options": {"include_usage": True}}  # fmt: skip
+
+
+def lines() -> list:
+    return [
+        batch_line("first", max_tokens=5, **NEUTRAL),
+        batch_line("chat", CHAT, max_tokens=3, frequency_penalty=0.0),
+        batch_line("bad", n=2),
+        batch_line("long", prompt="x" * 3000, max_tokens=2),  # over the context (512 or 2048 positions)
+        "{not json",
+        *[batch_line(f"more-{i}", max_tokens=2 + i) for i in range(4)],
+    ]
+
+
+def test_answers_come_in_input_order_with_the_served_model_name(tmp_path):
+    path = write_batch(tmp_path / "in.jsonl", lines())
+    runner = BatchRunner(make_engine(max_num_seqs=2), "served-x", window=2)  # lines overtake each other
+    told = []
+    answers = list(runner.run(read_batch(path), on_answer=told.append))
+    assert len(told) == len(answers) == 9
+    assert [a[0]["custom_id"] for a in answers] == [
+        "first", "chat", "bad", "long", None, "more-0", "more-1", "more-2", "more-3"
+    ]  # fmt: skip
+    by_id = {a[0]["custom_id"]: a for a in answers}
+    for custom_id in ("first", "chat", "more-0", "more-3"):
+        line, ok = by_id[custom_id]
+        body = line["response"]["body"]
+        assert ok and body["model"] == "served-x" and line["error"] is None
+        assert body["usage"]["completion_tokens"] <= 5
+    assert by_id["first"][0]["response"]["body"]["object"] == "text_completion"
+    assert by_id["chat"][0]["response"]["body"]["choices"][0]["message"]["role"] == "assistant"
+    bad, ok = by_id["bad"]
+    assert not ok and bad["id"] is None and "body.n must be 1" in bad["error"]["message"]
+    long, ok = by_id["long"]
+    assert not ok and long["id"] is not None and "context" in long["error"]["message"]
+    tally = Tally()
+    for answer in answers:
+        tally.add(answer)
+    assert (tally.succeeded, tally.failed, tally.invalid) == (6, 1, 2)
+
+
+def test_the_command_writes_the_output_and_errors_files(tmp_path):
+    path = write_batch(tmp_path / "in.jsonl", lines())
+    out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
+    done = run_cli("run-batch", "-i", str(path), "-o", str(out), "--errors-file", str(err),
+                   "--model", "tiny", "--served-model-name", "my-model")  # fmt: skip
+    assert "6 succeeded, 1 failed, 2 invalid lines" in done.stderr
+    ok = [json.loads(line) for line in out.read_text().splitlines()]
+    errors = [json.loads(line) for line in err.read_text().splitlines()]
+    assert [o["custom_id"] for o in ok] == ["first", "chat", "more-0", "more-1", "more-2", "more-3"]
+    assert {o["response"]["body"]["model"] for o in ok} == {"my-model"}
+    assert [e["custom_id"] for e in errors] == ["bad", "long", None]
+    assert not list(tmp_path.glob("*.tmp"))
+    missing = run_cli("run-batch", "-i", str(tmp_path / "nope.jsonl"), "-o", str(out), check=False)
+    assert missing.returncode == 2 and "no such file" in missing.stderr

@@ -1,0 +1,137 @@
+"""An OpenAI Batch file through the engine in this process (`inferq run-batch`, as `vllm run-batch`): no
+Kafka, no PostgreSQL, no Celery. Lines are read, validated and answered exactly as the bulk path does
+(workers/bulk/batch_format.py, workers/bulk/output.py); the answers are written in input order.
+
+At most `window` requests are in the engine at once, so a file of any size runs in bounded memory; lines
+that finish early wait in a small reorder buffer until the lines before them are written.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from gpu.engine import Engine, EngineRequest, RequestOutput
+from schemas.topics import Topics
+from schemas.validation import InvalidMessage, Limits
+from workers.bulk.batch_format import BatchLine, LineError, job_id_for, to_job
+from workers.bulk.output import error_line, failed_line, invalid_line, success_line
+from workers.inflight import STATUS_OF_FINISH
+from workers.intake import Intake
+from workers.sampling import sampling_params
+
+Answer = tuple[dict[str, Any], bool]  # (the output line, whether it succeeded)
+
+
+@dataclass
+class _Running:
+    line: BatchLine
+    job_id: str
+    prompt_tokens: int
+    text: list[str] = field(default_factory=list)
+    completion_tokens: int = 0
+
+
+class BatchRunner:
+    def __init__(
+        self, engine: Engine, model_name: str, limits: Limits | None = None, window: int | None = None
+    ) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        max_len = engine.scheduler.config.max_model_len
+        self.intake = Intake(Topics(), limits or Limits(), engine.tokenizer, max_len)
+        self.window = window or 4 * engine.scheduler.config.max_num_seqs
+        self.run_id = f"batch-{uuid.uuid4().hex[:12]}"  # response ids: <run id>:<custom_id>
+
+    def run(
+        self, items: Iterable[BatchLine | LineError], on_answer: Callable[[Answer], None] | None = None
+    ) -> Iterator[Answer]:
+        """The answer of every item, in input order; `on_answer` is told of each as soon as it exists."""
+        ready: dict[int, Answer] = {}
+        running: dict[str, tuple[int, _Running]] = {}
+        next_out = 0
+        source = enumerate(items)
+        exhausted = False
+        while not exhausted or running:
+            while not exhausted and len(running) < self.window:
+                item = next(source, None)
+                if item is None:
+                    exhausted = True
+                    break
+                index, line = item
+                answer = self._start(line, index, running)
+                if answer is not None:
+                    ready[index] = answer
+                    _tell(on_answer, answer)
+            if running:
+                for out in self.engine.step():
+                    done = self._on_output(out, running)
+                    if done is not None:
+                        ready[done[0]] = done[1]
+                        _tell(on_answer, done[1])
+            while next_out in ready:
+                yield ready.pop(next_out)
+                next_out += 1
+
+    def _start(self, item: BatchLine | LineError, index: int, running: dict) -> Answer | None:
+        if isinstance(item, LineError):
+            return invalid_line(item), False
+        job = to_job(item, bulk_id=self.run_id, tenant="default")
+        job_id = job_id_for(self.run_id, item.custom_id)
+        try:
+            _, ids, max_tokens = self.intake.prepare(job)
+        except InvalidMessage as exc:
+            return error_line(item.custom_id, item.line_no, "invalid_request", str(exc), job_id), False
+        self.engine.add_request(
+            EngineRequest(job_id, ids, sampling_params(job, max_tokens, self.engine), stop=tuple(job.stop))
+        )
+        running[job_id] = (index, _Running(item, job_id, len(ids)))
+        return None
+
+    def _on_output(self, out: RequestOutput, running: dict) -> tuple[int, Answer] | None:
+        index, job = running[out.request_id]
+        job.text.append(out.text_delta)
+        job.completion_tokens += len(out.new_token_ids)
+        if out.finish_reason is None:
+            return None
+        del running[out.request_id]
+        finish = out.finish_reason.value
+        row = {
+            "job_id": job.job_id,
+            "status": STATUS_OF_FINISH.get(finish, "failed"),
+            "output_text": "".join(job.text),
+            "finish_reason": finish,
+            "prompt_tokens": job.prompt_tokens,
+            "completion_tokens": job.completion_tokens,
+            "finished_at": datetime.now(UTC),
+            "error": out.detail or None,
+        }
+        if row["status"] == "succeeded":
+            return index, (success_line(job.line, row, self.model_name), True)
+        return index, (failed_line(job.line, row), False)
+
+
+def _tell(on_answer: Callable[[Answer], None] | None, answer: Answer) -> None:
+    if on_answer is not None:
+        on_answer(answer)
+
+
+@dataclass
+class Tally:
+    succeeded: int = 0
+    failed: int = 0  # ran, or could not run, and ended otherwise (too long, rejected by the engine, ...)
+    invalid: int = 0  # lines that are not valid Batch requests
+    completion_tokens: int = 0
+
+    def add(self, answer: Answer) -> None:
+        line, succeeded = answer
+        if succeeded:
+            self.succeeded += 1
+            self.completion_tokens += line["response"]["body"]["usage"]["completion_tokens"]
+        elif line["id"] is None:  # never became a request
+            self.invalid += 1
+        else:
+            self.failed += 1
