@@ -58,7 +58,7 @@ def probe(client: JobClient, db, tag: str, count: int) -> list[float]:
     ttfts = []
     for i in range(count):
         job_id = client.submit({"job_id": f"probe-{tag}-{i}-{time.time_ns()}", "prompt": "hello " * 16,
-                                "max_tokens": 8}, priority="high")  # fmt: skip
+                                "max_tokens": 8}, priority="high").job_id  # fmt: skip
         client.flush()
         ttfts.append(wait_row(db, job_id)["ttft_ms"])
     return ttfts

@@ -81,11 +81,10 @@ class Session:
         self.worker = worker
         self.timeout_s = timeout_s
 
-    def submit(self, job: BenchJob, priority: str, flush: bool) -> float:
+    def submit(self, job: BenchJob, priority: str) -> float:
+        """Post one job (the client returns once the broker has it); when it was posted."""
         at = time.perf_counter()
         self.client.submit(job.request(), priority)
-        if flush:
-            self.client.flush()
         return at
 
     def finish(self, submitted: dict[str, float]) -> list[JobTrace]:
@@ -93,10 +92,13 @@ class Session:
         return self.recorder.traces(submitted)
 
     def burst(self, jobs: list[BenchJob], priority: str = "normal") -> list[JobTrace]:
-        """All jobs submitted at once (one flush), then wait for every final event."""
-        submitted = {job.job_id: self.submit(job, priority, flush=False) for job in jobs}
-        self.client.flush()
-        return self.finish(submitted)
+        """All jobs submitted at once (one round of batching), then wait for every final event."""
+        return self.finish(self.submit_all(jobs, priority))
+
+    def submit_all(self, jobs: list[BenchJob], priority: str) -> dict[str, float]:
+        at = time.perf_counter()
+        self.client.submit_many([job.request() for job in jobs], priority)
+        return dict.fromkeys((job.job_id for job in jobs), at)
 
     def poisson(self, jobs: list[BenchJob], rate: float, rng: random.Random) -> list[JobTrace]:
         """Jobs arriving as a Poisson process of `rate` jobs/s (exponential gaps), each sent at once."""
@@ -105,7 +107,7 @@ class Session:
         for job in jobs:
             due += rng.expovariate(rate)
             _sleep_until(due)
-            submitted[job.job_id] = self.submit(job, "normal", flush=True)
+            submitted[job.job_id] = self.submit(job, "normal")
         return self.finish(submitted)
 
     def spaced(self, jobs: list[BenchJob], gap_s: float, priority: str) -> list[JobTrace]:
@@ -113,7 +115,7 @@ class Session:
         due = time.perf_counter()
         for job in jobs:
             _sleep_until(due)
-            submitted[job.job_id] = self.submit(job, priority, flush=True)
+            submitted[job.job_id] = self.submit(job, priority)
             due += gap_s
         return self.finish(submitted)
 
@@ -125,8 +127,7 @@ class Session:
         The backlog left when the high jobs are done is cancelled (control topic) rather than drained:
         its only purpose was to keep the worker saturated, and cancelled jobs still end with a terminal row.
         """
-        low = {job.job_id: self.submit(job, "low", flush=False) for job in backlog}
-        self.client.flush()
+        low = self.submit_all(backlog, "low")
         busy = self.recorder.wait_started(list(low), min(len(low), batch), timeout_s=self.timeout_s)
         high_traces = self.spaced(high, gap_s, "high")
         unfinished = [t.job_id for t in self.recorder.traces(low) if not t.finished]
