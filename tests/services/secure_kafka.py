@@ -7,16 +7,14 @@ traffic stay on loopback PLAINTEXT listeners: only the client listener is secure
 
 from __future__ import annotations
 
-import base64
 import subprocess
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 from tests.services.factories import free_port_pair
-from workers.services import kafka, kafka_jars, process, tools
+from workers.services import kafka, kafka_jars, process
 from workers.settings import KafkaConnection, KafkaSecurity
 
 USER, PASSWORD = "inferq-test", "scram-secret-for-tests"
@@ -110,34 +108,12 @@ def start_secure_broker(folder: Path, cache_dir: Path) -> SecureBroker:
             port=port, internal=internal, controller=internal + 1, keystore=keystore, data=data, jaas=JAAS
         )
     )
-    java, jars = tools.java(), kafka_jars.ensure_jars(cache_dir, lambda _line: None)
+    jars = kafka_jars.ensure_jars(cache_dir, lambda _line: None)
     (folder / "log4j2.properties").write_text(kafka.LOG4J2)
-    base = [
-        java,
-        *kafka.JVM_OPTIONS,
-        f"-Dlog4j2.configurationFile={folder / 'log4j2.properties'}",
-        "-cp",
-        f"{jars}/*",
-    ]
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-    scram = f"SCRAM-SHA-256=[name={USER},password={PASSWORD}]"
-    subprocess.run(
-        [
-            *base,
-            "kafka.tools.StorageTool",
-            "format",
-            "-t",
-            cluster_id,
-            "-c",
-            str(config),
-            "--add-scram",
-            scram,
-        ],
-        check=True,
-        capture_output=True,
-    )
+    java = kafka.java_command(jars, folder / "log4j2.properties")
+    kafka.format_storage(java, config, "--add-scram", f"SCRAM-SHA-256=[name={USER},password={PASSWORD}]")
     log = folder / "kafka.log"
-    pid = process.spawn([*base, "kafka.Kafka", str(config)], log, cwd=folder)
+    pid = process.spawn([*java, "kafka.Kafka", str(config)], log, cwd=folder)
     broker = SecureBroker(pid, port, ca, log)
     try:
         process.wait_ready(

@@ -64,7 +64,7 @@ def _submit(client: JobClient, prefix: str, n: int, max_tokens: int) -> list[str
         client.submit(
             {"job_id": f"{prefix}-{i}", "prompt": f"job {i} of {prefix}", "max_tokens": max_tokens},
             ("high", "normal", "low")[i % 3],
-        )
+        ).job_id
         for i in range(n)
     ]
     client.flush()

@@ -7,17 +7,14 @@ import json
 
 import pytest
 from kafka import KafkaProducer
-from sqlalchemy import create_engine
 
 from tests.workers.worker_factories import (
     job_rows,
-    make_deployment,
     now_ms,
     read_topic,
-    start_worker,
+    serving_worker,
     wait_terminal,
 )
-from workers.client import JobClient
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -55,16 +52,8 @@ POISON = {
 
 @pytest.fixture(scope="module")
 def deployment(settings, tmp_path_factory):
-    dep = make_deployment(settings)
-    worker = start_worker(dep, tmp_path_factory.mktemp("worker"), "w-poison")
-    client = JobClient(dep)
-    db = create_engine(dep.database_url)
-    try:
-        yield dep, client, db, worker
-    finally:
-        client.close()
-        db.dispose()
-        assert worker.stop() == 0, worker.output()[-3000:]
+    with serving_worker(settings, tmp_path_factory.mktemp("worker"), "w-poison") as deployed:
+        yield deployed
 
 
 def test_poison_records_are_rejected_and_the_worker_keeps_serving(deployment):

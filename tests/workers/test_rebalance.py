@@ -34,7 +34,7 @@ def test_workers_joining_and_leaving_mid_generation_strand_nothing(settings, tmp
             client.submit(
                 {"job_id": f"rb-{dep.topic_prefix}-{i}", "prompt": f"long job {i}", "max_tokens": 1200},
                 ("high", "normal", "low")[i % 3],
-            )
+            ).job_id
             for i in range(24)
         ]
         client.flush()

@@ -9,22 +9,19 @@ import time
 import urllib.request
 
 import pytest
-from sqlalchemy import create_engine
 
 from gpu.engine import Engine, EngineRequest
 from scheduler.types import SamplingParams
-from schemas.jobs import JobResult
 from tests.workers.worker_factories import (
     job_rows,
-    make_deployment,
     now_ms,
     read_topic,
-    start_worker,
+    results_by_job,
+    serving_worker,
     token_events,
     wait_status,
     wait_terminal,
 )
-from workers.client import JobClient
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -37,31 +34,13 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def deployment(settings, tmp_path_factory):
-    dep = make_deployment(settings)
     port = _free_port()
-    worker = start_worker(
-        dep, tmp_path_factory.mktemp("worker"), "w-e2e", "--metrics-port", str(port), "--log-format", "json"
-    )
-    worker.metrics_port = port
-    client = JobClient(dep)
-    db = create_engine(dep.database_url)
-    try:
-        yield dep, client, db, worker
-    finally:
-        client.close()
-        db.dispose()
-        assert worker.stop() == 0, worker.output()[-3000:]
-
-
-def _results(dep, since: int, expected: int) -> dict[str, list[JobResult]]:
-    records = read_topic(dep, dep.topics.results, since, lambda rs: len(rs) >= expected)
-    time.sleep(1.0)  # anything extra (a second result would be a bug) arrives now
-    records += read_topic(dep, dep.topics.results, since, lambda rs: False, timeout_s=1)[len(records) :]
-    out: dict[str, list[JobResult]] = {}
-    for r in records:
-        result = JobResult.model_validate_json(r.value)
-        out.setdefault(result.job_id, []).append(result)
-    return out
+    tmp = tmp_path_factory.mktemp("worker")
+    with serving_worker(
+        settings, tmp, "w-e2e", "--metrics-port", str(port), "--log-format", "json"
+    ) as deployed:
+        deployed[3].metrics_port = port
+        yield deployed
 
 
 def test_jobs_across_classes_and_tenants_succeed_and_streams_match(deployment):
@@ -200,7 +179,7 @@ def test_duplicates_and_redeliveries_yield_one_terminal_row_and_result(deploymen
     ).job_id
     client.flush()
     wait_terminal(db, [probe])
-    results = _results(dep, since, 2)
+    results = results_by_job(dep, since, 2)
     assert len(results[job["job_id"]]) == 1
     assert job_rows(db, [job["job_id"]])[job["job_id"]] == rows[job["job_id"]]
 

@@ -54,7 +54,7 @@ def test_two_workers_share_partitions_and_finish_every_job_once(pair):
         client.submit(
             {"job_id": f"g-{dep.topic_prefix}-{i}", "prompt": f"shared {i}", "max_tokens": 6},
             ("high", "normal", "low")[i % 3],
-        )
+        ).job_id
         for i in range(40)
     ]
     client.flush()
@@ -69,7 +69,9 @@ def test_killed_worker_jobs_complete_on_the_other(pair):
     dep, client, db, workers = pair
     since = now_ms()
     ids = [
-        client.submit({"job_id": f"k-{dep.topic_prefix}-{i}", "prompt": f"crash {i}", "max_tokens": 150})
+        client.submit(
+            {"job_id": f"k-{dep.topic_prefix}-{i}", "prompt": f"crash {i}", "max_tokens": 150}
+        ).job_id
         for i in range(12)
     ]
     client.flush()

@@ -6,6 +6,7 @@ each other's jobs on the shared local Kafka and PostgreSQL.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -16,7 +17,7 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, create_engine, select
 
 from schemas.jobs import JobResult, TokenEvent
 from schemas.tables import TERMINAL_STATUSES, jobs
@@ -165,3 +166,18 @@ def wait_until(condition, timeout_s: float = 120) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def serving_worker(settings: Settings, tmp: Path, worker_id: str, *extra: str):
+    """A private deployment with one worker, a client and a database engine; the worker must exit 0."""
+    dep = make_deployment(settings)
+    worker = start_worker(dep, tmp, worker_id, *extra)
+    client = JobClient(dep)
+    db = create_engine(dep.database_url)
+    try:
+        yield dep, client, db, worker
+    finally:
+        client.close()
+        db.dispose()
+        assert worker.stop() == 0, worker.output()[-3000:]

@@ -71,34 +71,38 @@ def loopback_port(bootstrap: str) -> int | None:
     return int(port)
 
 
+def java_command(jars: Path, log4j_config: Path) -> list[str]:
+    """`java ... -cp JARS/*`: what runs a Kafka main class from the cached jars."""
+    return [tools.java(), *JVM_OPTIONS, f"-Dlog4j2.configurationFile={log4j_config}", "-cp", str(jars / "*")]
+
+
+def format_storage(java: list[str], config: Path, *extra: str) -> None:
+    """Format a KRaft log dir once (a fresh cluster id); `extra`, e.g. `--add-scram ...`."""
+    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    fmt = [
+        *java,
+        "kafka.tools.StorageTool",
+        "format",
+        "-t",
+        cluster_id,
+        "-c",
+        str(config),
+        "--ignore-formatted",
+        *extra,
+    ]
+    done = subprocess.run(fmt, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        out = (done.stdout + done.stderr)[-3000:]
+        raise process.ServiceError(f"formatting Kafka storage failed (exit {done.returncode}):\n{out}")
+
+
 def start(paths: ServicePaths, jars: Path, port: int) -> int:
     """Write the config, format the storage on first use, and spawn the broker; return its pid."""
     config = _write_config(paths, port)
-    java = tools.java()
-    classpath = str(jars / "*")
-    log4j = f"-Dlog4j2.configurationFile={paths.kafka_dir / 'log4j2.properties'}"
+    java = java_command(jars, paths.kafka_dir / "log4j2.properties")
     if not (paths.kafka_data / "meta.properties").exists():
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        fmt = [
-            java,
-            *JVM_OPTIONS,
-            log4j,
-            "-cp",
-            classpath,
-            "kafka.tools.StorageTool",
-            "format",
-            "-t",
-            cluster_id,
-            "-c",
-            str(config),
-            "--ignore-formatted",
-        ]
-        done = subprocess.run(fmt, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        if done.returncode != 0:
-            out = (done.stdout + done.stderr)[-3000:]
-            raise process.ServiceError(f"formatting Kafka storage failed (exit {done.returncode}):\n{out}")
-    argv = [java, *JVM_OPTIONS, log4j, "-cp", classpath, "kafka.Kafka", str(config)]
-    return process.spawn(argv, paths.log("kafka"), cwd=paths.kafka_dir)
+        format_storage(java, config)
+    return process.spawn([*java, "kafka.Kafka", str(config)], paths.log("kafka"), cwd=paths.kafka_dir)
 
 
 def ping(conn: KafkaConnection, timeout_ms: int = 2000) -> bool:
