@@ -145,8 +145,10 @@ class Checker:
         best_waiting = min((seq.queue_class for seq in waiting), default=None)
         for chunk in output.chunks:
             seq = s.sequence(chunk.seq_id)
-            if chunk.seq_id in was_waiting or seq is None or len(chunk.token_ids) == 1:
-                continue  # admitted this step, or a decode
+            if chunk.seq_id in was_waiting or chunk.seq_id in output.preempted or seq is None:
+                continue  # admitted this step (a sequence preempted for priority may be readmitted)
+            if len(chunk.token_ids) == 1:
+                continue  # a decode
             if cap and best_waiting is not None and best_waiting < seq.queue_class:
                 assert len(chunk.token_ids) <= cap, f"{chunk.seq_id}: prefill over the cap while better waits"
 
