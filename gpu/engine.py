@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import secrets
 import time
 from collections.abc import Iterable
@@ -9,65 +11,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu.detokenizer import Detokenizer
-from gpu.kv_cache import DEFAULT_CPU_BUDGET
+from gpu.engine_types import EngineConfig, EngineRequest, EngineStats, RequestOutput, resolve_max_model_len
 from gpu.model import LoadedModel, load_model
-from gpu.runner import ModelRunner
+from gpu.runner import ModelRunner, RunnerConfig
 from scheduler.config import SchedulerConfig
+from scheduler.limits import check_config
 from scheduler.output import FinishedSequence
 from scheduler.scheduler import Scheduler
-from scheduler.types import FinishReason, Priority, SamplingParams, SequenceRequest
+from scheduler.types import FinishReason, SequenceRequest
 
+__all__ = ["Engine", "EngineConfig", "EngineRequest", "EngineStats", "RequestOutput"]
 
-@dataclass(frozen=True)
-class EngineConfig:
-    block_size: int = 16
-    kv_cache_bytes: int | None = None  # memory budget for KV; None = 256 MiB
-    num_blocks: int | None = None  # overrides kv_cache_bytes when set (tests use tiny values)
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    max_model_len: int | None = None  # None = the model's max_position_embeddings
-    enable_prefix_caching: bool = True
-    aging_s: float = 30.0
-
-
-@dataclass(frozen=True)
-class EngineRequest:
-    request_id: str
-    prompt_token_ids: tuple[int, ...]
-    sampling: SamplingParams
-    stop: tuple[str, ...] = ()  # stop strings, matched on the text; the output excludes them
-    priority: Priority = Priority.NORMAL
-    tenant: str = "default"
-    deadline: float | None = None  # a time.monotonic() value
-
-
-@dataclass(frozen=True)
-class RequestOutput:
-    """News about one request from one step."""
-
-    request_id: str
-    new_token_ids: tuple[int, ...]
-    text_delta: str  # complete characters only; the deltas concatenate to the final text
-    finish_reason: FinishReason | None  # set on the request's last output
-    started: bool  # True on the step the request was first scheduled
-    prompt_tokens: int
-    completion_tokens: int
-    detail: str = ""  # e.g. why a request was rejected
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    running: int
-    waiting: dict[Priority, int]
-    kv_blocks_used: int
-    kv_blocks_total: int
-    preemptions: int
-    prefix_cache_hits: int  # prompt tokens served from the prefix cache
-    steps: int  # steps that ran the model
-    forward_seconds: float  # cumulative time in the runner: input building, model forward, sampling
-    mean_batch_size: float  # sequences per model step
-    mean_batch_tokens: float  # tokens per model step
-    forward_by_batch: dict[int, tuple[int, float]]  # sequences in a step -> (steps, forward seconds)
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -81,34 +36,44 @@ class _Live:
     started: bool = False
 
 
-def resolve_max_model_len(config: Any, requested: int | None) -> int:
-    limit = config.max_position_embeddings
-    # The runner attends to the whole context; cap the length where the model would use a sliding window.
-    window = getattr(config, "sliding_window", None)
-    if window and getattr(config, "use_sliding_window", True):
-        limit = min(limit, window)
-    return min(requested, limit) if requested else limit
-
-
 class Engine:
-    def __init__(self, model: LoadedModel, config: EngineConfig = EngineConfig()) -> None:
+    def __init__(self, model: LoadedModel, config: EngineConfig | None = None) -> None:
+        config = config or EngineConfig()
         self.model = model
         self.config = config
         self.tokenizer = model.tokenizer
         max_model_len = resolve_max_model_len(model.config, config.max_model_len)
-        kv_bytes = config.kv_cache_bytes or DEFAULT_CPU_BUDGET
-        self.runner = ModelRunner(model, config.block_size, max_model_len, config.num_blocks, kv_bytes)
-        num_blocks = self.runner.cache.num_blocks
-        self.scheduler = Scheduler(
-            SchedulerConfig(
-                num_blocks=num_blocks,
+        # Checked before any memory is committed to the KV cache.
+        scheduler_config = SchedulerConfig(
+            num_blocks=1,
+            block_size=config.block_size,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=max_model_len,
+            enable_prefix_caching=config.enable_prefix_caching,
+            share_prefix_cache_across_tenants=config.share_prefix_cache_across_tenants,
+            aging_s=config.aging_s,
+            long_prefill_token_threshold=config.long_prefill_token_threshold,
+        )
+        check_config(scheduler_config)
+        self.runner = ModelRunner(
+            model,
+            RunnerConfig(
                 block_size=config.block_size,
+                max_model_len=max_model_len,
                 max_num_seqs=config.max_num_seqs,
                 max_num_batched_tokens=config.max_num_batched_tokens,
-                max_model_len=max_model_len,
-                enable_prefix_caching=config.enable_prefix_caching,
-                aging_s=config.aging_s,
-            )
+                num_blocks=config.num_blocks,
+                kv_cache_memory=config.kv_cache_memory or config.kv_cache_bytes,
+                gpu_memory_utilization=config.gpu_memory_utilization,
+                decode_kernel=config.decode_kernel,
+                tune_linears=config.tune_linears,
+            ),
+        )
+        log.info("%s", self.runner.kv_plan.describe(self.runner.cache.shape, max_model_len))
+        log.info("decode attention kernel: %s", self.runner.attention.decode)
+        self.scheduler = Scheduler(
+            dataclasses.replace(scheduler_config, num_blocks=self.runner.cache.num_blocks)
         )
         self._live: dict[str, _Live] = {}
         self._steps = 0
@@ -161,6 +126,8 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         output = self.scheduler.schedule(time.monotonic())
+        for seq_id in output.preempted:  # its blocks are gone; a readmission starts a new table
+            self.runner.release(seq_id)
         results = [self._finish(ended, (), "") for ended in output.finished]
         sampled: dict[str, int] = {}
         if output.chunks:
@@ -197,6 +164,7 @@ class Engine:
     def _finish(
         self, ended: FinishedSequence, tokens: tuple[int, ...], delta: str, started: bool = False
     ) -> RequestOutput:
+        self.runner.release(ended.seq_id)
         live = self._live.pop(ended.seq_id, None)
         if live is None:  # rejected by add(): the engine never saw it run
             return RequestOutput(ended.seq_id, (), "", ended.reason, False, 0, 0, ended.detail)

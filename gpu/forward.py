@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gpu.attention import paged_attention
+from gpu.attention import PagedAttention
 from gpu.inputs import StepInputs
 from gpu.kv_cache import KVCache, KVShape
 from gpu.linear import Linear
@@ -98,7 +98,7 @@ class LlamaForward:
         cos, sin = self._rotary(probe, positions[None])
         return cos[0], sin[0]  # [T, head_dim]
 
-    def __call__(self, inputs: StepInputs, cache: KVCache) -> torch.Tensor:
+    def __call__(self, inputs: StepInputs, cache: KVCache, attention: PagedAttention) -> torch.Tensor:
         """Run every scheduled token; return logits [S, vocab] for inputs.sample_rows."""
         if self._static_rope:
             cos, sin = self._cos[inputs.positions], self._sin[inputs.positions]
@@ -108,13 +108,15 @@ class LlamaForward:
         t = inputs.input_ids.numel()
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         x = self.embed[inputs.input_ids]
+        plan = attention.plan(inputs.attention, cache)
         for index, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, self.eps)
             qk, v = layer.qkv(h).split((q_size + kv_size, kv_size), dim=-1)
             qk = rotate(qk.view(t, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # one RoPE call for both
-            cache.write(index, inputs.slots, k, v.reshape(t, self.num_kv_heads, self.head_dim))
-            attn = paged_attention(q, cache, index, inputs, self.scale)
+            v = v.reshape(t, self.num_kv_heads, self.head_dim)
+            cache.write(index, inputs.slots, k, v)
+            attn = attention(q, k, v, cache, index, plan, self.scale)
             x = x + layer.o(attn.reshape(t, q_size))
             h = rms_norm(x, layer.post_norm, self.eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)

@@ -6,8 +6,6 @@ from dataclasses import dataclass
 
 import torch
 
-DEFAULT_CPU_BUDGET = 256 * 1024 * 1024
-
 
 @dataclass(frozen=True)
 class KVShape:
@@ -22,20 +20,14 @@ class KVShape:
         element = torch.empty((), dtype=self.dtype).element_size()
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element
 
-    def blocks_for_budget(self, budget_bytes: int) -> int:
-        blocks = budget_bytes // self.bytes_per_block
-        if blocks < 1:
-            raise ValueError(f"KV budget {budget_bytes} B is below one block ({self.bytes_per_block} B)")
-        return blocks
-
 
 class KVCache:
     """K and V tensors shaped [num_layers, kv_heads, num_blocks, block_size, head_dim].
 
-    Heads lead so that gathering a batch's blocks gives [kv_heads, B, context, head_dim] directly, the
-    layout the attention products read without a transposing copy. Zero-initialised on purpose:
-    attention reads whole blocks and masks the unused slots, and a masked weight of 0 times
-    uninitialised NaN would still be NaN.
+    Heads lead so that one head's blocks of one layer are a plain [num_blocks * block_size, head_dim]
+    matrix: the C decode kernel walks it by block id, and a gather of a batch's blocks gives
+    [kv_heads, B, context, head_dim] directly. Zero-initialised on purpose: attention may read whole
+    blocks and mask the unused slots, and a masked weight of 0 times uninitialised NaN would be NaN.
     """
 
     def __init__(self, shape: KVShape, num_blocks: int, device: torch.device) -> None:

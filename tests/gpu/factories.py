@@ -55,7 +55,9 @@ def _build(seed: int, arch: str, shape: dict[str, Any]) -> Any:
 
 
 def make_engine(model: LoadedModel | None = None, **config: Any) -> Engine:
-    config.setdefault("num_blocks", 256)  # the default byte budget would allocate 256 MiB per engine
+    config.setdefault("num_blocks", 256)  # the default memory budget would allocate far more per engine
+    # A small token budget must still cover the seats (the scheduler refuses otherwise).
+    config.setdefault("max_num_seqs", min(64, config.get("max_num_batched_tokens", 512)))
     return Engine(model or make_model(), EngineConfig(**config))
 
 
