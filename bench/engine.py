@@ -19,7 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-len", default="16:128", metavar="MIN:MAX", help="prompt tokens, uniform")
     parser.add_argument("--output-len", default="8:256", metavar="MIN:MAX", help="generated tokens, uniform")
     parser.add_argument("--seed", type=int, default=0, help="workload seed")
-    parser.add_argument("--model", default=None, help="local HF checkpoint dir (default: the built-in model)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="smollm2, a local HF checkpoint dir or .gguf (default: the built-in model)",
+    )
     parser.add_argument("--reps", type=int, default=3, help="alternating repetitions of each contender")
     parser.add_argument("--only", default=",".join(ALL), help=f"comma-separated subset of {','.join(ALL)}")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (and OMP_NUM_THREADS)")
@@ -50,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
 
     path = write_json(args.json or default_json_path("engine"), payload)
     print(f"\nresults: {path}")
+    from bench.plots import engine_figure, png_path, write_or_explain
+
+    print(write_or_explain(engine_figure, payload, png_path(path)))
     return 0
 
 

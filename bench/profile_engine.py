@@ -59,14 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def contender_vocab(model_path: str | None) -> int:
-    if model_path is None:
-        from gpu.model import default_config
+def contender_vocab(model: str | None) -> int:
+    """The vocabulary of the model the engine will load (any name bench/models.py understands)."""
+    from bench.models import load_hf_model
 
-        return int(default_config().vocab_size)
-    from transformers import AutoConfig
-
-    return int(AutoConfig.from_pretrained(model_path, local_files_only=True).vocab_size)
+    return int(load_hf_model(model).config.vocab_size)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,9 @@ def run_engine_bench(args: argparse.Namespace, only: tuple[str, ...]) -> tuple[d
     reference = load_hf_model(args.model)
     vocab_size = reference.config.vocab_size
     shape = shape_of(reference)
+    # Long workloads may run past the model's trained context (RoPE extends; HF's contenders do too).
+    longest = spec.prompt_len[1] + spec.output_len[1]
+    args.inferq_max_model_len = max(longest, reference.config.max_position_embeddings)
     del reference
     requests = make_workload(spec, vocab_size)
     warm_up = make_workload(WorkloadSpec(4, (16, 32), (4, 8), args.seed + 1), vocab_size)
@@ -90,7 +93,11 @@ def _build(args: argparse.Namespace, only: tuple[str, ...]) -> list[Contender]:
 
 
 def _inferq_options(args: argparse.Namespace) -> dict[str, int]:
-    return {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_batched_tokens}
+    return {
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_batched_tokens,
+        "max_model_len": args.inferq_max_model_len,
+    }
 
 
 def _progress(message: str) -> None:
