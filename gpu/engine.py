@@ -72,9 +72,7 @@ class Engine:
         )
         log.info("%s", self.runner.kv_plan.describe(self.runner.cache.shape, max_model_len))
         log.info("decode attention kernel: %s", self.runner.attention.decode)
-        self.scheduler = Scheduler(
-            dataclasses.replace(scheduler_config, num_blocks=self.runner.cache.num_blocks)
-        )
+        self.scheduler = Scheduler(dataclasses.replace(scheduler_config, num_blocks=self.runner.num_blocks))
         self._live: dict[str, _Live] = {}
         self._steps = 0
         self._forward_seconds = 0.0
@@ -86,11 +84,13 @@ class Engine:
     def from_options(
         cls,
         model: str | None = None,
-        dtype: str = "float32",
+        dtype: str | None = None,
         device: str = "cpu",
         seed: int = 0,
         **config: Any,
     ) -> Engine:
+        """dtype None: bfloat16 on CUDA, float32 on the CPU (where greedy output must equal HF's fp32)."""
+        dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
         return cls(load_model(model, dtype, device, seed), EngineConfig(**config))
 
     # ---- requests --------------------------------------------------------------------------------

@@ -48,13 +48,18 @@ class ModelRunner:
         self.forward = LlamaForward(loaded, max_positions=config.max_model_len)
         shape = self.forward.kv_shape(config.block_size)
         model_config = loaded.config
+        element = torch.empty((), dtype=self.dtype).element_size()
         activations = activation_estimate(
             model_config.hidden_size,
             model_config.intermediate_size,
             model_config.vocab_size,
             config.max_num_batched_tokens,
             config.max_num_seqs,
-            torch.empty((), dtype=self.dtype).element_size(),
+            element,
+        )
+        # The CUDA decode path gathers every row's context for one layer at a time.
+        activations += (
+            2 * config.max_num_seqs * config.max_model_len * shape.num_kv_heads * shape.head_dim * element
         )
         self.kv_plan: KVPlan = plan_kv(
             shape,
@@ -66,11 +71,24 @@ class ModelRunner:
             config.num_blocks,
             activations,
         )
-        self.cache = KVCache(shape, self.kv_plan.num_blocks, self.device)
+        self.num_blocks = self.kv_plan.num_blocks  # what the scheduler may hand out
+        cuda = self.device.type == "cuda"
+        # On CUDA one more block, never scheduled, takes the K/V of a graph's padding rows.
+        self.cache = KVCache(shape, self.num_blocks + cuda, self.device)
         self.inputs = InputBuilder(config.block_size, config.max_model_len, config.max_num_seqs)
-        self.attention = self._choose_attention()
-        if self.device.type == "cpu" and config.tune_linears:
-            self._tune_linears()
+        self.cuda_step = None
+        if cuda:
+            from gpu.cuda.step import CudaStep
+
+            max_blocks = self.inputs.max_blocks
+            self.cuda_step = CudaStep(
+                self.forward, self.cache, config.max_num_seqs, max_blocks, self.num_blocks
+            )
+            self.attention = self.cuda_step.attention
+        else:
+            self.attention = self._choose_attention()
+            if config.tune_linears:
+                self._tune_linears()
         self.threads = ThreadTuner() if self.device.type == "cpu" else None
 
     def _choose_attention(self) -> PagedAttention:
@@ -113,9 +131,13 @@ class ModelRunner:
     @torch.inference_mode()
     def _execute(self, output: SchedulerOutput, seeds: Mapping[str, int]) -> dict[str, int]:
         inputs = self.inputs.build(output)
-        if self.device.type != "cpu":
+        if self.cuda_step is not None:
+            logits = self.cuda_step.logits(inputs)
+        elif self.device.type != "cpu":
             inputs = to_device(inputs, self.device)
-        logits = self.forward(inputs, self.cache, self.attention)
+            logits = self.forward(inputs, self.cache, self.attention)
+        else:
+            logits = self.forward(inputs, self.cache, self.attention)
         chunks = inputs.sample_chunks
         batch = SamplingBatch.build(
             [c.sampling for c in chunks],

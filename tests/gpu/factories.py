@@ -84,9 +84,10 @@ def make_requests(
 @torch.inference_mode()
 def hf_greedy(model: LoadedModel, prompt: tuple[int, ...], max_tokens: int) -> list[int]:
     """HF generate alone, greedy; stops at EOS like the engine does (the EOS token is kept)."""
+    device = model.device
     out = model.model.generate(
-        torch.tensor([prompt]),
-        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        torch.tensor([prompt], device=device),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
         max_new_tokens=max_tokens,
         do_sample=False,
         eos_token_id=model.tokenizer.eos_token_id,
@@ -97,7 +98,7 @@ def hf_greedy(model: LoadedModel, prompt: tuple[int, ...], max_tokens: int) -> l
 
 @torch.inference_mode()
 def top2_gap(model: LoadedModel, context: list[int]) -> tuple[float, tuple[int, int]]:
-    logits = model.model(torch.tensor([context])).logits[0, -1].float()
+    logits = model.model(torch.tensor([context], device=model.device)).logits[0, -1].float()
     top = torch.topk(logits, 2)
     return float(top.values[0] - top.values[1]), (int(top.indices[0]), int(top.indices[1]))
 
