@@ -3,6 +3,7 @@ on the CPU from available RAM; and the start-up line that says what that buys (a
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +46,8 @@ def cpu_budget(shape: KVShape, max_num_seqs: int, max_model_len: int, available:
 def cuda_budget(device: torch.device, utilization: float, activation_bytes: int) -> int:
     """vLLM-style: this fraction of the whole device, minus what is in use now (weights, other processes),
     minus the activations of the largest step."""
+    gc.collect()  # an earlier engine's cache, unreachable but not yet collected, is not "in use"
+    torch.cuda.empty_cache()  # nor are blocks torch's allocator keeps cached for reuse
     free, total = torch.cuda.mem_get_info(device)
     return int(total * utilization) - (total - free) - activation_bytes
 
