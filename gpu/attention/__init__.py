@@ -14,7 +14,7 @@ import torch
 
 from gpu.attention.metadata import AttentionMetadata
 from gpu.attention.native_decode import NativeDecode
-from gpu.attention.prefill import prefill_all
+from gpu.attention.prefill import PrefillPlan, plan_prefills, prefill_all
 from gpu.attention.torch_decode import Bucket, DecodeScratch, decode_bucket, plan_buckets
 from gpu.kv_cache import KVCache
 
@@ -25,6 +25,7 @@ DECODE_KINDS = ("native", "torch")
 class StepPlan:
     meta: AttentionMetadata
     buckets: tuple[Bucket, ...]  # the torch decode kernel's context-length buckets (empty for native)
+    prefills: tuple[PrefillPlan, ...]
 
 
 class PagedAttention:
@@ -39,9 +40,9 @@ class PagedAttention:
 
     def plan(self, meta: AttentionMetadata, cache: KVCache) -> StepPlan:
         """Per-step preparation shared by every layer."""
-        if self.decode == "torch":
-            return StepPlan(meta, plan_buckets(meta, cache.shape.block_size, cache.shape.dtype))
-        return StepPlan(meta, ())
+        block_size = cache.shape.block_size
+        buckets = plan_buckets(meta, block_size, cache.shape.dtype) if self.decode == "torch" else ()
+        return StepPlan(meta, buckets, plan_prefills(meta, block_size))
 
     def __call__(
         self,
@@ -67,6 +68,6 @@ class PagedAttention:
                     out[bucket.rows] = decode_bucket(
                         q[bucket.rows], cache, layer, bucket, scale, self._scratch
                     )
-        if meta.prefills:
-            prefill_all(q, k_new, v_new, cache, layer, meta, scale, out)
+        if plan.prefills:
+            prefill_all(q, k_new, v_new, cache, layer, plan.prefills, scale, out)
         return out

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from gpu.attention.metadata import AttentionMetadata
-from gpu.attention.prefill import prefill_all
+from gpu.attention.prefill import PrefillPlan, plan_prefills, prefill_all
 from gpu.kv_cache import KVCache
 
 
@@ -42,6 +42,7 @@ def decode_attention(
 class CudaPlan:
     meta: AttentionMetadata
     decode_tables: torch.Tensor | None  # [B, blocks] on the device
+    prefills: tuple[PrefillPlan, ...]
 
 
 class CudaPagedAttention:
@@ -50,12 +51,13 @@ class CudaPagedAttention:
     decode = "cuda-sdpa"
 
     def plan(self, meta: AttentionMetadata, cache: KVCache) -> CudaPlan:
+        prefills = plan_prefills(meta, cache.shape.block_size)
         if meta.num_decodes == 0:
-            return CudaPlan(meta, None)
+            return CudaPlan(meta, None, prefills)
         blocks = -(-meta.max_decode_len // cache.shape.block_size)
         tables = meta.block_tables[meta.decode_seats, :blocks]
         # Entries past a row's own blocks are stale ids of earlier sequences: valid ids, masked anyway.
-        return CudaPlan(meta, tables)
+        return CudaPlan(meta, tables, prefills)
 
     def __call__(
         self,
@@ -72,6 +74,6 @@ class CudaPagedAttention:
         if plan.decode_tables is not None:
             rows = meta.decode_rows
             out[rows] = decode_attention(q[rows], cache, layer, plan.decode_tables, meta.decode_lens, scale)
-        if meta.prefills:
-            prefill_all(q, k_new, v_new, cache, layer, meta, scale, out)
+        if plan.prefills:
+            prefill_all(q, k_new, v_new, cache, layer, plan.prefills, scale, out)
         return out
