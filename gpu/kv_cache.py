@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -34,8 +35,8 @@ class KVCache:
         self.shape = shape
         self.num_blocks = num_blocks
         dims = (shape.num_layers, shape.num_kv_heads, num_blocks, shape.block_size, shape.head_dim)
-        self.k = torch.zeros(dims, dtype=shape.dtype, device=device)
-        self.v = torch.zeros(dims, dtype=shape.dtype, device=device)
+        self.k = _zeros(dims, shape.dtype, device)
+        self.v = _zeros(dims, shape.dtype, device)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K/V of [T, kv_heads, head_dim] at flat slots (block * block_size + offset)."""
@@ -49,3 +50,11 @@ class KVCache:
         k = self.k[layer].index_select(1, block_tables.reshape(-1)).view(out)
         v = self.v[layer].index_select(1, block_tables.reshape(-1)).view(out)
         return k, v
+
+
+def _zeros(dims: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros; on the CPU from calloc'd memory (numpy), whose pages the OS maps on first write, so a
+    multi-GiB cache costs resident memory only as sequences fill it (torch.zeros writes every page)."""
+    if device.type == "cpu" and dtype == torch.float32:
+        return torch.from_numpy(np.zeros(dims, dtype=np.float32))
+    return torch.zeros(dims, dtype=dtype, device=device)
