@@ -68,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
     print(table)
     path = write_json(args.json, payload)
     print(f"\nresults: {path}")
+    from bench.e2e_report import figure
+    from bench.plots import png_path, write_or_explain
+
+    print(write_or_explain(figure, payload, png_path(path)))
     return 0
 
 

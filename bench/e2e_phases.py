@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.e2e_deploy import TokenRecorder, WorkerProcess
-from bench.e2e_stats import JobTrace, latency_summary, ttft_ms
+from bench.e2e_stats import JobTrace, latency_summary, per_job, ttft_ms
 from bench.workload import WorkloadSpec, make_workload
 
 PRINTABLE = "".join(chr(c) for c in range(32, 127))
@@ -142,12 +142,15 @@ class Session:
             "low_streaming_before_high": busy,
             "low_unfinished_when_high_done": len(unfinished),
             "low_cancelled_without_final_event": left,
+            "low_per_job": per_job(self.recorder.traces(low)),
+            "high_per_job": per_job(high_traces),
         }
         return high_traces, info
 
 
 def summarize_poisson(rate: float, fraction: float, traces: list[JobTrace]) -> dict[str, object]:
-    return {"rate_jobs_s": rate, "fraction_of_saturation": fraction, **latency_summary(traces)}
+    summary = {"rate_jobs_s": rate, "fraction_of_saturation": fraction, **latency_summary(traces)}
+    return {**summary, "per_job": per_job(traces)}
 
 
 def ttfts(traces: list[JobTrace]) -> list[float]:

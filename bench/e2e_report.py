@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from bench.report import format_table
 
 BAR_E2E_VS_ENGINE = 0.9  # at one intra-op thread: the broker and the client have the other core
@@ -94,3 +96,27 @@ def _bar(name: str, value: float | None, op: str, bar: float) -> str:
         return f"{name}: -  (bar {op} {bar})"
     ok = value >= bar if op == ">=" else value <= bar
     return f"{name}: {value:.3f}  (bar {op} {bar}: {'met' if ok else 'MISSED'})"
+
+
+def latency_groups(p: dict) -> dict[str, dict[str, list[float]]]:
+    """Per-job TTFT and ITL by priority: normal jobs of the Poisson phase (every rate), high jobs on the
+    idle worker and behind the low backlog, and the backlog's low jobs."""
+    normal: dict[str, list[float]] = {"ttft_ms": [], "itl_ms": []}
+    for row in p.get("poisson") or []:
+        for metric in normal:
+            normal[metric] += (row.get("per_job") or {}).get(metric, [])
+    load = p.get("priority_load") or {}
+    groups = {
+        "normal\n(poisson)": normal,
+        "high\n(idle worker)": load.get("high_idle_per_job") or {},
+        "high\n(behind low)": load.get("high_per_job") or {},
+        "low\n(backlog)": load.get("low_per_job") or {},
+    }
+    return {name: data for name, data in groups.items() if data.get("ttft_ms") or data.get("itl_ms")}
+
+
+def figure(p: dict, path: Path) -> Path:
+    from bench.plots import latency_figure
+
+    title = f"bench e2e: TTFT and ITL per priority (e2e_vs_engine {p.get('e2e_vs_engine') or 0:.2f})"
+    return latency_figure(latency_groups(p), title, path)

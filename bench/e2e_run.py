@@ -34,7 +34,7 @@ from bench.e2e_phases import (
 )
 from bench.e2e_report import BAR_E2E_VS_ENGINE, BAR_HIGH_TTFT_RATIO, render
 from bench.e2e_rows import ttft_breakdown
-from bench.e2e_stats import percentile, throughput
+from bench.e2e_stats import per_job, percentile, throughput
 from bench.report import median, ratio
 from bench.workload import WorkloadSpec, parse_range
 
@@ -221,6 +221,7 @@ def priority(
     backlog = make_jobs(backlog_lengths, f"{args.seed}:backlog", f"{run_id}-low")
     high = make_jobs(high_lengths, f"{args.seed}:hi-load", f"{run_id}-hi-load")
     traces, info = session.priority_under_load(backlog, high, args.high_gap_s, ENGINE_OPTIONS["max_num_seqs"])
+    info["high_idle_per_job"] = per_job(idle_traces)
     info["ttft_breakdown_idle"] = ttft_breakdown(database_url, idle_traces)
     info["ttft_breakdown_loaded"] = ttft_breakdown(database_url, traces)
     return ttfts(idle_traces), ttfts(traces), info

@@ -34,6 +34,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-step-time", action="store_true", help="skip inferq's step time at batch 16/32/64"
     )
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (every contender runs there)")
+    parser.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=None,
+        help="inferq's KV cache size (default: the engine's own sizing)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="default: float32 on cpu, bfloat16 on cuda",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
 
     path = write_json(args.json or default_json_path("engine"), payload)
     print(f"\nresults: {path}")
+    from bench.plots import engine_figure, png_path, write_or_explain
+
+    print(write_or_explain(engine_figure, payload, png_path(path)))
     return 0
 
 

@@ -63,18 +63,25 @@ def workload_flops(shape: ModelShape, requests: tuple[BenchRequest, ...]) -> int
     return sum(request_flops(shape, len(r.prompt_token_ids), r.max_new_tokens) for r in requests)
 
 
-def matmul_flops_per_s(size: int = 2048, repeats: int = 3) -> float:
-    """Best FLOP/s of a size x size fp32 matrix product: what the machine's BLAS reaches at best."""
+def matmul_flops_per_s(
+    device: str = "cpu", dtype: str = "float32", size: int | None = None, repeats: int = 3
+) -> float:
+    """Best FLOP/s of a square matrix product: what the machine's BLAS (or the GPU) reaches at best."""
     import torch
 
+    size = size or (2048 if device == "cpu" else 8192)
     generator = torch.Generator().manual_seed(0)
-    a = torch.randn(size, size, generator=generator)
-    b = torch.randn(size, size, generator=generator)
-    out = torch.empty(size, size)
-    torch.mm(a, b, out=out)  # warm-up: thread pool, page faults
+    kind = getattr(torch, dtype)
+    a = torch.randn(size, size, generator=generator).to(device=device, dtype=kind)
+    b = torch.randn(size, size, generator=generator).to(device=device, dtype=kind)
+    out = torch.empty(size, size, device=device, dtype=kind)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    torch.mm(a, b, out=out)  # warm-up: thread pool, page faults, kernel choice
+    sync()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         torch.mm(a, b, out=out)
+        sync()
         best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best

@@ -31,6 +31,7 @@ def machine_info() -> dict[str, object]:
         "transformers_version": transformers.__version__,
         "python_version": platform.python_version(),
         "platform": platform.platform(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     }
 
 

@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def contender_vocab(model: str) -> int:
+def contender_vocab(model: str | None) -> int:
+    """The vocabulary of the model the engine will load (any name bench/models.py understands)."""
     from bench.models import load_hf_model
 
     return int(load_hf_model(model).config.vocab_size)

@@ -19,10 +19,14 @@ def run_engine_bench(args: argparse.Namespace, only: tuple[str, ...]) -> tuple[d
     from bench.summary import EngineBenchRaw, render, summarize
 
     torch.set_num_threads(args.threads)
+    args.dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     spec = WorkloadSpec(args.requests, parse_range(args.prompt_len), parse_range(args.output_len), args.seed)
     reference = load_hf_model(args.model)
     vocab_size = reference.config.vocab_size
     shape = shape_of(reference)
+    # Long workloads may run past the model's trained context (RoPE extends; HF's contenders do too).
+    longest = spec.prompt_len[1] + spec.output_len[1]
+    args.inferq_max_model_len = max(longest, reference.config.max_position_embeddings)
     del reference
     requests = make_workload(spec, vocab_size)
     warm_up = make_workload(WorkloadSpec(4, (16, 32), (4, 8), args.seed + 1), vocab_size)
@@ -44,8 +48,10 @@ def run_engine_bench(args: argparse.Namespace, only: tuple[str, ...]) -> tuple[d
                 f"rep {rep + 1}/{args.reps} {contender.name}: {result.wall_s:.2f} s, {tok_s:,.0f} tok/s"
             )
         if "limit" in only:
-            flops_per_s.append(matmul_flops_per_s())
-            _progress(f"rep {rep + 1}/{args.reps} limit: {flops_per_s[-1] / 1e9:,.1f} GFLOP/s fp32 matmul")
+            flops_per_s.append(matmul_flops_per_s(args.device, args.dtype))
+            _progress(
+                f"rep {rep + 1}/{args.reps} limit: {flops_per_s[-1] / 1e9:,.1f} GFLOP/s {args.dtype} matmul"
+            )
 
     step_times = {}
     if "inferq" in only and not args.no_step_time:
@@ -75,12 +81,14 @@ def _build(args: argparse.Namespace, only: tuple[str, ...]) -> list[Contender]:
     if "static" in only:
         from bench.contenders.static import StaticContender
 
-        contenders.append(StaticContender(args.model, group_size=args.group_size))
+        contenders.append(StaticContender(args.model, args.group_size, args.device, args.dtype))
     if "hf_cb" in only:
         from bench.contenders.hf_cb import HfContinuousBatchingContender
 
         contenders.append(
-            HfContinuousBatchingContender(args.model, max_batch_tokens=args.hf_max_batch_tokens)
+            HfContinuousBatchingContender(
+                args.model, max_batch_tokens=args.hf_max_batch_tokens, device=args.device, dtype=args.dtype
+            )
         )
     if "inferq" in only:
         from bench.contenders.inferq import InferqContender
@@ -89,8 +97,15 @@ def _build(args: argparse.Namespace, only: tuple[str, ...]) -> list[Contender]:
     return contenders
 
 
-def _inferq_options(args: argparse.Namespace) -> dict[str, int]:
-    return {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_batched_tokens}
+def _inferq_options(args: argparse.Namespace) -> dict[str, object]:
+    return {
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_batched_tokens,
+        "max_model_len": args.inferq_max_model_len,
+        "device": args.device,
+        "dtype": args.dtype,
+        **({"kv_cache_memory": int(args.kv_cache_gib * 2**30)} if args.kv_cache_gib else {}),
+    }
 
 
 def _progress(message: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import secrets
 import time
 from collections.abc import Iterable
@@ -10,68 +12,19 @@ from pathlib import Path
 from typing import Any
 
 from gpu.detokenizer import Detokenizer
+from gpu.engine_types import EngineConfig, EngineRequest, EngineStats, RequestOutput, resolve_max_model_len
 from gpu.generation_config import GenerationDefaults, eos_token_ids
-from gpu.kv_cache import DEFAULT_CPU_BUDGET
 from gpu.model import LoadedModel, load_model
-from gpu.runner import ModelRunner
+from gpu.runner import ModelRunner, RunnerConfig
 from scheduler.config import SchedulerConfig
+from scheduler.limits import check_config
 from scheduler.output import FinishedSequence
 from scheduler.scheduler import Scheduler
-from scheduler.types import FinishReason, Priority, SamplingParams, SequenceRequest
+from scheduler.types import FinishReason, SequenceRequest
 
+__all__ = ["Engine", "EngineConfig", "EngineRequest", "EngineStats", "RequestOutput"]
 
-@dataclass(frozen=True)
-class EngineConfig:
-    block_size: int = 16
-    kv_cache_bytes: int | None = None  # memory budget for KV; None = 256 MiB
-    kv_cache_memory: int | None = None  # the same budget under vLLM's name; wins over kv_cache_bytes
-    gpu_memory_utilization: float = 0.9  # GPU memory share for KV; range-checked, not read yet (runner sizes)
-    num_blocks: int | None = None  # overrides kv_cache_bytes when set (tests use tiny values)
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    max_model_len: int | None = None  # None = the model's max_position_embeddings
-    enable_prefix_caching: bool = True
-    aging_s: float = 30.0
-
-
-@dataclass(frozen=True)
-class EngineRequest:
-    request_id: str
-    prompt_token_ids: tuple[int, ...]
-    sampling: SamplingParams
-    stop: tuple[str, ...] = ()  # stop strings, matched on the text; the output excludes them
-    priority: Priority = Priority.NORMAL
-    tenant: str = "default"
-    deadline: float | None = None  # a time.monotonic() value
-
-
-@dataclass(frozen=True)
-class RequestOutput:
-    """News about one request from one step."""
-
-    request_id: str
-    new_token_ids: tuple[int, ...]
-    text_delta: str  # complete characters only; the deltas concatenate to the final text
-    finish_reason: FinishReason | None  # set on the request's last output
-    started: bool  # True on the step the request was first scheduled
-    prompt_tokens: int
-    completion_tokens: int
-    detail: str = ""  # e.g. why a request was rejected
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    running: int
-    waiting: dict[Priority, int]
-    kv_blocks_used: int
-    kv_blocks_total: int
-    preemptions: int
-    prefix_cache_hits: int  # prompt tokens served from the prefix cache
-    steps: int  # steps that ran the model
-    forward_seconds: float  # cumulative time in the runner: input building, model forward, sampling
-    mean_batch_size: float  # sequences per model step
-    mean_batch_tokens: float  # tokens per model step
-    forward_by_batch: dict[int, tuple[int, float]]  # sequences in a step -> (steps, forward seconds)
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -85,17 +38,9 @@ class _Live:
     started: bool = False
 
 
-def resolve_max_model_len(config: Any, requested: int | None) -> int:
-    limit = config.max_position_embeddings
-    # The runner attends to the whole context; cap the length where the model would use a sliding window.
-    window = getattr(config, "sliding_window", None)
-    if window and getattr(config, "use_sliding_window", True):
-        limit = min(limit, window)
-    return min(requested, limit) if requested else limit
-
-
 class Engine:
-    def __init__(self, model: LoadedModel, config: EngineConfig = EngineConfig()) -> None:
+    def __init__(self, model: LoadedModel, config: EngineConfig | None = None) -> None:
+        config = config or EngineConfig()
         self.model = model
         self.config = config
         self.tokenizer = model.tokenizer
@@ -103,22 +48,36 @@ class Engine:
         self.eos_token_ids = eos_token_ids(generation_config, model.tokenizer)
         self.generation_defaults = GenerationDefaults.from_generation_config(generation_config)
         max_model_len = resolve_max_model_len(model.config, config.max_model_len)
-        if not 0.0 < config.gpu_memory_utilization <= 1.0:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {config.gpu_memory_utilization}")
-        kv_bytes = config.kv_cache_memory or config.kv_cache_bytes or DEFAULT_CPU_BUDGET
-        self.runner = ModelRunner(model, config.block_size, max_model_len, config.num_blocks, kv_bytes)
-        num_blocks = self.runner.cache.num_blocks
-        self.scheduler = Scheduler(
-            SchedulerConfig(
-                num_blocks=num_blocks,
+        # Checked before any memory is committed to the KV cache.
+        scheduler_config = SchedulerConfig(
+            num_blocks=1,
+            block_size=config.block_size,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=max_model_len,
+            enable_prefix_caching=config.enable_prefix_caching,
+            share_prefix_cache_across_tenants=config.share_prefix_cache_across_tenants,
+            aging_s=config.aging_s,
+            long_prefill_token_threshold=config.long_prefill_token_threshold,
+        )
+        check_config(scheduler_config)
+        self.runner = ModelRunner(
+            model,
+            RunnerConfig(
                 block_size=config.block_size,
+                max_model_len=max_model_len,
                 max_num_seqs=config.max_num_seqs,
                 max_num_batched_tokens=config.max_num_batched_tokens,
-                max_model_len=max_model_len,
-                enable_prefix_caching=config.enable_prefix_caching,
-                aging_s=config.aging_s,
-            )
+                num_blocks=config.num_blocks,
+                kv_cache_memory=config.kv_cache_memory or config.kv_cache_bytes,
+                gpu_memory_utilization=config.gpu_memory_utilization,
+                decode_kernel=config.decode_kernel,
+                tune_linears=config.tune_linears,
+            ),
         )
+        log.info("%s", self.runner.kv_plan.describe(self.runner.cache.shape, max_model_len))
+        log.info("decode attention kernel: %s", self.runner.attention.decode)
+        self.scheduler = Scheduler(dataclasses.replace(scheduler_config, num_blocks=self.runner.num_blocks))
         self._live: dict[str, _Live] = {}
         self._steps = 0
         self._forward_seconds = 0.0
@@ -130,14 +89,15 @@ class Engine:
     def from_options(
         cls,
         model: str | None = None,
-        dtype: str = "auto",
+        dtype: str | None = "auto",
         device: str = "cpu",
         seed: int = 0,
         cache_dir: Path | None = None,
         **config: Any,
     ) -> Engine:
-        """`model` is a spec as `load_model` takes it (None: the tiny built-in model)."""
-        return cls(load_model(model, dtype, device, seed, cache_dir), EngineConfig(**config))
+        """`model`: a spec as `load_model` takes it (None: the tiny built-in model). dtype auto (or None):
+        bfloat16 on CUDA, float32 on the CPU (where greedy output must equal HF's fp32)."""
+        return cls(load_model(model, dtype or "auto", device, seed, cache_dir), EngineConfig(**config))
 
     # ---- requests --------------------------------------------------------------------------------
 
@@ -172,6 +132,8 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         output = self.scheduler.schedule(time.monotonic())
+        for seq_id in output.preempted:  # its blocks are gone; a readmission starts a new table
+            self.runner.release(seq_id)
         results = [self._finish(ended, (), "") for ended in output.finished]
         sampled: dict[str, int] = {}
         if output.chunks:
@@ -208,6 +170,7 @@ class Engine:
     def _finish(
         self, ended: FinishedSequence, tokens: tuple[int, ...], delta: str, started: bool = False
     ) -> RequestOutput:
+        self.runner.release(ended.seq_id)
         live = self._live.pop(ended.seq_id, None)
         if live is None:  # rejected by add(): the engine never saw it run
             return RequestOutput(ended.seq_id, (), "", ended.reason, False, 0, 0, ended.detail)

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from gpu.attention import paged_attention
+from gpu.attention import PagedAttention
 from gpu.inputs import StepInputs
 from gpu.kv_cache import KVCache, KVShape
 from gpu.linear import Linear
 from gpu.model import LoadedModel, check_architecture
+
+# Attention of one layer: (q [T, heads, D], k/v [T, kv_heads, D] of the new tokens, layer) -> [T, heads, D].
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 # RoPE variants whose frequencies do not depend on the batch, so one cos/sin table serves every step.
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}
@@ -90,6 +94,11 @@ class LlamaForward:
             down=Linear(mlp.down_proj.weight.detach(), down_bias, packed),
         )
 
+    @property
+    def graph_safe(self) -> bool:
+        """True when `run` has no data-dependent host work (the RoPE table is precomputed)."""
+        return self._static_rope
+
     def kv_shape(self, block_size: int) -> KVShape:
         return KVShape(len(self.layers), self.num_kv_heads, self.head_dim, block_size, self.dtype)
 
@@ -98,28 +107,49 @@ class LlamaForward:
         cos, sin = self._rotary(probe, positions[None])
         return cos[0], sin[0]  # [T, head_dim]
 
-    def __call__(self, inputs: StepInputs, cache: KVCache) -> torch.Tensor:
+    def __call__(self, inputs: StepInputs, cache: KVCache, attention: PagedAttention) -> torch.Tensor:
         """Run every scheduled token; return logits [S, vocab] for inputs.sample_rows."""
+        plan = attention.plan(inputs.attention, cache)
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+            return attention(q, k, v, cache, layer, plan, self.scale)
+
+        return self.run(inputs.input_ids, inputs.positions, inputs.slots, cache, attend, inputs.sample_rows)
+
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        cache: KVCache,
+        attend: Attend,
+        sample_rows: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The layers over flattened tokens, attention through `attend`; logits of sample_rows (None: all).
+
+        Only tensor operations with shapes fixed by the inputs: a CUDA graph can capture it whole.
+        """
         if self._static_rope:
-            cos, sin = self._cos[inputs.positions], self._sin[inputs.positions]
+            cos, sin = self._cos[positions], self._sin[positions]
         else:
-            cos, sin = self._rope(inputs.positions)
+            cos, sin = self._rope(positions)
         cos, sin = cos[:, None, :], sin[:, None, :]
-        t = inputs.input_ids.numel()
+        t = input_ids.numel()
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        x = self.embed[inputs.input_ids]
+        x = self.embed[input_ids]
         for index, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, self.eps)
             qk, v = layer.qkv(h).split((q_size + kv_size, kv_size), dim=-1)
             qk = rotate(qk.view(t, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # one RoPE call for both
-            cache.write(index, inputs.slots, k, v.reshape(t, self.num_kv_heads, self.head_dim))
-            attn = paged_attention(q, cache, index, inputs, self.scale)
-            x = x + layer.o(attn.reshape(t, q_size))
+            v = v.reshape(t, self.num_kv_heads, self.head_dim)
+            cache.write(index, slots, k, v)
+            x = x + layer.o(attend(q, k, v, index).reshape(t, q_size))
             h = rms_norm(x, layer.post_norm, self.eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(self.act(gate) * up)
-        if inputs.sample_rows.numel() == 0:  # only prefill chunks that end before their last token
-            return x.new_empty(0, self.lm_head.out_features, dtype=torch.float32)
-        last = rms_norm(x[inputs.sample_rows], self.final_norm, self.eps)
-        return self.lm_head(last).float()
+        if sample_rows is not None:
+            if sample_rows.numel() == 0:  # only prefill chunks that end before their last token
+                return x.new_empty(0, self.lm_head.out_features, dtype=torch.float32)
+            x = x[sample_rows]
+        return self.lm_head(rms_norm(x, self.final_norm, self.eps)).float()

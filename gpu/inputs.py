@@ -1,124 +1,114 @@
-"""Flatten one SchedulerOutput into the tensors a batched forward needs."""
+"""Flatten one SchedulerOutput into the tensors a batched forward needs, keeping block tables between steps.
+
+Each live sequence holds a seat: a row of one persistent block-table array. A step writes only the blocks
+a sequence gained since its last step; token positions and KV slots are computed with numpy over the whole
+step at once. Attention kernels read the persistent table directly (rows by seat), so no per-step table
+is built for them.
+"""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from gpu.attention.metadata import AttentionMetadata, PrefillChunk
 from scheduler.output import ScheduledChunk, SchedulerOutput
 
 
 @dataclass(frozen=True)
-class PrefillChunk:
-    """A chunk of more than one token: attends causally within itself and to its cached prefix."""
-
-    row_start: int  # first row of the chunk in the flattened tokens
-    num_tokens: int
-    block_table: torch.Tensor  # [ceil(context_len / block_size)] block ids
-    causal_bias: torch.Tensor  # [num_tokens, blocks * block_size]: 0 where attending, else -inf
-
-
-@dataclass(frozen=True)
-class DecodeBatch:
-    """Every one-token chunk, attended to as one padded batch."""
-
-    rows: torch.Tensor  # [B] rows in the flattened tokens
-    block_tables: torch.Tensor  # [B, max_blocks], padded with block 0 (its slots are masked)
-    bias: torch.Tensor  # [1, B, 1, max_blocks * block_size]: 0 for context slots, -inf for padding
-    contiguous: bool  # rows are 0..B-1, so the batch is a plain slice
-
-
-@dataclass(frozen=True)
 class StepInputs:
-    input_ids: torch.Tensor  # [T]
-    positions: torch.Tensor  # [T] position of every token in its sequence
-    slots: torch.Tensor  # [T] flat KV slot (block * block_size + offset) where each token's K/V goes
-    decode: DecodeBatch | None
-    prefills: tuple[PrefillChunk, ...]
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64 position of every token in its sequence
+    slots: torch.Tensor  # [T] int64 flat KV slot (block * block_size + offset) where each token's K/V goes
+    attention: AttentionMetadata
     sample_rows: torch.Tensor  # [S] rows whose hidden state predicts a sampled token
     sample_chunks: tuple[ScheduledChunk, ...]  # the S chunks that sample, in the same order
 
 
-def _slot(chunk: ScheduledChunk, position: int, block_size: int) -> int:
-    return chunk.block_table[position // block_size] * block_size + position % block_size
+class InputBuilder:
+    def __init__(self, block_size: int, max_model_len: int, seats: int = 64) -> None:
+        self.block_size = block_size
+        self.max_blocks = -(-max_model_len // block_size)
+        self._tables = np.zeros((seats, self.max_blocks), dtype=np.int64)
+        self._known = np.zeros(seats, dtype=np.int64)  # blocks written per seat
+        self._seat: dict[str, int] = {}
+        self._free = list(range(seats - 1, -1, -1))  # pop() hands out low seats first
 
+    @property
+    def block_tables(self) -> np.ndarray:
+        return self._tables
 
-def _blocks_for(context_len: int, block_size: int) -> int:
-    return -(-context_len // block_size)
+    def release(self, seq_id: str) -> None:
+        """The sequence ended or was preempted: its seat (and blocks) are no longer its own."""
+        seat = self._seat.pop(seq_id, None)
+        if seat is not None:
+            self._known[seat] = 0
+            self._free.append(seat)
 
+    def seat_of(self, chunk: ScheduledChunk) -> int:
+        """The chunk's seat, its table brought up to date with the blocks it gained."""
+        seat = self._seat.get(chunk.seq_id)
+        if seat is None:
+            seat = self._seat[chunk.seq_id] = self._take_seat()
+        known, table = int(self._known[seat]), chunk.block_table
+        if known and (len(table) < known or table[known - 1] != self._tables[seat, known - 1]):
+            known = 0  # a new table for this sequence (preempted and readmitted without a release)
+        if len(table) > known:
+            self._tables[seat, known : len(table)] = table[known:]
+            self._known[seat] = len(table)
+        return seat
 
-def _prefill(
-    chunk: ScheduledChunk, row: int, block_size: int, dtype: torch.dtype
-) -> tuple[PrefillChunk, torch.Tensor]:
-    n, start = len(chunk.token_ids), chunk.start_position
-    context = start + n
-    table = torch.tensor(chunk.block_table[: _blocks_for(context, block_size)], dtype=torch.long)
-    positions = torch.arange(start, context, dtype=torch.long)
-    slots = table[positions // block_size] * block_size + positions % block_size
-    # Keys span whole blocks; the causal mask also hides the slots past the context.
-    keys = torch.arange(table.numel() * block_size, dtype=torch.long)
-    bias = torch.zeros(n, keys.numel(), dtype=dtype).masked_fill_(
-        keys[None, :] > positions[:, None], float("-inf")
-    )
-    return PrefillChunk(row, n, table, bias), slots
+    def _take_seat(self) -> int:
+        if not self._free:  # more live sequences than expected: grow rather than fail
+            old = len(self._tables)
+            self._tables = np.concatenate([self._tables, np.zeros_like(self._tables)])
+            self._known = np.concatenate([self._known, np.zeros_like(self._known)])
+            self._free = list(range(2 * old - 1, old - 1, -1))
+        return self._free.pop()
 
-
-def _decode_batch(
-    chunks: list[tuple[int, ScheduledChunk]], block_size: int, dtype: torch.dtype
-) -> DecodeBatch:
-    contexts = [c.start_position + 1 for _, c in chunks]
-    max_blocks = _blocks_for(max(contexts), block_size)
-    tables = [list(c.block_table[:max_blocks]) + [0] * (max_blocks - len(c.block_table)) for _, c in chunks]
-    context = torch.tensor(contexts, dtype=torch.long)
-    keys = torch.arange(max_blocks * block_size, dtype=torch.long)
-    bias = torch.zeros(1, len(chunks), 1, keys.numel(), dtype=dtype)
-    bias.masked_fill_((keys[None, :] >= context[:, None])[None, :, None, :], float("-inf"))
-    rows = [r for r, _ in chunks]
-    return DecodeBatch(
-        rows=torch.tensor(rows, dtype=torch.long),
-        block_tables=torch.tensor(tables, dtype=torch.long),
-        bias=bias,
-        contiguous=rows == list(range(len(rows))),
-    )
-
-
-def build_inputs(output: SchedulerOutput, block_size: int, dtype: torch.dtype = torch.float32) -> StepInputs:
-    ids: list[int] = []
-    positions: list[int] = []
-    slot_parts: list[torch.Tensor] = []
-    decode_slots: list[int] = []
-    decodes: list[tuple[int, ScheduledChunk]] = []
-    prefills: list[PrefillChunk] = []
-    sample_rows: list[int] = []
-    sample_chunks: list[ScheduledChunk] = []
-    for chunk in output.chunks:
-        row, n = len(ids), len(chunk.token_ids)
-        ids.extend(chunk.token_ids)
-        if n == 1:
-            positions.append(chunk.start_position)
-            decode_slots.append(_slot(chunk, chunk.start_position, block_size))
-            decodes.append((row, chunk))
-        else:
-            positions.extend(range(chunk.start_position, chunk.start_position + n))
-            part, slots = _prefill(chunk, row, block_size, dtype)
-            prefills.append(part)
-            slot_parts.append(slots)
-        if chunk.sample:
-            sample_rows.append(row + n - 1)
-            sample_chunks.append(chunk)
-    # Decode slots are collected apart from prefill slots; put every slot back in row order.
-    slots = torch.empty(len(ids), dtype=torch.long)
-    if decodes:
-        slots[torch.tensor([r for r, _ in decodes])] = torch.tensor(decode_slots, dtype=torch.long)
-    for part, chunk_slots in zip(prefills, slot_parts, strict=True):
-        slots[part.row_start : part.row_start + part.num_tokens] = chunk_slots
-    return StepInputs(
-        input_ids=torch.tensor(ids, dtype=torch.long),
-        positions=torch.tensor(positions, dtype=torch.long),
-        slots=slots,
-        decode=_decode_batch(decodes, block_size, dtype) if decodes else None,
-        prefills=tuple(prefills),
-        sample_rows=torch.tensor(sample_rows, dtype=torch.long),
-        sample_chunks=tuple(sample_chunks),
-    )
+    def build(self, output: SchedulerOutput) -> StepInputs:
+        chunks = output.chunks
+        seats = np.fromiter((self.seat_of(c) for c in chunks), dtype=np.int64, count=len(chunks))
+        lengths = np.fromiter((len(c.token_ids) for c in chunks), dtype=np.int64, count=len(chunks))
+        starts = np.fromiter((c.start_position for c in chunks), dtype=np.int64, count=len(chunks))
+        ends = np.cumsum(lengths)
+        row_starts = ends - lengths
+        total = int(ends[-1]) if len(chunks) else 0
+        # Every token's position: its chunk's start plus its offset inside the chunk.
+        positions = np.repeat(starts - row_starts, lengths) + np.arange(total, dtype=np.int64)
+        token_seats = np.repeat(seats, lengths)
+        bs = self.block_size
+        slots = self._tables[token_seats, positions // bs] * bs + positions % bs
+        ids = np.fromiter(
+            itertools.chain.from_iterable(c.token_ids for c in chunks), dtype=np.int64, count=total
+        )
+        single = lengths == 1
+        decode_rows = row_starts[single]
+        first = int(decode_rows[0]) if len(decode_rows) else None
+        contiguous = first is not None and int(decode_rows[-1]) - first == len(decode_rows) - 1
+        decode_lens = starts[single] + 1
+        prefills = tuple(
+            PrefillChunk(int(row_starts[i]), int(lengths[i]), int(starts[i]), int(seats[i]))
+            for i in np.flatnonzero(~single)
+        )
+        sample = [i for i, c in enumerate(chunks) if c.sample]
+        attention = AttentionMetadata(
+            block_tables=torch.from_numpy(self._tables),
+            decode_rows=torch.from_numpy(decode_rows),
+            decode_seats=torch.from_numpy(seats[single]),
+            decode_lens=torch.from_numpy(decode_lens),
+            decode_first=first if contiguous else None,
+            max_decode_len=int(decode_lens.max()) if len(decode_lens) else 0,
+            prefills=prefills,
+        )
+        return StepInputs(
+            input_ids=torch.from_numpy(ids),
+            positions=torch.from_numpy(positions),
+            slots=torch.from_numpy(slots),
+            attention=attention,
+            sample_rows=torch.from_numpy(ends[sample] - 1),
+            sample_chunks=tuple(chunks[i] for i in sample),
+        )

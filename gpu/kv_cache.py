@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
-
-DEFAULT_CPU_BUDGET = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -22,28 +21,22 @@ class KVShape:
         element = torch.empty((), dtype=self.dtype).element_size()
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element
 
-    def blocks_for_budget(self, budget_bytes: int) -> int:
-        blocks = budget_bytes // self.bytes_per_block
-        if blocks < 1:
-            raise ValueError(f"KV budget {budget_bytes} B is below one block ({self.bytes_per_block} B)")
-        return blocks
-
 
 class KVCache:
     """K and V tensors shaped [num_layers, kv_heads, num_blocks, block_size, head_dim].
 
-    Heads lead so that gathering a batch's blocks gives [kv_heads, B, context, head_dim] directly, the
-    layout the attention products read without a transposing copy. Zero-initialised on purpose:
-    attention reads whole blocks and masks the unused slots, and a masked weight of 0 times
-    uninitialised NaN would still be NaN.
+    Heads lead so that one head's blocks of one layer are a plain [num_blocks * block_size, head_dim]
+    matrix: the C decode kernel walks it by block id, and a gather of a batch's blocks gives
+    [kv_heads, B, context, head_dim] directly. Zero-initialised on purpose: attention may read whole
+    blocks and mask the unused slots, and a masked weight of 0 times uninitialised NaN would be NaN.
     """
 
     def __init__(self, shape: KVShape, num_blocks: int, device: torch.device) -> None:
         self.shape = shape
         self.num_blocks = num_blocks
         dims = (shape.num_layers, shape.num_kv_heads, num_blocks, shape.block_size, shape.head_dim)
-        self.k = torch.zeros(dims, dtype=shape.dtype, device=device)
-        self.v = torch.zeros(dims, dtype=shape.dtype, device=device)
+        self.k = _zeros(dims, shape.dtype, device)
+        self.v = _zeros(dims, shape.dtype, device)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K/V of [T, kv_heads, head_dim] at flat slots (block * block_size + offset)."""
@@ -57,3 +50,11 @@ class KVCache:
         k = self.k[layer].index_select(1, block_tables.reshape(-1)).view(out)
         v = self.v[layer].index_select(1, block_tables.reshape(-1)).view(out)
         return k, v
+
+
+def _zeros(dims: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros; on the CPU from calloc'd memory (numpy), whose pages the OS maps on first write, so a
+    multi-GiB cache costs resident memory only as sequences fill it (torch.zeros writes every page)."""
+    if device.type == "cpu" and dtype == torch.float32:
+        return torch.from_numpy(np.zeros(dims, dtype=np.float32))
+    return torch.zeros(dims, dtype=dtype, device=device)

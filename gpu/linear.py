@@ -2,7 +2,8 @@
 
 At this project's shapes (hidden 256, 16-512 rows) `F.linear` runs far below the CPU's peak; oneDNN with a
 weight reordered once into its blocked layout was 1.5-3x faster (see shared/notes/cpu-forward.md). For a
-handful of rows the plain kernel has less overhead, so both are kept. Results agree to float rounding.
+handful of rows the plain kernel has less overhead, so both are kept, and the row count from which the
+packed one is used is measured per shape at engine start (gpu/autotune.py). Results agree to rounding.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 PACK_BATCH_HINT = 64  # rows the packed layout is tuned for (a full decode batch)
-MIN_PACKED_ROWS = 8  # below this the plain kernel was faster
+MIN_PACKED_ROWS = 8  # below this the plain kernel was faster (a default until measured)
 
 
 def _packing_available(weight: torch.Tensor) -> bool:
@@ -25,11 +26,14 @@ def _packing_available(weight: torch.Tensor) -> bool:
 
 
 class Linear:
+    NEVER = 1 << 62  # min_packed_rows that keeps the plain kernel for every batch
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool = True) -> None:
         self.weight = weight.contiguous()
         self.bias = bias.contiguous() if bias is not None else None
         self.out_features = weight.shape[0]
         self.packed_weight: torch.Tensor | None = None
+        self.min_packed_rows = MIN_PACKED_ROWS  # until measured
         if packed and _packing_available(weight):
             try:
                 self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, PACK_BATCH_HINT)
@@ -37,6 +41,13 @@ class Linear:
                 self.packed_weight = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed_weight is not None and x.shape[0] >= MIN_PACKED_ROWS:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        if self.packed_weight is not None and x.shape[0] >= self.min_packed_rows:
+            return self.packed(x)
+        return self.plain(x)
+
+    def plain(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
+
+    def packed(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.packed_weight is not None
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")

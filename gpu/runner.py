@@ -3,39 +3,117 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
+from gpu import autotune
+from gpu.attention import PagedAttention
+from gpu.attention.native_decode import NativeDecode
 from gpu.forward import LlamaForward
-from gpu.inputs import StepInputs, build_inputs
+from gpu.inputs import InputBuilder, StepInputs
 from gpu.kv_cache import KVCache
+from gpu.kv_sizing import KVPlan, activation_estimate, plan_kv
 from gpu.model import LoadedModel
-from gpu.sampler import sample
+from gpu.sampler import SamplingBatch, sample
 from gpu.threads import ThreadTuner
 from scheduler.output import SchedulerOutput
 
+log = logging.getLogger(__name__)
+
 LM_HEAD_WEIGHT = 3
+TUNE_CONTEXT = 256  # context length the decode kernels are compared at
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    block_size: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    num_blocks: int | None = None  # overrides the memory budget (tests use tiny caches)
+    kv_cache_memory: int | None = None  # bytes; None = derived from the device's memory
+    gpu_memory_utilization: float = 0.9
+    decode_kernel: str | None = None  # "native" or "torch" on CPU; None = measured at start
+    tune_linears: bool = True  # measure plain vs packed linears per shape at start (CPU)
 
 
 class ModelRunner:
-    def __init__(
-        self, loaded: LoadedModel, block_size: int, max_model_len: int, num_blocks: int | None, kv_bytes: int
-    ) -> None:
-        """num_blocks sizes the KV cache when given; otherwise it is as many blocks as fit in kv_bytes."""
-        self.block_size = block_size
+    def __init__(self, loaded: LoadedModel, config: RunnerConfig) -> None:
+        self.config = config
         self.device, self.dtype = loaded.device, loaded.dtype
-        self.forward = LlamaForward(loaded, max_positions=max_model_len)
-        shape = self.forward.kv_shape(block_size)
-        self.cache = KVCache(shape, num_blocks or shape.blocks_for_budget(kv_bytes), loaded.device)
-        self.threads = ThreadTuner() if loaded.device.type == "cpu" else None
+        self.forward = LlamaForward(loaded, max_positions=config.max_model_len)
+        shape = self.forward.kv_shape(config.block_size)
+        model_config = loaded.config
+        element = torch.empty((), dtype=self.dtype).element_size()
+        activations = activation_estimate(
+            model_config.hidden_size,
+            model_config.intermediate_size,
+            model_config.vocab_size,
+            config.max_num_batched_tokens,
+            config.max_num_seqs,
+            element,
+        )
+        # The CUDA decode path gathers every row's context for one layer at a time.
+        activations += (
+            2 * config.max_num_seqs * config.max_model_len * shape.num_kv_heads * shape.head_dim * element
+        )
+        self.kv_plan: KVPlan = plan_kv(
+            shape,
+            self.device,
+            config.max_num_seqs,
+            config.max_model_len,
+            config.kv_cache_memory,
+            config.gpu_memory_utilization,
+            config.num_blocks,
+            activations,
+        )
+        self.num_blocks = self.kv_plan.num_blocks  # what the scheduler may hand out
+        cuda = self.device.type == "cuda"
+        # On CUDA one more block, never scheduled, takes the K/V of a graph's padding rows.
+        self.cache = KVCache(shape, self.num_blocks + cuda, self.device)
+        self.inputs = InputBuilder(config.block_size, config.max_model_len, config.max_num_seqs)
+        self.cuda_step = None
+        if cuda:
+            from gpu.cuda.step import CudaStep
 
-    def _inputs(self, output: SchedulerOutput) -> StepInputs:
-        inputs = build_inputs(output, self.block_size, self.dtype)
-        if self.device.type == "cpu":
-            return inputs
-        return to_device(inputs, self.device)
+            max_blocks = self.inputs.max_blocks
+            self.cuda_step = CudaStep(
+                self.forward, self.cache, config.max_num_seqs, max_blocks, self.num_blocks
+            )
+            self.attention = self.cuda_step.attention
+        else:
+            self.attention = self._choose_attention()
+            if config.tune_linears:
+                self._tune_linears()
+        self.threads = ThreadTuner() if self.device.type == "cpu" else None
+
+    def _choose_attention(self) -> PagedAttention:
+        shape, heads = self.cache.shape, self.forward.num_heads
+        native = NativeDecode.load() if NativeDecode.supports(shape, self.device, heads) else None
+        kind = self.config.decode_kernel
+        if kind is None:
+            batch = min(self.config.max_num_seqs, 32)
+            context = min(self.config.max_model_len, TUNE_CONTEXT)
+            kind = autotune.decode_kernel(shape, heads, batch, context, torch.get_num_threads())
+        return PagedAttention(kind, native)
+
+    def _tune_linears(self) -> None:
+        linears = [
+            m for layer in self.forward.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
+        ]
+        rows = {id(m): self.config.max_num_batched_tokens for m in linears}
+        rows[id(self.forward.lm_head)] = self.config.max_num_seqs  # it only runs on sampling rows
+        start = time.perf_counter()
+        autotune.tune_linears([*linears, self.forward.lm_head], rows, torch.get_num_threads())
+        log.info("linear kernels measured in %.2f s", time.perf_counter() - start)
+
+    def release(self, seq_id: str) -> None:
+        """The sequence ended or was preempted: forget its block table."""
+        self.inputs.release(seq_id)
 
     def execute(self, output: SchedulerOutput, seeds: Mapping[str, int]) -> dict[str, int]:
         """Run every scheduled token through the model and sample for the chunks that ask for it."""
@@ -52,15 +130,21 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _execute(self, output: SchedulerOutput, seeds: Mapping[str, int]) -> dict[str, int]:
-        inputs = self._inputs(output)
-        logits = self.forward(inputs, self.cache)
+        inputs = self.inputs.build(output)
+        if self.cuda_step is not None:
+            logits = self.cuda_step.logits(inputs)
+        elif self.device.type != "cpu":
+            inputs = to_device(inputs, self.device)
+            logits = self.forward(inputs, self.cache, self.attention)
+        else:
+            logits = self.forward(inputs, self.cache, self.attention)
         chunks = inputs.sample_chunks
-        tokens = sample(
-            logits,
+        batch = SamplingBatch.build(
             [c.sampling for c in chunks],
             [seeds.get(c.seq_id, 0) for c in chunks],
             [c.num_generated for c in chunks],
         )
+        tokens = sample(logits, batch).tolist()
         return {c.seq_id: t for c, t in zip(chunks, tokens, strict=True)}
 
 

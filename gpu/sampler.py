@@ -1,15 +1,23 @@
-"""Token sampling: greedy, temperature, top-k, top-p; per-request seeds independent of batch mates."""
+"""Token sampling for a whole step at once: greedy, temperature, top-k, top-p; per-request seeds.
+
+Greedy rows (the common case) take one argmax. Rows that sample are filtered and drawn together, with no
+per-row Python loop: each draw is an inverse-CDF lookup of one uniform number per row, and that number
+depends only on the request's seed and how many tokens it generated so far, so a request's draws are
+reproducible whatever else shares its batch.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from scheduler.types import SamplingParams
 
 _ARGMAX_BLOCK = 128
-_MASK64 = (1 << 64) - 1
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def fast_argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -20,6 +28,8 @@ def fast_argmax(logits: torch.Tensor) -> torch.Tensor:
     rows, vocab = logits.shape
     if rows == 0:
         return torch.empty(0, dtype=torch.long, device=logits.device)
+    if logits.device.type != "cpu":
+        return logits.argmax(dim=-1)  # the blocked trick only pays off on CPU
     pad = -vocab % _ARGMAX_BLOCK
     if pad:
         logits = torch.nn.functional.pad(logits, (0, pad), value=float("-inf"))
@@ -29,43 +39,84 @@ def fast_argmax(logits: torch.Tensor) -> torch.Tensor:
     return best_block * _ARGMAX_BLOCK + inner
 
 
-def step_seed(seed: int, num_generated: int) -> int:
-    """A well-mixed 63-bit seed for one token of one request (splitmix64 of seed and position)."""
-    z = (seed * 0x9E3779B97F4A7C15 + num_generated + 1) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) & ((1 << 63) - 1)
+def step_uniforms(seeds: np.ndarray, num_generated: np.ndarray) -> np.ndarray:
+    """One uniform number in [0, 1) per row from (seed, tokens generated): splitmix64, vectorised."""
+    with np.errstate(over="ignore"):  # uint64 arithmetic wraps, as splitmix64 intends
+        z = seeds.astype(np.uint64) * _GOLDEN + num_generated.astype(np.uint64) + np.uint64(1)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(12)).astype(np.float64) / float(1 << 52)  # 52 bits: u * total < total
 
 
-def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Temperature, then top-k, then top-p on one row [V]; removed tokens get -inf."""
-    logits = logits / params.temperature
-    if 0 < params.top_k < logits.numel():
-        kth = torch.topk(logits, params.top_k).values[-1]
+@dataclass(frozen=True)
+class SamplingBatch:
+    """The sampling settings of a step's sampling rows, as tensors."""
+
+    random_rows: torch.Tensor  # [R] rows that draw at random (temperature > 0)
+    temperature: torch.Tensor  # [R] float32
+    top_k: torch.Tensor  # [R] int64, 0 = off
+    top_p: torch.Tensor  # [R] float32, 1 = off
+    uniforms: torch.Tensor  # [R] float64 in [0, 1)
+
+    @classmethod
+    def build(
+        cls, params: Sequence[SamplingParams], seeds: Sequence[int], num_generated: Sequence[int]
+    ) -> SamplingBatch:
+        rows = [i for i, p in enumerate(params) if not p.greedy]
+        picked = [params[i] for i in rows]
+        return cls(
+            random_rows=torch.tensor(rows, dtype=torch.long),
+            temperature=torch.tensor([p.temperature for p in picked], dtype=torch.float32),
+            top_k=torch.tensor([p.top_k for p in picked], dtype=torch.long),
+            top_p=torch.tensor([p.top_p for p in picked], dtype=torch.float32),
+            uniforms=torch.from_numpy(
+                step_uniforms(
+                    np.array([seeds[i] for i in rows], dtype=np.int64).view(np.uint64),
+                    np.array([num_generated[i] for i in rows], dtype=np.int64),
+                )
+            ),
+        )
+
+
+def filter_logits(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """Temperature, then top-k, then top-p on rows [R, V]; removed tokens get -inf."""
+    logits = logits.float() / temperature[:, None]
+    vocab = logits.shape[-1]
+    k = torch.where((top_k > 0) & (top_k < vocab), top_k, vocab)
+    if bool((k < vocab).any()):
+        kth = torch.topk(logits, int(k.max()), dim=-1).values.gather(1, (k - 1)[:, None])
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
+    nucleus = top_p < 1.0
+    if bool(nucleus.any()):
+        rows = nucleus.nonzero().flatten()
+        sorted_logits, order = torch.sort(logits[rows], descending=True, dim=-1)
         probs = torch.softmax(sorted_logits, dim=-1)
         # Keep the smallest prefix whose mass reaches top_p: drop a token once the mass before it does.
-        drop = (torch.cumsum(probs, dim=-1) - probs) >= params.top_p
-        drop[0] = False
-        logits = logits.clone()
-        logits[order[drop]] = float("-inf")
+        drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p[rows, None]
+        drop[:, 0] = False
+        kept = sorted_logits.masked_fill(drop, float("-inf"))
+        logits[rows] = torch.empty_like(kept).scatter_(1, order, kept)  # back to vocabulary order
     return logits
 
 
-def sample_row(logits: torch.Tensor, params: SamplingParams, seed: int, num_generated: int) -> int:
-    probs = torch.softmax(filter_logits(logits.float(), params), dim=-1)
-    generator = torch.Generator(device=logits.device).manual_seed(step_seed(seed, num_generated))
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+def draw(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw per row of filtered logits [R, V] with uniforms [R] in [0, 1)."""
+    cdf = torch.cumsum(torch.softmax(logits, dim=-1, dtype=torch.float64), dim=-1)
+    target = (uniforms.to(cdf.device) * cdf[:, -1])[:, None]
+    # The first token whose cumulative mass exceeds the target: never a token of zero probability.
+    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
 
 
-def sample(
-    logits: torch.Tensor, params: Sequence[SamplingParams], seeds: Sequence[int], num_generated: Sequence[int]
-) -> list[int]:
-    """One token per row of logits [S, V]; row i uses params[i], seeds[i] and its output position."""
-    tokens = fast_argmax(logits).tolist()
-    for i, p in enumerate(params):
-        if not p.greedy:
-            tokens[i] = sample_row(logits[i], p, seeds[i], num_generated[i])
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """One token per row of logits [S, V]."""
+    tokens = fast_argmax(logits)
+    if batch.random_rows.numel():
+        rows = batch.random_rows.to(logits.device)
+        filtered = filter_logits(
+            logits[rows], *(t.to(logits.device) for t in (batch.temperature, batch.top_k, batch.top_p))
+        )
+        tokens[rows] = draw(filtered, batch.uniforms)
     return tokens

@@ -10,7 +10,11 @@ from dataclasses import dataclass
 class Block:
     block_id: int
     ref_count: int = 0
-    block_hash: int | None = None  # set while the block is in the prefix cache (full, KV computed)
+    # Set while the block is in the prefix cache (full, KV computed): its key, and what the key was made
+    # of, so that every hit is checked against the real parent key and tokens rather than trusted.
+    block_hash: bytes | None = None
+    parent_hash: bytes | None = None
+    token_ids: tuple[int, ...] | None = None
 
 
 class BlockPool:
@@ -27,7 +31,7 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self._cached: dict[int, int] = {}  # block hash -> block id
+        self._cached: dict[bytes, int] = {}  # block hash -> block id
 
     @property
     def num_free(self) -> int:
@@ -57,9 +61,19 @@ class BlockPool:
             ids.append(block_id)
         return ids
 
-    def lookup(self, block_hash: int) -> int | None:
-        """The block caching this prefix hash, if any (in use or free)."""
-        return self._cached.get(block_hash)
+    def lookup(self, block_hash: bytes, parent_hash: bytes, token_ids: tuple[int, ...]) -> int | None:
+        """The block caching exactly this prefix block (in use or free), if any.
+
+        A hit counts only if the block was cached from the same parent key and the same tokens: a hash
+        collision can then never hand one sequence another's KV.
+        """
+        block_id = self._cached.get(block_hash)
+        if block_id is None:
+            return None
+        block = self.blocks[block_id]
+        if block.parent_hash != parent_hash or block.token_ids != token_ids:
+            return None
+        return block_id
 
     def share(self, block_id: int) -> None:
         """Take one more reference to a cached block (a prefix-cache hit); revives it if it was free."""
@@ -80,8 +94,8 @@ class BlockPool:
                 if block.block_hash is None:
                     self._free.move_to_end(block_id, last=False)
 
-    def cache(self, block_id: int, block_hash: int) -> bool:
-        """Register a full, computed block under its prefix hash. False if that prefix is already cached."""
+    def cache(self, block_id: int, block_hash: bytes, parent_hash: bytes, token_ids: tuple[int, ...]) -> bool:
+        """Register a full, computed block under its prefix key. False if that key is already cached."""
         if not self.enable_caching:
             return False
         block = self.blocks[block_id]
@@ -89,17 +103,17 @@ class BlockPool:
             return block.block_hash == block_hash
         if block_hash in self._cached:
             return False  # same content computed twice concurrently: keep the first, this one stays private
-        block.block_hash = block_hash
+        block.block_hash, block.parent_hash, block.token_ids = block_hash, parent_hash, token_ids
         self._cached[block_hash] = block_id
         return True
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (e.g. after the runner reloads weights)."""
         for block in self.blocks:
-            block.block_hash = None
+            block.block_hash = block.parent_hash = block.token_ids = None
         self._cached.clear()
 
     def _evict(self, block: Block) -> None:
         if block.block_hash is not None:
             del self._cached[block.block_hash]
-            block.block_hash = None
+            block.block_hash = block.parent_hash = block.token_ids = None

@@ -13,4 +13,16 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512  # tokens per step at most (decode + prefill chunks)
     max_model_len: int = 2048  # prompt + output tokens of one sequence at most
     enable_prefix_caching: bool = True
+    # Tenants never share prefix-cache blocks unless this is set (only for tenants that trust each other).
+    share_prefix_cache_across_tenants: bool = False
     aging_s: float = 30.0  # a waiting sequence older than this is promoted one class
+    # Tokens per step at most for a running prefill while better-class work waits (vLLM's
+    # long_prefill_token_threshold): None = a quarter of max_num_batched_tokens, 0 = no cap.
+    long_prefill_token_threshold: int | None = None
+
+    @property
+    def long_prefill_cap(self) -> int:
+        """The cap in tokens (0 = none)."""
+        if self.long_prefill_token_threshold is None:
+            return max(1, self.max_num_batched_tokens // 4)
+        return self.long_prefill_token_threshold

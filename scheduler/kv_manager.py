@@ -2,21 +2,43 @@
 
 from __future__ import annotations
 
+import hashlib
+from array import array
+
 from scheduler.block_pool import BlockPool
 from scheduler.sequence import Sequence
 
+_DOMAIN = b"inferq/prefix-cache/v1\0"
 
-def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
-    """Hash of a whole token prefix, built block by block (the parent hash covers everything before)."""
-    return hash((parent, tokens))
+
+def root_key(tenant: str | None) -> bytes:
+    """The parent key of a sequence's first block: one per tenant, or one shared by all when tenant is None.
+
+    Salting the root per tenant makes every key of one tenant differ from every key of another, so
+    tenants never share KV blocks (and cannot probe each other's prompts through cache timing).
+    """
+    salt = b"shared" if tenant is None else b"tenant\0" + tenant.encode()
+    return hashlib.sha256(_DOMAIN + salt).digest()
+
+
+def chain_key(parent: bytes, tokens: tuple[int, ...]) -> bytes:
+    """Key of a whole token prefix, built block by block: SHA-256 over the parent key and this block."""
+    return hashlib.sha256(parent + array("q", tokens).tobytes()).digest()
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        share_across_tenants: bool = False,
+    ) -> None:
         if block_size <= 0:
             raise ValueError("block_size must be positive")
         self.block_size = block_size
         self.enable_caching = enable_caching
+        self.share_across_tenants = share_across_tenants
         self.pool = BlockPool(num_blocks, enable_caching)
 
     @property
@@ -26,22 +48,40 @@ class KVCacheManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def root(self, seq: Sequence) -> bytes:
+        return root_key(None if self.share_across_tenants else seq.tenant)
+
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks matching the start of a sequence that holds no blocks yet.
 
         Only full blocks, and never the block holding the last token: at least one token is always
-        computed, so the runner has logits to sample from.
+        computed, so the runner has logits to sample from. Each hit is verified (parent key and tokens).
         """
         if not self.enable_caching or seq.block_table:
             return []
         max_blocks = (seq.num_tokens - 1) // self.block_size
-        hits = []
-        for block_hash in self._hashes(seq, max_blocks):
-            block_id = self.pool.lookup(block_hash)
+        hashes = self._hashes(seq, max_blocks)
+        hits: list[int] = []
+        parent = self.root(seq)
+        for i, block_hash in enumerate(hashes):
+            block_id = self.pool.lookup(block_hash, parent, self._block_tokens(seq, i))
             if block_id is None:
                 break
             hits.append(block_id)
+            parent = block_hash
         return hits
+
+    def blocks_needed(self, seq: Sequence, num_new_tokens: int, cached: list[int] | None = None) -> int:
+        """Free blocks that `allocate(seq, num_new_tokens, cached)` would take (revived hits included)."""
+        cached = cached or []
+        num_computed = seq.num_computed_tokens + len(cached) * self.block_size
+        new = self.blocks_for(num_computed + num_new_tokens) - len(seq.block_table) - len(cached)
+        revived = sum(1 for b in cached if self.pool.blocks[b].ref_count == 0)
+        return max(new, 0) + revived
+
+    def exclusive_blocks(self, seq: Sequence) -> int:
+        """Blocks that would become free if this sequence released its table (shared ones stay used)."""
+        return sum(1 for b in seq.block_table if self.pool.blocks[b].ref_count == 1)
 
     def allocate(
         self, seq: Sequence, num_new_tokens: int, cached: list[int] | None = None
@@ -56,15 +96,13 @@ class KVCacheManager:
             if seq.num_computed_tokens + num_new_tokens <= len(seq.block_table) * self.block_size:
                 return []  # the common decode step: the last block still has room
             cached = []
-        num_computed = seq.num_computed_tokens + len(cached) * self.block_size
-        num_needed = self.blocks_for(num_computed + num_new_tokens) - len(seq.block_table) - len(cached)
-        num_needed = max(num_needed, 0)
-        revived = sum(1 for b in cached if self.pool.blocks[b].ref_count == 0)
-        if not self.pool.can_allocate(num_needed + revived):
+        if not self.pool.can_allocate(self.blocks_needed(seq, num_new_tokens, cached)):
             return None
+        num_computed = seq.num_computed_tokens + len(cached) * self.block_size
+        num_new = max(self.blocks_for(num_computed + num_new_tokens) - len(seq.block_table) - len(cached), 0)
         for block_id in cached:  # share first, so allocating below cannot evict a hit
             self.pool.share(block_id)
-        new_blocks = self.pool.allocate(num_needed)
+        new_blocks = self.pool.allocate(num_new)
         assert new_blocks is not None  # checked above
         seq.block_table.extend(cached)
         seq.block_table.extend(new_blocks)
@@ -81,7 +119,8 @@ class KVCacheManager:
             return
         hashes = self._hashes(seq, num_full)
         for i in range(seq.num_cached_blocks, num_full):
-            self.pool.cache(seq.block_table[i], hashes[i])
+            parent = hashes[i - 1] if i else self.root(seq)
+            self.pool.cache(seq.block_table[i], hashes[i], parent, self._block_tokens(seq, i))
         seq.num_cached_blocks = num_full
 
     def free(self, seq: Sequence) -> None:
@@ -90,12 +129,13 @@ class KVCacheManager:
         seq.block_table.clear()
         seq.num_cached_blocks = 0
 
-    def _hashes(self, seq: Sequence, num_blocks: int) -> list[int]:
-        """Chained hashes of the first num_blocks full blocks (memoised: a sequence's tokens never change)."""
+    def _block_tokens(self, seq: Sequence, i: int) -> tuple[int, ...]:
+        return tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+
+    def _hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
+        """Chained keys of the first num_blocks full blocks (memoised: a sequence's tokens never change)."""
         hashes = seq.block_hashes
-        size = self.block_size
         while len(hashes) < num_blocks:
-            i = len(hashes)
-            parent = hashes[-1] if hashes else None
-            hashes.append(chain_hash(parent, tuple(seq.token_ids[i * size : (i + 1) * size])))
+            parent = hashes[-1] if hashes else self.root(seq)
+            hashes.append(chain_key(parent, self._block_tokens(seq, len(hashes))))
         return hashes[:num_blocks]

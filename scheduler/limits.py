@@ -48,3 +48,11 @@ def check_config(config: SchedulerConfig) -> None:
     for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
         if getattr(config, name) < 1:
             raise ValueError(f"SchedulerConfig.{name} must be at least 1 (got {getattr(config, name)})")
+    if config.max_num_batched_tokens < config.max_num_seqs:
+        # Every running sequence may need its decode token in the same step.
+        raise ValueError(
+            f"SchedulerConfig.max_num_batched_tokens ({config.max_num_batched_tokens}) must be at least "
+            f"max_num_seqs ({config.max_num_seqs}): each running sequence needs a token per step"
+        )
+    if config.long_prefill_token_threshold is not None and config.long_prefill_token_threshold < 0:
+        raise ValueError("SchedulerConfig.long_prefill_token_threshold must be None, 0 (off) or positive")

@@ -1,23 +1,25 @@
 """Iteration-level scheduler: each step lets every sequence's num_computed_tokens catch up with its tokens.
 
-A step, in order: end what expired or can never fit → promote aged waiting sequences → free seats for
-better-class waiting work when the running set is full → schedule running sequences (decode tokens first,
-then the rest of their prefills; preempt the lowest-class, latest-arrived one when KV blocks run out) →
-admit waiting sequences with prefill chunks into the remaining token budget.
+A step, in order: end what expired or can never fit → promote aged waiting sequences → free seats and
+KV blocks for better-class waiting work (preempting worse-class running sequences) → schedule running
+sequences (decode tokens first, then the rest of their prefills, capped while better-class work waits;
+preempt the lowest-class, latest-arrived one when KV blocks run out) → admit waiting sequences with
+prefill chunks into the remaining token budget.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from scheduler.config import SchedulerConfig
+from scheduler.deadlines import DeadlineHeap
 from scheduler.fairness import TenantLedger
 from scheduler.kv_manager import KVCacheManager
 from scheduler.limits import check_config, stop_reason, why_never_fits
 from scheduler.output import FinishedSequence, ScheduledChunk, SchedulerOutput, TokenUpdate
+from scheduler.preemption import block_victims, seat_victims
 from scheduler.sequence import Sequence, SequenceStatus
 from scheduler.types import FinishReason, Priority, SequenceRequest
 from scheduler.waiting_queue import WaitingQueue
@@ -37,12 +39,17 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         check_config(config)
         self.config = config
-        self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv = KVCacheManager(
+            config.num_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            config.share_prefix_cache_across_tenants,
+        )
         self._ledger = TenantLedger()
         self._waiting = WaitingQueue(self._ledger, config.aging_s)
         self._running: list[Sequence] = []
         self._seqs: dict[str, Sequence] = {}  # every live (waiting or running) sequence
-        self._deadlines: list[tuple[float, int, Sequence]] = []  # heap; ended sequences are skipped
+        self._deadlines = DeadlineHeap()
         self._rejected: list[FinishedSequence] = []  # refused by add(), reported by the next schedule()
         self._order = itertools.count()
         self._num_preemptions = 0
@@ -63,7 +70,7 @@ class Scheduler:
         self._ledger.join(seq.tenant)
         self._waiting.add(seq)
         if request.deadline is not None:
-            heapq.heappush(self._deadlines, (request.deadline, seq.order, seq))
+            self._deadlines.add(seq, request.deadline)
 
     def abort(self, seq_id: str) -> FinishedSequence | None:
         """Cancel a waiting or running sequence now (blocks freed); None if unknown or already ended."""
@@ -146,31 +153,29 @@ class Scheduler:
     # ---- steps of schedule() -------------------------------------------------------------------------
 
     def _expire(self, now: float) -> list[FinishedSequence]:
-        ended = []
-        while self._deadlines and self._deadlines[0][0] < now:
-            _, _, seq = heapq.heappop(self._deadlines)
-            if not seq.is_finished:
-                ended.append(self._end(seq, FinishReason.EXPIRED, "deadline passed"))
-        return ended
+        return [
+            self._end(seq, FinishReason.EXPIRED, "deadline passed")
+            for seq in self._deadlines.pop_expired(now)
+        ]
 
     def _preempt_for_priority(self, now: float) -> list[str]:
-        """When the running set is full, make seats for waiting work of a strictly better class."""
-        preempted: list[str] = []
-        if len(self._running) < self.config.max_num_seqs:
-            return preempted
-        while self._running:
-            victim = max(self._running, key=Sequence.sort_key)
-            free_seats = self.config.max_num_seqs - len(self._running)
-            if self._waiting.num_better_than(victim.queue_class) <= free_seats:
-                break
+        """Make seats, then KV blocks, for waiting work of a strictly better class than running work."""
+        victims = seat_victims(self._running, self._waiting, self.config.max_num_seqs)
+        for victim in victims:
             self._preempt(victim, now)
-            preempted.append(victim.seq_id)
-        return preempted
+        head = self._waiting.peek()
+        if head is not None and len(self._running) < self.config.max_num_seqs:
+            more = block_victims(head, self._running, self.kv, self.config.max_num_batched_tokens)
+            for victim in more:
+                self._preempt(victim, now)
+            victims += more
+        return [victim.seq_id for victim in victims]
 
     def _schedule_running(self, now: float, budget: _TokenBudget) -> tuple[list[ScheduledChunk], list[str]]:
         """Give each running sequence its next tokens, best class first; decodes are never crowded out."""
         self._running.sort(key=Sequence.sort_key)
         decodes_left = sum(1 for s in self._running if s.num_uncomputed_tokens == 1)
+        cap = self.config.long_prefill_cap
         chunks: list[ScheduledChunk] = []
         preempted: list[str] = []
         i = 0
@@ -182,6 +187,8 @@ class Scheduler:
                 n = min(1, budget.left)
             else:  # the rest of a prefill, leaving one token for each decode still to come
                 n = min(uncomputed, budget.left - decodes_left)
+                if cap and self._waiting.num_better_than(seq.queue_class):
+                    n = min(n, cap)  # a long prefill must not take the budget better-class work needs
             if n <= 0:
                 i += 1
                 continue
@@ -253,6 +260,7 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         del self._seqs[seq.seq_id]
+        self._deadlines.discard(seq)
         self._ledger.leave(seq.tenant)
         return FinishedSequence(seq.seq_id, reason, detail)
 

@@ -28,9 +28,7 @@ class Sequence:
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
         self.num_cached_blocks = 0  # leading blocks of block_table already registered in the prefix cache
-        self.block_hashes: list[
-            int
-        ] = []  # chained hashes of full blocks, computed lazily, kept on preemption
+        self.block_hashes: list[bytes] = []  # chained prefix keys of full blocks: lazy, kept on preemption
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.num_preemptions = 0

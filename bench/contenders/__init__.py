@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from bench.workload import BenchRequest
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -23,3 +26,12 @@ class Contender(Protocol):
         """Run a small workload once, untimed, so one-time costs (thread pools, allocations) go unmeasured."""
 
     def run(self, requests: tuple[BenchRequest, ...]) -> RunResult: ...
+
+
+def placed(model: torch.nn.Module, device: str, dtype: str) -> torch.nn.Module:
+    """The HF contenders' model on the benchmark's device and dtype (loaded on the CPU in float32)."""
+    import torch
+
+    if device == "cpu" and dtype == "float32":
+        return model
+    return model.to(device=torch.device(device), dtype=getattr(torch, dtype)).eval()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from bench.contenders import RunResult
+from bench.contenders import RunResult, placed
 from bench.models import load_hf_model
 from bench.workload import BenchRequest
 
@@ -14,8 +14,15 @@ RESULT_TIMEOUT_S = 600.0  # a stuck manager fails the run instead of hanging the
 class HfContinuousBatchingContender:
     name = "hf_cb"
 
-    def __init__(self, model_path: str | None, max_batch_tokens: int = 256, page_size: int = 256) -> None:
-        self.model = load_hf_model(model_path)
+    def __init__(
+        self,
+        model_path: str | None,
+        max_batch_tokens: int = 256,
+        page_size: int = 256,
+        device: str = "cpu",
+        dtype: str = "float32",
+    ) -> None:
+        self.model = placed(load_hf_model(model_path), device, dtype)
         self.max_batch_tokens = max_batch_tokens
         self.page_size = page_size
 

@@ -16,9 +16,10 @@ STATS_EVERY = 8  # steps between samples of KV usage (sampling every step would 
 
 
 def make_engine(model_path: str | None, options: dict[str, Any]) -> Engine:
+    """options: EngineConfig fields, plus "device" and "dtype" (default: the CPU in float32)."""
     from gpu.engine import Engine
 
-    return Engine.from_options(model_path, dtype="float32", device="cpu", **options)
+    return Engine.from_options(model_path, **{"dtype": "float32", "device": "cpu", **options})
 
 
 def engine_requests(requests: tuple[BenchRequest, ...]) -> list[EngineRequest]:

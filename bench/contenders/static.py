@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from bench.contenders import RunResult
+from bench.contenders import RunResult, placed
 from bench.models import load_hf_model
 from bench.workload import BenchRequest
 
@@ -14,8 +14,10 @@ PAD_ID = 0  # any id works: padded positions are masked out by the attention mas
 class StaticContender:
     name = "static"
 
-    def __init__(self, model_path: str | None, group_size: int = 16) -> None:
-        self.model = load_hf_model(model_path)
+    def __init__(
+        self, model_path: str | None, group_size: int = 16, device: str = "cpu", dtype: str = "float32"
+    ) -> None:
+        self.model = placed(load_hf_model(model_path), device, dtype)
         # EOS off without min_new_tokens: masking the EOS logit would change greedy tokens vs the others
         self.model.generation_config.eos_token_id = None
         self.group_size = group_size
@@ -46,8 +48,8 @@ class StaticContender:
             input_ids[row, width - length :] = torch.tensor(request.prompt_token_ids)
             attention_mask[row, width - length :] = 1
         output = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
+            input_ids=input_ids.to(self.model.device),
+            attention_mask=attention_mask.to(self.model.device),
             do_sample=False,
             max_new_tokens=longest,
             pad_token_id=PAD_ID,

@@ -56,7 +56,9 @@ def _build(seed: int, arch: str, shape: dict[str, Any]) -> Any:
 
 
 def make_engine(model: LoadedModel | None = None, **config: Any) -> Engine:
-    config.setdefault("num_blocks", 256)  # the default byte budget would allocate 256 MiB per engine
+    config.setdefault("num_blocks", 256)  # the default memory budget would allocate far more per engine
+    # A small token budget must still cover the seats (the scheduler refuses otherwise).
+    config.setdefault("max_num_seqs", min(64, config.get("max_num_batched_tokens", 512)))
     return Engine(model or make_model(), EngineConfig(**config))
 
 
@@ -83,9 +85,10 @@ def make_requests(
 @torch.inference_mode()
 def hf_greedy(model: LoadedModel, prompt: tuple[int, ...], max_tokens: int) -> list[int]:
     """HF generate alone, greedy; stops at any EOS id like the engine does (the EOS token is kept)."""
+    device = model.device
     out = model.model.generate(
-        torch.tensor([prompt]),
-        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        torch.tensor([prompt], device=device),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
         max_new_tokens=max_tokens,
         do_sample=False,
         eos_token_id=sorted(eos_token_ids(model.model.generation_config, model.tokenizer)),
@@ -96,7 +99,7 @@ def hf_greedy(model: LoadedModel, prompt: tuple[int, ...], max_tokens: int) -> l
 
 @torch.inference_mode()
 def top2_gap(model: LoadedModel, context: list[int]) -> tuple[float, tuple[int, int]]:
-    logits = model.model(torch.tensor([context])).logits[0, -1].float()
+    logits = model.model(torch.tensor([context], device=model.device)).logits[0, -1].float()
     top = torch.topk(logits, 2)
     return float(top.values[0] - top.values[1]), (int(top.indices[0]), int(top.indices[1]))
 

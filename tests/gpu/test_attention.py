@@ -1,17 +1,27 @@
-"""Paged attention and the KV cache against a dense causal reference."""
+"""Paged attention (every decode kernel) and the step inputs against a dense causal reference."""
 
 from __future__ import annotations
 
+import random
+
+import pytest
 import torch
 
-from gpu.attention import paged_attention
-from gpu.inputs import build_inputs
+from gpu.attention import PagedAttention
+from gpu.attention.native_decode import NativeDecode
+from gpu.attention.torch_decode import plan_buckets
+from gpu.inputs import InputBuilder
 from gpu.kv_cache import KVCache, KVShape
 from gpu.runner import to_device
 from scheduler.output import ScheduledChunk, SchedulerOutput
 from scheduler.types import SamplingParams
 
 HEADS, KV_HEADS, DIM, BLOCK = 4, 2, 8, 4
+NATIVE = NativeDecode.load()
+KERNELS = [
+    pytest.param("native", marks=pytest.mark.skipif(NATIVE is None, reason="no C compiler for the kernel")),
+    "torch",
+]
 
 
 def chunk(seq_id, start, n, table, sample=True):
@@ -30,61 +40,128 @@ def dense_reference(q, k, v, start):
     return out.transpose(0, 1)
 
 
-def test_mixed_step_matches_dense_attention():
-    torch.manual_seed(0)
-    # (start, new tokens, block table): decodes with scattered blocks, a fresh prefill, a resumed chunk.
+def run_step(kernel: str, specs: dict, num_blocks: int, seed: int = 0) -> None:
+    """specs: seq_id -> (start, new tokens, block table), in row order. Checks every row against dense."""
+    torch.manual_seed(seed)
+    cache = KVCache(KVShape(1, KV_HEADS, DIM, BLOCK, torch.float32), num_blocks, torch.device("cpu"))
+    builder = InputBuilder(BLOCK, max_model_len=num_blocks * BLOCK, seats=4)
+    full = {
+        s: (torch.randn(st + n, KV_HEADS, DIM), torch.randn(st + n, KV_HEADS, DIM))
+        for s, (st, n, _) in specs.items()
+    }
+    for seq_id, (start, _, table) in specs.items():
+        if start:  # the cached prefix, written as an earlier step would have
+            past = builder.build(SchedulerOutput((chunk(seq_id, 0, start, table),), start, (), ()))
+            cache.write(0, past.slots, full[seq_id][0][:start], full[seq_id][1][:start])
+    total = sum(n for _, n, _ in specs.values())
+    inputs = builder.build(
+        SchedulerOutput(tuple(chunk(s, *spec) for s, spec in specs.items()), total, (), ())
+    )
+    new_k = torch.cat([full[s][0][st:] for s, (st, _, _) in specs.items()])
+    new_v = torch.cat([full[s][1][st:] for s, (st, _, _) in specs.items()])
+    cache.write(0, inputs.slots, new_k, new_v)
+    q = torch.randn(total, HEADS, DIM)
+    attention = PagedAttention(kernel, NATIVE)
+    got = attention(q, new_k, new_v, cache, 0, attention.plan(inputs.attention, cache), DIM**-0.5)
+    row = 0
+    for seq_id, (start, n, _) in specs.items():
+        want = dense_reference(q[row : row + n], *full[seq_id], start)
+        torch.testing.assert_close(got[row : row + n], want, rtol=1e-5, atol=1e-5)
+        row += n
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_mixed_step_matches_dense_attention(kernel):
+    # Decodes with scattered blocks, a fresh prefill, a resumed chunk, then a one-token chunk after the
+    # prefills (so decode rows are not one contiguous run).
     specs = {
         "d1": (6, 1, [7, 2]),
         "d2": (12, 1, [1, 9, 4, 11]),
         "p1": (0, 9, [3, 8, 0]),
         "p2": (5, 6, [10, 5, 6]),
+        "d3": (3, 1, [12]),
     }
-    cache = KVCache(KVShape(1, KV_HEADS, DIM, BLOCK, torch.float32), 12, torch.device("cpu"))
-    full_k, full_v = {}, {}
-    for seq_id, (start, n, table) in specs.items():
-        full_k[seq_id], full_v[seq_id] = (
-            torch.randn(start + n, KV_HEADS, DIM),
-            torch.randn(start + n, KV_HEADS, DIM),
-        )
-        if start:  # the cached prefix, written as an earlier step would have
-            past = build_inputs(SchedulerOutput((chunk(seq_id, 0, start, table),), start, (), ()), BLOCK)
-            cache.write(0, past.slots, full_k[seq_id][:start], full_v[seq_id][:start])
-    step = SchedulerOutput(tuple(chunk(s, *spec) for s, spec in specs.items()), 17, (), ())
-    inputs = build_inputs(step, BLOCK)
-    new_k = torch.cat([full_k[s][st:] for s, (st, _, _) in specs.items()])
-    new_v = torch.cat([full_v[s][st:] for s, (st, _, _) in specs.items()])
-    cache.write(0, inputs.slots, new_k, new_v)
-    q = torch.randn(inputs.input_ids.numel(), HEADS, DIM)
-    got = paged_attention(q, cache, 0, inputs, DIM**-0.5)
-    row = 0
-    for seq_id, (start, n, _) in specs.items():
-        want = dense_reference(q[row : row + n], full_k[seq_id], full_v[seq_id], start)
-        torch.testing.assert_close(got[row : row + n], want, rtol=1e-5, atol=1e-5)
-        row += n
+    run_step(kernel, specs, num_blocks=13)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_many_decodes_of_very_different_lengths(kernel):
+    """Enough rows for several context-length buckets in the torch kernel."""
+    rng = random.Random(1)
+    blocks = list(range(1600))
+    rng.shuffle(blocks)
+    specs = {}
+    for i in range(40):
+        length = rng.choice([2, 5, 30, 70, 150])
+        need = -(-(length + 1) // BLOCK)
+        specs[f"s{i}"] = (length, 1, [blocks.pop() for _ in range(need)])
+    run_step(kernel, specs, num_blocks=1600)
 
 
 def test_inputs_flatten_positions_slots_and_sample_rows():
+    builder = InputBuilder(BLOCK, max_model_len=64, seats=2)
     step = SchedulerOutput((chunk("a", 5, 1, [2, 0]), chunk("b", 2, 3, [1, 3], sample=False)), 4, (), ())
-    inputs = build_inputs(step, BLOCK)
+    inputs = builder.build(step)
     assert inputs.positions.tolist() == [5, 2, 3, 4]
     assert inputs.slots.tolist() == [0 * BLOCK + 1, 1 * BLOCK + 2, 1 * BLOCK + 3, 3 * BLOCK + 0]
     assert inputs.sample_rows.tolist() == [0]
     assert [c.seq_id for c in inputs.sample_chunks] == ["a"]
+    meta = inputs.attention
+    assert meta.decode_rows.tolist() == [0] and meta.decode_lens.tolist() == [6] and meta.decode_first == 0
+    assert [(p.row_start, p.num_tokens, p.start_position) for p in meta.prefills] == [(1, 3, 2)]
 
 
-def test_cache_is_zero_initialised_and_sized_from_budget():
-    shape = KVShape(2, KV_HEADS, DIM, BLOCK, torch.float32)
-    assert shape.bytes_per_block == 2 * 2 * BLOCK * KV_HEADS * DIM * 4
-    blocks = shape.blocks_for_budget(10 * shape.bytes_per_block + 5)
-    cache = KVCache(shape, blocks, torch.device("cpu"))
-    assert blocks == 10 and cache.k.shape == (2, KV_HEADS, 10, BLOCK, DIM)
+def test_block_tables_persist_and_update_incrementally():
+    builder = InputBuilder(BLOCK, max_model_len=64, seats=2)
+    a = builder.seat_of(chunk("a", 0, 3, [5]))
+    assert builder.block_tables[a, :1].tolist() == [5]
+    builder.seat_of(chunk("a", 3, 2, [5, 9]))
+    assert builder.block_tables[a, :2].tolist() == [5, 9]
+    b = builder.seat_of(chunk("b", 0, 2, [4]))
+    assert b != a
+    builder.release("a")
+    assert builder.seat_of(chunk("c", 0, 2, [7])) == a  # a released seat is reused
+    # A sequence readmitted with new blocks, without a release, still gets its new table.
+    builder.seat_of(chunk("b", 0, 5, [6, 8]))
+    assert builder.block_tables[b, :2].tolist() == [6, 8]
+
+
+def test_more_live_sequences_than_seats_grow_the_tables():
+    builder = InputBuilder(BLOCK, max_model_len=64, seats=1)
+    seats = {builder.seat_of(chunk(f"s{i}", 0, 2, [i])) for i in range(3)}
+    assert len(seats) == 3 and all(builder.block_tables[s, 0] == i for i, s in enumerate(sorted(seats)))
+
+
+def test_cache_is_zero_initialised():
+    cache = KVCache(KVShape(2, KV_HEADS, DIM, BLOCK, torch.float32), 10, torch.device("cpu"))
+    assert cache.k.shape == (2, KV_HEADS, 10, BLOCK, DIM)
     assert not cache.k.any() and not cache.v.any()
 
 
 def test_inputs_move_to_a_device_whole():
     step = SchedulerOutput((chunk("a", 5, 1, [2, 0]), chunk("b", 2, 3, [1, 3])), 4, (), ())
-    inputs = build_inputs(step, BLOCK)
+    inputs = InputBuilder(BLOCK, max_model_len=64).build(step)
     moved = to_device(inputs, torch.device("cpu"))
-    assert torch.equal(moved.slots, inputs.slots) and torch.equal(moved.decode.bias, inputs.decode.bias)
-    assert torch.equal(moved.prefills[0].causal_bias, inputs.prefills[0].causal_bias)
+    assert torch.equal(moved.slots, inputs.slots)
+    assert torch.equal(moved.attention.decode_lens, inputs.attention.decode_lens)
+    assert moved.attention.prefills == inputs.attention.prefills
     assert moved.sample_chunks == inputs.sample_chunks
+
+
+def test_buckets_partition_decode_rows_and_bound_padding():
+    builder = InputBuilder(BLOCK, max_model_len=4096, seats=64)
+    lengths = [3] * 10 + [40] * 12 + [400] * 9
+    step = SchedulerOutput(
+        tuple(chunk(f"s{i}", n, 1, range(n // BLOCK + 1)) for i, n in enumerate(lengths)), 31, (), ()
+    )
+    meta = builder.build(step).attention
+    buckets = plan_buckets(meta, BLOCK, torch.float32)
+    assert len(buckets) == 3
+    rows = sorted(r for b in buckets for r in b.rows.tolist())
+    assert rows == list(range(len(lengths)))
+    for bucket in buckets:
+        lens = meta.decode_lens[bucket.rows]
+        assert (
+            bucket.max_blocks == -(-int(lens.max()) // BLOCK)
+            and int(lens.max()) <= 2 * int(lens.min()) + BLOCK
+        )

@@ -1,10 +1,13 @@
-from scheduler.kv_manager import KVCacheManager
+import pytest
+
+from scheduler import kv_manager
+from scheduler.kv_manager import KVCacheManager, chain_key, root_key
 from scheduler.sequence import Sequence
 from tests.scheduler.factories import make_request
 
 
-def make_seq(seq_id="s", prompt_len=10, prompt=None, order=0):
-    return Sequence(make_request(seq_id, prompt_len, prompt=prompt), order)
+def make_seq(seq_id="s", prompt_len=10, prompt=None, order=0, tenant="default"):
+    return Sequence(make_request(seq_id, prompt_len, prompt=prompt, tenant=tenant), order)
 
 
 def computed_and_cached(kv: KVCacheManager, prompt: list[int]):
@@ -100,7 +103,7 @@ def test_hit_blocks_are_counted_against_free_space():
     hits = kv.find_cached_prefix(second)
     assert len(hits) == 2
     assert kv.allocate(second, 9, hits) is None  # 2 revived + 3 new > 3 free
-    assert kv.pool.num_free == 3 and kv.pool.lookup(kv.pool.blocks[hits[0]].block_hash) == hits[0]
+    assert kv.pool.num_free == 3 and kv.find_cached_prefix(second) == hits  # nothing changed
 
 
 def test_prefix_caching_disabled_finds_nothing():
@@ -108,3 +111,45 @@ def test_prefix_caching_disabled_finds_nothing():
     prompt = list(range(1, 10))
     computed_and_cached(kv, prompt)
     assert kv.find_cached_prefix(make_seq("b", prompt=prompt, order=1)) == []
+
+
+def test_keys_are_sha256_chained_and_salted_per_tenant():
+    root_a, root_b = root_key("a"), root_key("b")
+    assert len(root_a) == 32 and len({root_a, root_b, root_key(None)}) == 3
+    assert chain_key(root_a, (1, 2)) != chain_key(root_b, (1, 2))
+    assert chain_key(root_a, (1, 2)) != chain_key(root_a, (2, 1))
+    assert chain_key(chain_key(root_a, (1,)), (2,)) != chain_key(root_a, (1, 2))
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_tenants_share_prefix_blocks_only_when_allowed(share):
+    kv = KVCacheManager(num_blocks=8, block_size=4, share_across_tenants=share)
+    prompt = list(range(1, 11))
+    computed_and_cached(kv, prompt)  # tenant "default"
+    same_tenant = make_seq("b", prompt=prompt, order=1)
+    other_tenant = make_seq("c", prompt=prompt, order=2, tenant="other")
+    assert len(kv.find_cached_prefix(same_tenant)) == 2
+    assert len(kv.find_cached_prefix(other_tenant)) == (2 if share else 0)
+
+
+def test_a_colliding_key_never_shares_other_tokens(monkeypatch):
+    """Every key collides: only blocks whose parent and tokens really match are hits."""
+    monkeypatch.setattr(kv_manager, "chain_key", lambda parent, tokens: b"same key for everything")
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    computed_and_cached(kv, list(range(1, 11)))
+    other = make_seq("b", prompt=[7, 7, 7, 7, 8, 8, 8, 8, 9], order=1)
+    assert kv.find_cached_prefix(other) == []
+    same_first_block = make_seq("c", prompt=[1, 2, 3, 4, 9, 9, 9, 9, 9], order=2)
+    assert len(kv.find_cached_prefix(same_first_block)) == 1  # its second block differs: no hit there
+
+
+def test_blocks_needed_and_exclusive_blocks():
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    prompt = list(range(1, 11))
+    first = computed_and_cached(kv, prompt)
+    assert kv.exclusive_blocks(first) == 3
+    second = make_seq("b", prompt=prompt + [50, 51], order=1)
+    hits = kv.find_cached_prefix(second)
+    assert kv.blocks_needed(second, 4, hits) == 1  # hits are in use (not revived); one new block
+    kv.allocate(second, 4, hits)
+    assert kv.exclusive_blocks(first) == 1 and kv.exclusive_blocks(second) == 1

@@ -2,41 +2,38 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import Counter
-from dataclasses import dataclass
+from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scheduler import kv_manager
 from scheduler.config import SchedulerConfig
-from scheduler.output import SchedulerOutput
 from scheduler.scheduler import Scheduler
-from scheduler.sequence import Sequence, SequenceStatus
-from scheduler.types import FinishReason, Priority, SamplingParams, SequenceRequest
-from tests.scheduler.factories import fake_token, fake_token_for, make_config, sample_all
+from scheduler.sequence import Sequence
+from scheduler.types import Priority, SamplingParams, SequenceRequest
+from tests.scheduler.checker import Arrival, Checker
+from tests.scheduler.factories import fake_token, fake_token_for, make_config
 
-MAX_STEPS = 3_000
 PREFIXES = [list(range(1, 40)), list(range(200, 240))]  # shared prompt starts, to exercise the prefix cache
-
-
-@dataclass(frozen=True)
-class Arrival:
-    step: int
-    request: SequenceRequest
-    abort_step: int | None
 
 
 @st.composite
 def configs(draw) -> SchedulerConfig:
+    max_num_seqs = draw(st.integers(1, 6))
     return make_config(
         num_blocks=draw(st.integers(4, 40)),
         block_size=draw(st.sampled_from([1, 2, 4, 8])),
-        max_num_seqs=draw(st.integers(1, 6)),
-        max_num_batched_tokens=draw(st.integers(1, 40)),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=draw(st.integers(max_num_seqs, 40)),
         max_model_len=draw(st.sampled_from([32, 64])),
         enable_prefix_caching=draw(st.booleans()),
+        share_prefix_cache_across_tenants=draw(st.booleans()),
         aging_s=draw(st.sampled_from([math.inf, 3.0, 10.0])),
+        long_prefill_token_threshold=draw(st.sampled_from([None, 0, 1, 3, 8])),
     )
 
 
@@ -70,127 +67,6 @@ def arrivals(draw, n_max: int = 14) -> list[Arrival]:
     return out
 
 
-class Checker:
-    """Drives a scheduler with a fake model and checks the invariants after every step."""
-
-    def __init__(self, config: SchedulerConfig, workload: list[Arrival]) -> None:
-        self.config = config
-        self.scheduler = Scheduler(config)
-        self.workload = workload
-        self.endings: Counter[str] = Counter()
-        self.reasons: dict[str, FinishReason] = {}
-        self.requests = {a.request.seq_id: a.request for a in workload}
-        self.tokens: dict[str, list[int]] = {seq_id: [] for seq_id in self.requests}
-
-    def run(self) -> None:
-        last_arrival = max(a.step for a in self.workload)
-        now = 0
-        while now <= last_arrival or self.scheduler.has_unfinished():
-            assert now < MAX_STEPS, "no progress"
-            for a in self.workload:
-                if a.step == now:
-                    self.scheduler.add(a.request)
-                if a.abort_step == now and (finished := self.scheduler.abort(a.request.seq_id)):
-                    self.end(finished.seq_id, finished.reason)
-            self.step(now)
-            now += 1
-        self.check_end()
-
-    def step(self, now: int) -> None:
-        s = self.scheduler
-        was_waiting = {seq.seq_id for seq in s.waiting_sequences()}
-        output = s.schedule(float(now))
-        self.check_output(output, now, was_waiting)
-        self.check_blocks()
-        for finished in output.finished:
-            self.end(finished.seq_id, finished.reason)
-        for update in s.update(output, sample_all(output)):
-            self.tokens[update.seq_id].append(update.token_id)
-            if update.finish is not None:
-                self.end(update.seq_id, update.finish)
-        self.check_blocks()
-
-    def end(self, seq_id: str, reason: FinishReason) -> None:
-        self.endings[seq_id] += 1
-        self.reasons[seq_id] = reason
-        assert self.scheduler.sequence(seq_id) is None
-
-    def check_output(self, output: SchedulerOutput, now: int, was_waiting: set[str]) -> None:
-        s, cfg = self.scheduler, self.config
-        assert output.num_tokens == sum(len(c.token_ids) for c in output.chunks)
-        assert output.num_tokens <= cfg.max_num_batched_tokens
-        assert len(s.running_sequences()) <= cfg.max_num_seqs
-        seen_prefill = False
-        for chunk in output.chunks:
-            assert self.endings[chunk.seq_id] == 0, "chunk for an ended sequence"
-            seq = s.sequence(chunk.seq_id)
-            assert seq is not None and seq.status is SequenceStatus.RUNNING
-            request = self.requests[chunk.seq_id]
-            assert request.deadline is None or request.deadline >= now, "expired sequence computed"
-            end = chunk.start_position + len(chunk.token_ids)
-            assert chunk.start_position == seq.num_computed_tokens and len(chunk.token_ids) > 0
-            assert chunk.token_ids == tuple(seq.token_ids[chunk.start_position : end])
-            assert chunk.sample == (end == seq.num_tokens)
-            assert len(chunk.block_table) * cfg.block_size >= end
-            assert list(chunk.block_table) == seq.block_table
-            is_decode = len(chunk.token_ids) == 1 and chunk.num_generated > 0 and chunk.sample
-            assert not (is_decode and seen_prefill), "decode chunk after a prefill chunk"
-            seen_prefill |= not is_decode
-        for finished in output.finished:
-            request = self.requests[finished.seq_id]
-            if finished.reason is FinishReason.EXPIRED:
-                assert request.deadline is not None and request.deadline < now
-            if finished.reason is FinishReason.REJECTED:
-                assert finished.detail and self.never_fits(request)
-        self.check_admission_order(output, was_waiting)
-
-    def check_admission_order(self, output: SchedulerOutput, was_waiting: set[str]) -> None:
-        """Everyone admitted this step is of a class at least as good as everyone left waiting."""
-        s = self.scheduler
-        admitted = [s.sequence(c.seq_id) for c in output.chunks if c.seq_id in was_waiting]
-        still_waiting = [q for q in s.waiting_sequences() if q.seq_id not in output.preempted]
-        if admitted and still_waiting:
-            assert max(q.queue_class for q in admitted) <= min(q.queue_class for q in still_waiting)
-
-    def check_blocks(self) -> None:
-        """Every block's ref count equals its uses by live sequences; free + used == total."""
-        s = self.scheduler
-        pool = s.kv.pool
-        uses = Counter(b for seq in s.running_sequences() for b in seq.block_table)
-        assert all(not seq.block_table for seq in s.waiting_sequences())
-        for block in pool.blocks:
-            assert block.ref_count == uses[block.block_id]
-        assert pool.num_free == sum(1 for b in pool.blocks if b.ref_count == 0)
-        assert pool.num_free + pool.num_used == pool.num_blocks
-
-    def never_fits(self, request: SequenceRequest) -> bool:
-        total = len(request.prompt_token_ids) + request.sampling.max_tokens
-        blocks = -(-(total - 1) // self.config.block_size)
-        return total > self.config.max_model_len or blocks > self.config.num_blocks
-
-    def check_end(self) -> None:
-        s = self.scheduler
-        assert set(self.endings) == set(self.requests)
-        assert all(count == 1 for count in self.endings.values()), "a sequence ended twice"
-        assert s.kv.pool.num_used == 0 and not s.running_sequences() and not s.waiting_sequences()
-        for seq_id, reason in self.reasons.items():
-            request = self.requests[seq_id]
-            assert (reason is FinishReason.REJECTED) == self.never_fits(request)
-            self.check_tokens(request, reason, self.tokens[seq_id])
-
-    def check_tokens(self, request: SequenceRequest, reason: FinishReason, tokens: list[int]) -> None:
-        """Each token sampled once, in order, none lost or repeated across preemptions; the right ending."""
-        assert tokens == [fake_token_for(request.seq_id, k) for k in range(len(tokens))]
-        assert len(tokens) <= request.sampling.max_tokens
-        ends_on_eos = bool(tokens) and not request.sampling.ignore_eos and tokens[-1] in request.eos_token_ids
-        if reason is FinishReason.LENGTH:
-            assert len(tokens) == request.sampling.max_tokens and not ends_on_eos
-        if reason is FinishReason.STOP:
-            assert ends_on_eos
-        if not request.sampling.ignore_eos and request.eos_token_ids & set(tokens[:-1]):
-            raise AssertionError("generation continued past EOS")
-
-
 PROPERTY_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -198,6 +74,63 @@ PROPERTY_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_ch
 @given(configs(), arrivals())
 def test_random_workloads_keep_every_invariant(config: SchedulerConfig, workload: list[Arrival]) -> None:
     Checker(config, workload).run()
+
+
+def weak_key(parent: bytes, tokens: tuple[int, ...]) -> bytes:
+    """Four bits of SHA-256: prefix keys collide all the time, so only verification keeps KV right."""
+    return bytes([hashlib.sha256(parent + repr(tokens).encode()).digest()[0] & 0x0F])
+
+
+@PROPERTY_SETTINGS
+@given(configs(), arrivals())
+def test_colliding_prefix_keys_never_share_wrong_kv(config: SchedulerConfig, workload: list[Arrival]) -> None:
+    with mock.patch.object(kv_manager, "chain_key", weak_key):
+        Checker(config, workload).run()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(2, 4),
+    st.sampled_from([2, 4]),
+    st.lists(st.tuples(st.integers(4, 24), st.integers(8, 30)), min_size=1, max_size=4),
+    st.integers(1, 20),
+    st.integers(0, 8),
+)
+def test_better_class_gets_blocks_held_by_worse_work(seats, block_size, lows, high_prompt, after) -> None:
+    """Worse-class work holds the KV cache; a better-class arrival that would fit once that work is freed
+    starts within two steps, whatever else runs (the high class never waits for low work to finish)."""
+    low_blocks = sum(-(-(p + m) // block_size) for p, m in lows)
+    num_blocks = max(low_blocks, -(-(high_prompt + 4) // block_size)) + 1
+    scheduler = Scheduler(
+        make_config(num_blocks=num_blocks, block_size=block_size, max_num_seqs=seats + 1,
+                    max_num_batched_tokens=64, enable_prefix_caching=False)
+    )  # fmt: skip
+    for i, (prompt_len, max_tokens) in enumerate(lows):
+        scheduler.add(_request(f"low{i}", prompt_len, max_tokens, Priority.LOW, 0.0, 1000 + 100 * i))
+    for now in range(after):
+        out = scheduler.schedule(float(now))
+        scheduler.update(out, {c.seq_id: fake_token(c) for c in out.chunks if c.sample})
+    scheduler.add(_request("high", high_prompt, 4, Priority.HIGH, float(after), 50))
+    started = None
+    for now in range(after, after + 2):
+        out = scheduler.schedule(float(now))
+        if any(c.seq_id == "high" for c in out.chunks):
+            started = now
+            break
+        scheduler.update(out, {c.seq_id: fake_token(c) for c in out.chunks if c.sample})
+    assert started is not None, "a high request waited while low work held the blocks it needed"
+
+
+def _request(
+    seq_id: str, prompt_len: int, max_tokens: int, priority: Priority, arrival: float, base: int
+) -> SequenceRequest:
+    return SequenceRequest(
+        seq_id=seq_id,
+        prompt_token_ids=tuple(range(base, base + prompt_len)),
+        sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        priority=priority,
+        arrival=arrival,
+    )
 
 
 @settings(max_examples=40, deadline=None)

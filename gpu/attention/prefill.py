@@ -1,0 +1,83 @@
+"""Prefill chunks through torch's fused attention (SDPA): a fresh chunk attends to its own new keys with
+the causal kernel; a chunk continuing a cached prefix reads its context blocks and uses an explicit
+bottom-right causal mask. GQA is handled by SDPA itself (enable_gqa), never by repeating K/V."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from gpu.attention.metadata import AttentionMetadata, PrefillChunk
+from gpu.kv_cache import KVCache
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, **mask: object) -> torch.Tensor:
+    """q [n, heads, D], k/v [kv_heads, L, D] -> [n, heads, D]."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=scale, enable_gqa=True, **mask
+    )
+    return out[0].transpose(0, 1)
+
+
+@dataclass(frozen=True)
+class PrefillPlan:
+    """What a chunk needs in every layer, made once per step."""
+
+    chunk: PrefillChunk
+    blocks: torch.Tensor | None  # [1, blocks] of its context; None for a fresh chunk
+    mask: torch.Tensor | None  # [n, context] bottom-right causal, True = attend; None for a fresh chunk
+
+
+def plan_prefills(meta: AttentionMetadata, block_size: int) -> tuple[PrefillPlan, ...]:
+    plans = []
+    for chunk in meta.prefills:
+        if chunk.start_position == 0:
+            plans.append(PrefillPlan(chunk, None, None))
+            continue
+        context = chunk.context_len
+        tables = meta.block_tables
+        blocks = tables[chunk.seat, : -(-context // block_size)].unsqueeze(0)
+        keys = torch.arange(context, device=tables.device)
+        queries = torch.arange(chunk.start_position, context, device=tables.device)
+        plans.append(PrefillPlan(chunk, blocks, keys[None, :] <= queries[:, None]))
+    return tuple(plans)
+
+
+def prefill_chunk(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    cache: KVCache,
+    layer: int,
+    plan: PrefillPlan,
+    scale: float,
+) -> torch.Tensor:
+    """One chunk: q [n, heads, D]; k_new/v_new [n, kv_heads, D] are its own keys (already in the cache)."""
+    if plan.blocks is None:  # nothing cached before it: its own keys are the whole context
+        return _sdpa(q, k_new.transpose(0, 1), v_new.transpose(0, 1), scale, is_causal=True)
+    context = plan.chunk.context_len
+    k, v = cache.gather(layer, plan.blocks)  # [kv, 1, blocks * block_size, D]
+    return _sdpa(q, k[:, 0, :context], v[:, 0, :context], scale, attn_mask=plan.mask)
+
+
+def prefill_all(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    cache: KVCache,
+    layer: int,
+    plans: tuple[PrefillPlan, ...],
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """Every prefill chunk of the step, written into out's rows.
+
+    One SDPA call per chunk: batching the chunks into one padded call was measured 1.5-2.5x slower on
+    the CPU at this project's shapes (7-12 chunks of 16-128 tokens), the padding costing more than the
+    calls it saves.
+    """
+    for plan in plans:
+        rows = slice(plan.chunk.row_start, plan.chunk.row_start + plan.chunk.num_tokens)
+        out[rows] = prefill_chunk(q[rows], k_new[rows], v_new[rows], cache, layer, plan, scale)

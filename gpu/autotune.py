@@ -1,0 +1,127 @@
+"""Kernel choices measured at engine start on this machine, at the model's shapes (cached per process).
+
+Why measure: the same code ran 2x apart on two machines of one kind (issue 10), and which kernel wins
+depends on the CPU, its cache sizes and the thread count. Each choice times the candidates alternately
+(so a noisy neighbour slows both alike) and takes the median; a candidate whose output disagrees with
+the reference is never chosen.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from functools import cache
+
+import torch
+
+from gpu.attention import PagedAttention
+from gpu.attention.metadata import AttentionMetadata
+from gpu.attention.native_decode import NativeDecode
+from gpu.kv_cache import KVCache, KVShape
+from gpu.linear import Linear
+
+log = logging.getLogger(__name__)
+
+REPS = 5
+LINEAR_ROWS = (1, 4, 16, 64, 256)
+
+
+def race(candidates: dict[str, Callable[[], object]], reps: int = REPS) -> dict[str, float]:
+    """Median seconds per call of each candidate, timed in alternation after one warm-up call each."""
+    for run in candidates.values():
+        run()
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(reps):
+        for name, run in candidates.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def synthetic_decode(
+    shape: KVShape, heads: int, batch: int, context: int, seed: int = 0
+) -> tuple[torch.Tensor, KVCache, AttentionMetadata]:
+    """A one-layer cache with `batch` sequences of up to `context` tokens in shuffled blocks."""
+    generator = torch.Generator().manual_seed(seed)
+    per_seq = -(-context // shape.block_size)
+    one_layer = KVShape(1, shape.num_kv_heads, shape.head_dim, shape.block_size, shape.dtype)
+    cache = KVCache(one_layer, batch * per_seq, torch.device("cpu"))
+    cache.k.normal_(generator=generator)
+    cache.v.normal_(generator=generator)
+    tables = torch.randperm(batch * per_seq, generator=generator).view(batch, per_seq)
+    lens = torch.randint(max(1, context // 4), context + 1, (batch,), generator=generator)
+    q = torch.randn(batch, heads, shape.head_dim, generator=generator, dtype=shape.dtype)
+    meta = AttentionMetadata(
+        block_tables=tables,
+        decode_rows=torch.arange(batch),
+        decode_seats=torch.arange(batch),
+        decode_lens=lens,
+        decode_first=0,
+        max_decode_len=int(lens.max()),
+        prefills=(),
+    )
+    return q, cache, meta
+
+
+@cache
+def decode_kernel(shape: KVShape, heads: int, batch: int, context: int, threads: int) -> str:
+    """ "native" when the C kernel builds, agrees with the torch kernel and is faster here; else "torch"."""
+    native = NativeDecode.load()
+    if native is None or not NativeDecode.supports(shape, torch.device("cpu"), heads):
+        return "torch"
+    q, cache, meta = synthetic_decode(shape, heads, batch, context)
+    scale = shape.head_dim**-0.5
+    kernels = {kind: PagedAttention(kind, native) for kind in ("native", "torch")}
+    empty = torch.empty(batch, shape.num_kv_heads, shape.head_dim)
+
+    def run(kind: str) -> torch.Tensor:
+        attention = kernels[kind]
+        return attention(q, empty, empty, cache, 0, attention.plan(meta, cache), scale)
+
+    if not torch.allclose(run("native"), run("torch"), atol=1e-4, rtol=1e-4):
+        log.warning("native decode kernel disagrees with the torch kernel here; using torch")
+        return "torch"
+    times = race({kind: lambda kind=kind: run(kind) for kind in kernels})
+    choice = min(times, key=times.__getitem__)
+    log.info(
+        "decode attention at batch %d, context <= %d, %d threads: %s (native %.3f ms, torch %.3f ms)",
+        batch, context, threads, choice, times["native"] * 1e3, times["torch"] * 1e3,
+    )  # fmt: skip
+    return choice
+
+
+@cache
+def packed_min_rows(
+    out_features: int, in_features: int, dtype: torch.dtype, max_rows: int, threads: int
+) -> int:
+    """Rows from which the oneDNN-packed weight beats the plain kernel for this shape (NEVER: it does not)."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(out_features, in_features, generator=generator).to(dtype)
+    linear = Linear(weight, None, packed=True)
+    if linear.packed_weight is None:
+        return Linear.NEVER
+    wins = []
+    for rows in (r for r in LINEAR_ROWS if r <= max_rows):
+        x = torch.randn(rows, in_features, generator=generator).to(dtype)
+        times = race({"plain": lambda x=x: linear.plain(x), "packed": lambda x=x: linear.packed(x)}, reps=3)
+        wins.append((rows, times["packed"] < times["plain"]))
+    # The smallest row count from which packed wins at every measured size.
+    threshold = Linear.NEVER
+    for rows, packed_won in reversed(wins):
+        if not packed_won:
+            break
+        threshold = rows
+    return threshold
+
+
+def tune_linears(linears: list[Linear], max_rows: dict[int, int], threads: int) -> None:
+    """Set each linear's packed-from row count by measurement (shapes shared by many layers measure once)."""
+    for linear in linears:
+        out_features, in_features = linear.weight.shape
+        rows = max_rows.get(id(linear), max(LINEAR_ROWS))
+        linear.min_packed_rows = packed_min_rows(
+            out_features, in_features, linear.weight.dtype, rows, threads
+        )

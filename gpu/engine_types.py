@@ -1,0 +1,88 @@
+"""The Engine's value types: its configuration, a request, what a step reports, and its statistics."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.types import FinishReason, Priority, SamplingParams
+
+log = logging.getLogger("gpu.engine")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_size: int = 16
+    # KV cache memory in bytes. None: on CUDA, gpu_memory_utilization of the device minus what is in use
+    # after loading the weights and the activations of the largest step; on CPU, a quarter of available
+    # RAM, at most 4 GiB, at least room for every seat to hold a short sequence (gpu/kv_sizing.py).
+    kv_cache_memory: int | None = None
+    gpu_memory_utilization: float = 0.9
+    kv_cache_bytes: int | None = None  # older name of kv_cache_memory, still accepted
+    num_blocks: int | None = None  # overrides the memory budget when set (tests use tiny values)
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int | None = None  # None = the model's max_position_embeddings
+    enable_prefix_caching: bool = True
+    share_prefix_cache_across_tenants: bool = False  # only for tenants that trust each other
+    long_prefill_token_threshold: int | None = None  # see SchedulerConfig
+    aging_s: float = 30.0
+    decode_kernel: str | None = None  # CPU decode attention, "native" or "torch"; None = measured
+    tune_linears: bool = True  # CPU: measure packed vs plain linear kernels per shape at start
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    stop: tuple[str, ...] = ()  # stop strings, matched on the text; the output excludes them
+    priority: Priority = Priority.NORMAL
+    tenant: str = "default"
+    deadline: float | None = None  # a time.monotonic() value
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """News about one request from one step."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    text_delta: str  # complete characters only; the deltas concatenate to the final text
+    finish_reason: FinishReason | None  # set on the request's last output
+    started: bool  # True on the step the request was first scheduled
+    prompt_tokens: int
+    completion_tokens: int
+    detail: str = ""  # e.g. why a request was rejected
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: int
+    waiting: dict[Priority, int]
+    kv_blocks_used: int
+    kv_blocks_total: int
+    preemptions: int
+    prefix_cache_hits: int  # prompt tokens served from the prefix cache
+    steps: int  # steps that ran the model
+    forward_seconds: float  # cumulative time in the runner: input building, model forward, sampling
+    mean_batch_size: float  # sequences per model step
+    mean_batch_tokens: float  # tokens per model step
+    forward_by_batch: dict[int, tuple[int, float]]  # sequences in a step -> (steps, forward seconds)
+
+
+def resolve_max_model_len(config: Any, requested: int | None) -> int:
+    """The model's trained context unless asked otherwise; never past a sliding window.
+
+    A length above max_position_embeddings is honoured (RoPE extends to any position; quality past the
+    trained context is the operator's call, as with vLLM's override) with a warning.
+    """
+    limit = config.max_position_embeddings
+    # The runner attends to the whole context; cap the length where the model would use a sliding window.
+    window = getattr(config, "sliding_window", None)
+    if window and getattr(config, "use_sliding_window", True):
+        return min(requested or window, window, limit)
+    if requested and requested > limit:
+        log.warning("max_model_len %d is past the model's max_position_embeddings %d", requested, limit)
+    return requested or limit

@@ -1,0 +1,88 @@
+"""Compile a C kernel once per machine and load it: the shared object is cached under a name made of the
+source, the flags and the CPU's identity, so a changed kernel or another CPU never loads a stale build.
+
+-march=native is safe because the build happens on the machine that runs it (and the CPU is part of the
+cache key). OpenMP links libgomp.so.1, the same runtime torch's CPU wheels load, so one thread pool and
+one thread count (torch.set_num_threads) govern both.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SOURCE_DIR = Path(__file__).resolve().parent
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp", "-fPIC", "-shared")
+COMPILE_TIMEOUT_S = 120
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "inferq" / "kernels"
+
+
+def _cpu_identity() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return "unknown"
+    wanted = ("model name", "flags")
+    return "\n".join(sorted({line for line in lines if line.startswith(wanted)}))
+
+
+def _compiler() -> str | None:
+    for name in ("cc", "gcc", "clang"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@cache
+def load(name: str, cache_dir: Path | None = None) -> ctypes.CDLL | None:
+    """The compiled `native/<name>.c`, or None (with the reason logged) when it cannot be built here."""
+    source = SOURCE_DIR / f"{name}.c"
+    compiler = _compiler()
+    if compiler is None:
+        log.info("native kernel %s: no C compiler found; using the torch path", name)
+        return None
+    text = source.read_bytes()
+    key = hashlib.sha256(text + repr((FLAGS, compiler, _cpu_identity())).encode()).hexdigest()[:16]
+    # The user's cache first; a temporary directory where the home directory is read-only.
+    for directory in (cache_dir or default_cache_dir(), Path(tempfile.gettempdir()) / "inferq-kernels"):
+        target = directory / f"{name}-{key}.so"
+        try:
+            if not target.exists():
+                _compile(compiler, source, target)
+            return ctypes.CDLL(str(target))
+        except subprocess.SubprocessError as error:
+            log.warning("native kernel %s: build failed (%s); using the torch path", name, error)
+            return None
+        except OSError as error:
+            log.info("native kernel %s: %s unusable (%s)", name, directory, error)
+    log.warning("native kernel %s: no writable cache directory; using the torch path", name)
+    return None
+
+
+def _compile(compiler: str, source: Path, target: Path) -> None:
+    """Build into a temporary file, then rename: concurrent workers never load a half-written object."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        command = [compiler, *FLAGS, str(source), "-o", partial, "-lm"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        if result.returncode != 0:
+            raise subprocess.SubprocessError(result.stderr.strip()[-2000:])
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)

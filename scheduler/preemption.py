@@ -1,0 +1,60 @@
+"""Which running sequences give way to better-class waiting work: for seats, and for KV blocks.
+
+Pure choices: these functions pick victims (worst class first, latest arrival first within a class);
+the scheduler preempts them. Nothing is preempted unless it lets the better-class work in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+from scheduler.kv_manager import KVCacheManager
+from scheduler.sequence import Sequence
+from scheduler.waiting_queue import WaitingQueue
+
+
+def seat_victims(running: Seq[Sequence], waiting: WaitingQueue, max_num_seqs: int) -> list[Sequence]:
+    """When the running set is full, enough worst-class sequences to seat every better-class waiter."""
+    if len(running) < max_num_seqs:
+        return []
+    free_seats = max_num_seqs - len(running)
+    victims: list[Sequence] = []
+    for victim in sorted(running, key=Sequence.sort_key, reverse=True):
+        # A victim's own class is never "better than" the next (no better) victim's, so counting the
+        # waiting queue once is exact.
+        if waiting.num_better_than(victim.queue_class) <= free_seats + len(victims):
+            break
+        victims.append(victim)
+    return victims
+
+
+def block_victims(
+    head: Sequence, running: Seq[Sequence], kv: KVCacheManager, max_num_batched_tokens: int
+) -> list[Sequence]:
+    """Worse-class running sequences whose blocks, freed, let the head of the waiting queue in.
+
+    The head needs blocks for its first chunk (after prefix hits) plus what the running sequences of its
+    own class or better take this step, since they are scheduled before it. Victims are taken worst
+    first until that fits; if freeing every worse-class sequence would still not make room, none is
+    taken (preempting them would only waste their work).
+    """
+    worse = sorted(
+        (s for s in running if s.queue_class > head.queue_class), key=Sequence.sort_key, reverse=True
+    )
+    if not worse:
+        return []
+    cached = kv.find_cached_prefix(head)
+    first_chunk = min(head.num_tokens - len(cached) * kv.block_size, max_num_batched_tokens)
+    need = kv.blocks_needed(head, first_chunk, cached)
+    for seq in running:
+        if seq.queue_class <= head.queue_class:
+            next_chunk = min(seq.num_uncomputed_tokens, max_num_batched_tokens)
+            need += kv.blocks_needed(seq, next_chunk)
+    free = kv.pool.num_free
+    victims: list[Sequence] = []
+    for victim in worse:
+        if free >= need:
+            break
+        victims.append(victim)
+        free += kv.exclusive_blocks(victim)
+    return victims if victims and free >= need else []

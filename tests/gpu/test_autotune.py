@@ -1,0 +1,58 @@
+"""Kernel choices by measurement, and the C kernel's build cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpu import autotune
+from gpu.attention.native_decode import NativeDecode
+from gpu.kv_cache import KVShape
+from gpu.linear import Linear
+from gpu.native import build
+
+
+def test_race_times_every_candidate():
+    calls = {"a": 0, "b": 0}
+
+    def bump(name):
+        calls[name] += 1
+
+    times = autotune.race({"a": lambda: bump("a"), "b": lambda: bump("b")}, reps=3)
+    assert set(times) == {"a", "b"} and all(t >= 0 for t in times.values())
+    assert calls == {"a": 4, "b": 4}  # one warm-up each, then the timed calls
+
+
+def test_decode_kernel_choice_is_a_kernel_that_runs_here():
+    shape = KVShape(1, 2, 16, 4, torch.float32)
+    choice = autotune.decode_kernel(shape, 4, 8, 40, torch.get_num_threads())
+    assert choice in ("native", "torch")
+    if NativeDecode.load() is None:
+        assert choice == "torch"
+    bf16 = KVShape(1, 2, 16, 4, torch.bfloat16)  # the C kernel is float32 only
+    assert autotune.decode_kernel(bf16, 4, 8, 40, torch.get_num_threads()) == "torch"
+
+
+def test_linear_threshold_is_a_measured_row_count_and_results_agree():
+    threshold = autotune.packed_min_rows(96, 64, torch.float32, 64, torch.get_num_threads())
+    assert threshold in (*autotune.LINEAR_ROWS, Linear.NEVER)
+    linear = Linear(torch.randn(96, 64), torch.randn(96))
+    x = torch.randn(16, 64)
+    if linear.packed_weight is not None:
+        torch.testing.assert_close(linear.packed(x), linear.plain(x), rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_build_falls_back_without_a_compiler(monkeypatch, tmp_path):
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    assert build.load.__wrapped__("paged_attention", tmp_path) is None
+
+
+def test_kernel_build_is_cached_by_source_and_cpu(tmp_path):
+    if build._compiler() is None:
+        pytest.skip("no C compiler here; the fallback is tested above")
+    first = build.load.__wrapped__("paged_attention", tmp_path)
+    assert first is not None and first.inferq_abi_version() == 1
+    built = sorted(tmp_path.glob("paged_attention-*.so"))
+    assert len(built) == 1
+    build.load.__wrapped__("paged_attention", tmp_path)  # second load: the same file, no rebuild
+    assert sorted(tmp_path.glob("*.so")) == built

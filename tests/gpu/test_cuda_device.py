@@ -1,0 +1,82 @@
+"""The CUDA path on a real GPU (skipped without one; bench/device_check.sh runs these on an H200):
+greedy equals HF on the device, decode graphs are captured and agree with eager steps, the KV cache is
+sized from device memory, bfloat16 is the default there."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from gpu.engine import Engine, EngineConfig
+from gpu.model import LoadedModel
+from tests.gpu.factories import make_model, make_prompts, make_requests
+from tests.gpu.test_gold import OUTPUT_LENS, run_and_check
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def on_cuda(model: LoadedModel, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    hf = copy.deepcopy(model.model).to(device="cuda", dtype=dtype).eval()
+    return LoadedModel(hf, hf.config, model.tokenizer, torch.device("cuda"), dtype)
+
+
+@pytest.fixture(autouse=True)
+def exact_fp32_matmuls():
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # HF and the engine both in true fp32
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_greedy_matches_hf_on_cuda_with_graphs_captured():
+    model = on_cuda(make_model())
+    engine = Engine(model, EngineConfig(num_blocks=256))
+    run_and_check(engine, model, make_prompts(8, 1, 60), OUTPUT_LENS)
+    graphs = engine.runner.cuda_step.graphs
+    assert graphs is not None and graphs.capture and graphs._graphs  # decode steps ran as graphs
+
+
+def test_chunked_prefill_preemption_and_prefix_hits_match_hf_on_cuda():
+    model = on_cuda(make_model())
+    engine = Engine(
+        model, EngineConfig(block_size=4, num_blocks=14, max_num_batched_tokens=16, max_num_seqs=16)
+    )
+    assert run_and_check(engine, model, make_prompts(5, 10, 20, seed=5), [20, 25, 15, 22, 18]).preemptions > 0
+    shared = make_prompts(1, 40, 40, seed=3)[0]
+    engine = Engine(model, EngineConfig(block_size=8, num_blocks=256))
+    run_and_check(engine, model, [shared + t for t in make_prompts(3, 1, 12, seed=4)], [10, 5, 8], prefix="a")
+    run_and_check(engine, model, [shared + t for t in make_prompts(3, 1, 12, seed=6)], [6, 9, 4], prefix="b")
+    assert engine.stats().prefix_cache_hits > 0
+
+
+def test_graph_replay_equals_eager_decode():
+    model = on_cuda(make_model())
+    prompts = make_prompts(6, 5, 30, seed=8)
+    eager = Engine(model, EngineConfig(num_blocks=256))
+    eager.runner.cuda_step.graphs = None  # every step eager
+    graphed = Engine(model, EngineConfig(num_blocks=256))
+    want = eager.generate(make_requests(prompts, [12] * 6))
+    got = graphed.generate(make_requests(prompts, [12] * 6))
+    assert got == want
+
+
+def test_kv_cache_sized_from_device_memory_and_bf16_by_default():
+    engine = Engine.from_options(None, device="cuda", max_num_seqs=16, max_num_batched_tokens=256)
+    assert engine.model.dtype == torch.bfloat16
+    plan = engine.runner.kv_plan
+    free, total = torch.cuda.mem_get_info()
+    assert "GPU memory" in plan.source and plan.num_blocks > 1000
+    assert free >= 0.05 * total  # about 10% of the device is left for graphs and activations
+    out = engine.generate(make_requests(make_prompts(4, 5, 40, vocab=32000), [16] * 4))
+    assert all(len(tokens) == 16 for tokens in out.values())
+    del engine
+    torch.cuda.empty_cache()  # give the device back to later tests that size from free memory
+
+
+def test_staging_buffers_are_pinned():
+    engine = Engine(on_cuda(make_model()), EngineConfig(num_blocks=64))
+    engine.generate(make_requests(make_prompts(2, 30, 40), [3, 3]))
+    buffers = engine.runner.cuda_step.staging._buffers
+    assert buffers and all(buffer.is_pinned() for buffer in buffers.values())

@@ -1,0 +1,91 @@
+"""The CUDA path's logic, run on the CPU: SDPA decode attention, the eager mixed-step backend, and the
+decode-graph buckets, padding rows and trash block (graphs replaced by eager runs of the same body).
+What needs a GPU (capture, pinned memory, bf16 kernels) is in tests/gpu/test_cuda_device.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpu.cuda.attention import CudaPagedAttention, decode_attention
+from gpu.cuda.graphs import block_buckets, bucket_of
+from gpu.cuda.step import CudaStep
+from gpu.kv_cache import KVCache, KVShape
+from tests.gpu.factories import make_engine, make_model, make_prompts
+from tests.gpu.test_attention import BLOCK, DIM, HEADS, KV_HEADS, dense_reference, run_step
+from tests.gpu.test_gold import OUTPUT_LENS, run_and_check
+
+
+def test_buckets_cover_every_size_with_little_padding():
+    assert block_buckets(10) == [1, 2, 4, 8, 10] and block_buckets(1) == [1]
+    assert [bucket_of(n, [1, 2, 4, 8, 10]) for n in (1, 3, 5, 9, 10)] == [1, 4, 8, 10, 10]
+
+
+def test_decode_attention_matches_dense_with_padded_tables():
+    torch.manual_seed(0)
+    cache = KVCache(
+        KVShape(1, KV_HEADS, DIM, BLOCK, torch.float32),
+        12,
+        torch.device("cpu"),
+    )
+    cache.k.normal_()
+    cache.v.normal_()
+    tables = torch.tensor([[3, 7, 11, 0], [5, 0, 0, 0]])  # the second row's tail is padding (masked)
+    lens = torch.tensor([14, 3])
+    q = torch.randn(2, HEADS, DIM)
+    got = decode_attention(q, cache, 0, tables, lens, DIM**-0.5)
+    for row in range(2):
+        blocks = tables[row, : -(-int(lens[row]) // BLOCK)]
+        k = cache.k[0][:, blocks].reshape(KV_HEADS, -1, DIM)[:, : lens[row]].transpose(0, 1)
+        v = cache.v[0][:, blocks].reshape(KV_HEADS, -1, DIM)[:, : lens[row]].transpose(0, 1)
+        want = dense_reference(q[row : row + 1], k, v, int(lens[row]) - 1)
+        torch.testing.assert_close(got[row : row + 1], want, rtol=1e-5, atol=1e-5)
+
+
+def test_eager_cuda_backend_matches_dense_on_a_mixed_step(monkeypatch):
+    import tests.gpu.test_attention as attention_tests
+
+    monkeypatch.setattr(attention_tests, "PagedAttention", lambda kind, native: CudaPagedAttention())
+    specs = {"d1": (6, 1, [7, 2]), "p1": (0, 9, [3, 8, 0]), "p2": (5, 6, [10, 5, 6]), "d2": (3, 1, [12])}
+    run_step("torch", specs, num_blocks=13)
+
+
+def cuda_path_engine(model, **config):
+    """An engine on the CPU whose runner takes the CUDA step: a trash block, static decode buffers."""
+    engine = make_engine(model, **config)
+    runner = engine.runner
+    cache = KVCache(runner.cache.shape, runner.num_blocks + 1, torch.device("cpu"))
+    runner.cache = cache
+    runner.cuda_step = CudaStep(runner.forward, cache, engine.config.max_num_seqs, runner.inputs.max_blocks,
+                                trash_block=runner.num_blocks, capture_graphs=False)  # fmt: skip
+    return engine
+
+
+@pytest.mark.parametrize("max_num_seqs", [3, 64])
+def test_cuda_step_logic_matches_hf(max_num_seqs):
+    """Greedy through the CUDA step's decode buffers (batches padded to buckets, padding rows writing
+    the trash block) equals HF; with 3 seats, sequences come and go so bucket sizes change mid-run."""
+    model = make_model()
+    engine = cuda_path_engine(model, max_num_seqs=max_num_seqs)
+    graphs = engine.runner.cuda_step.graphs
+    assert graphs is not None and not graphs.capture
+    replays = []
+    run = graphs.run
+    graphs.run = lambda *args: replays.append(args[-2].shape) or run(*args)
+    prompts = make_prompts(8, 1, 60)
+    run_and_check(engine, model, prompts, OUTPUT_LENS)
+    assert len(replays) > 10  # most steps were decode-only and went through the static buffers
+    trash = graphs.trash_block
+    assert engine.scheduler.kv.num_blocks == trash  # the scheduler never hands out the trash block
+
+
+def test_cuda_step_logic_with_preemption_and_prefix_hits():
+    model = make_model()
+    engine = cuda_path_engine(model, block_size=4, num_blocks=14, max_num_batched_tokens=16)
+    stats = run_and_check(engine, model, make_prompts(5, 10, 20, seed=5), [20, 25, 15, 22, 18])
+    assert stats.preemptions > 0
+    shared = make_prompts(1, 40, 40, seed=3)[0]
+    engine = cuda_path_engine(model, block_size=8)
+    run_and_check(engine, model, [shared + t for t in make_prompts(3, 1, 12, seed=4)], [10, 5, 8], prefix="a")
+    run_and_check(engine, model, [shared + t for t in make_prompts(3, 1, 12, seed=6)], [6, 9, 4], prefix="b")
+    assert engine.stats().prefix_cache_hits > 0
