@@ -83,8 +83,7 @@ def format_storage(java: list[str], config: Path, *extra: str) -> None:
         *java,
         "kafka.tools.StorageTool",
         "format",
-        "-t",
-        cluster_id,
+        f"--cluster-id={cluster_id}",  # one form argparse cannot mistake for an option (ids may start with "-")
         "-c",
         str(config),
         "--ignore-formatted",
