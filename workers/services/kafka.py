@@ -83,7 +83,7 @@ def format_storage(java: list[str], config: Path, *extra: str) -> None:
         *java,
         "kafka.tools.StorageTool",
         "format",
-        f"--cluster-id={cluster_id}",  # one form argparse cannot mistake for an option (ids may start with "-")
+        f"--cluster-id={cluster_id}",  # ids may start with "-": never read as an option
         "-c",
         str(config),
         "--ignore-formatted",
