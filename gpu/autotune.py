@@ -25,7 +25,7 @@ from gpu.linear import Linear
 log = logging.getLogger(__name__)
 
 REPS = 5
-LINEAR_ROWS = (1, 4, 16, 64, 256)
+LINEAR_ROWS = (1, 4, 16, 64, 256, 512)
 
 
 def race(candidates: dict[str, Callable[[], object]], reps: int = REPS) -> dict[str, float]:
@@ -103,18 +103,24 @@ def packed_min_rows(
     linear = Linear(weight, None, packed=True)
     if linear.packed_weight is None:
         return Linear.NEVER
-    wins = []
+    timed = []  # (rows, plain s, packed s)
     for rows in (r for r in LINEAR_ROWS if r <= max_rows):
         x = torch.randn(rows, in_features, generator=generator).to(dtype)
-        times = race({"plain": lambda x=x: linear.plain(x), "packed": lambda x=x: linear.packed(x)}, reps=3)
-        wins.append((rows, times["packed"] < times["plain"]))
-    # The smallest row count from which packed wins at every measured size.
-    threshold = Linear.NEVER
-    for rows, packed_won in reversed(wins):
-        if not packed_won:
-            break
-        threshold = rows
-    return threshold
+        times = race({"plain": lambda x=x: linear.plain(x), "packed": lambda x=x: linear.packed(x)})
+        timed.append((rows, times["plain"], times["packed"]))
+    return packed_threshold(timed)
+
+
+def packed_threshold(timed: list[tuple[int, float, float]]) -> int:
+    """The smallest row count at which the packed kernel wins and from which it costs less in total over
+    every larger size measured (one noisy size cannot flip the choice for all larger batches), provided it
+    does not clearly lose at the largest; NEVER if there is none."""
+    for i, (rows, plain_s, packed_s) in enumerate(timed):
+        plain = sum(t[1] for t in timed[i:])
+        packed = sum(t[2] for t in timed[i:])
+        if packed_s < plain_s and packed < plain and timed[-1][2] <= timed[-1][1] * 1.05:
+            return rows
+    return Linear.NEVER
 
 
 def tune_linears(linears: list[Linear], max_rows: dict[int, int], threads: int) -> None:

@@ -56,3 +56,13 @@ def test_kernel_build_is_cached_by_source_and_cpu(tmp_path):
     assert len(built) == 1
     build.load.__wrapped__("paged_attention", tmp_path)  # second load: the same file, no rebuild
     assert sorted(tmp_path.glob("*.so")) == built
+
+
+def test_packed_threshold_is_robust_to_one_noisy_size():
+    # packed wins everywhere from 16 rows but one noisy measurement at 64: still packed from 16
+    timed = [(4, 1.0, 1.2), (16, 2.0, 1.5), (64, 3.0, 3.1), (256, 9.0, 6.0)]
+    assert autotune.packed_threshold(timed) == 16
+    # plain wins at every size: never packed
+    assert autotune.packed_threshold([(4, 1.0, 1.1), (64, 2.0, 2.5)]) == Linear.NEVER
+    # packed loses clearly at the largest size: not chosen for it
+    assert autotune.packed_threshold([(4, 1.0, 0.5), (64, 2.0, 3.0)]) == Linear.NEVER
