@@ -39,7 +39,7 @@ from bench.report import median, ratio
 from bench.workload import WorkloadSpec, parse_range
 
 # the worker's engine defaults (`inferq worker` without options), so both sides run the same engine
-ENGINE_OPTIONS = {"max_num_seqs": 64, "max_num_batched_tokens": 512}
+ENGINE_OPTIONS = {"max_num_seqs": 64, "max_num_batched_tokens": 1024}
 T = TypeVar("T")
 ITL_DEFINITION = "per job: (last - first event arrival) / tokens after the first event"
 

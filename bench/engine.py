@@ -30,7 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--hf-max-batch-tokens", type=int, default=256, help="hf_cb: best seen on this machine"
     )
     parser.add_argument("--max-num-seqs", type=int, default=64, help="inferq: running sequences at most")
-    parser.add_argument("--max-batched-tokens", type=int, default=512, help="inferq: tokens per step at most")
+    parser.add_argument(
+        "--max-batched-tokens", type=int, default=1024, help="inferq: tokens per step at most"
+    )
     parser.add_argument(
         "--no-step-time", action="store_true", help="skip inferq's step time at batch 16/32/64"
     )

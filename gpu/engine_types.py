@@ -22,7 +22,7 @@ class EngineConfig:
     kv_cache_bytes: int | None = None  # older name of kv_cache_memory, still accepted
     num_blocks: int | None = None  # overrides the memory budget when set (tests use tiny values)
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
+    max_num_batched_tokens: int = 1024  # long prompts prefill in fewer, fuller steps
     max_model_len: int | None = None  # None = the model's max_position_embeddings
     enable_prefix_caching: bool = True
     share_prefix_cache_across_tenants: bool = False  # only for tenants that trust each other

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -10,11 +11,13 @@ from dataclasses import dataclass
 class Block:
     block_id: int
     ref_count: int = 0
-    # Set while the block is in the prefix cache (full, KV computed): its key, and what the key was made
-    # of, so that every hit is checked against the real parent key and tokens rather than trusted.
+    # Set while the block is in the prefix cache (full, KV computed): its key; what it extends (the
+    # tenant's root key for a first block, else the serial of the cached block before it) and its tokens,
+    # so every hit is checked against its real provenance rather than trusted; and a serial never reused.
     block_hash: bytes | None = None
-    parent_hash: bytes | None = None
+    parent: bytes | int | None = None
     token_ids: tuple[int, ...] | None = None
+    serial: int | None = None
 
 
 class BlockPool:
@@ -32,6 +35,7 @@ class BlockPool:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached: dict[bytes, int] = {}  # block hash -> block id
+        self._serials = itertools.count(1)
 
     @property
     def num_free(self) -> int:
@@ -61,17 +65,18 @@ class BlockPool:
             ids.append(block_id)
         return ids
 
-    def lookup(self, block_hash: bytes, parent_hash: bytes, token_ids: tuple[int, ...]) -> int | None:
+    def lookup(self, block_hash: bytes, parent: bytes | int, token_ids: tuple[int, ...]) -> int | None:
         """The block caching exactly this prefix block (in use or free), if any.
 
-        A hit counts only if the block was cached from the same parent key and the same tokens: a hash
-        collision can then never hand one sequence another's KV.
+        A hit counts only if the block was cached on top of the same parent (the same root key, or the very
+        cached block just matched, by its serial) with the same tokens: even colliding keys can then never
+        hand one sequence another's KV, since a verified chain is one registered block on top of another.
         """
         block_id = self._cached.get(block_hash)
         if block_id is None:
             return None
         block = self.blocks[block_id]
-        if block.parent_hash != parent_hash or block.token_ids != token_ids:
+        if block.parent != parent or block.token_ids != token_ids:
             return None
         return block_id
 
@@ -94,7 +99,9 @@ class BlockPool:
                 if block.block_hash is None:
                     self._free.move_to_end(block_id, last=False)
 
-    def cache(self, block_id: int, block_hash: bytes, parent_hash: bytes, token_ids: tuple[int, ...]) -> bool:
+    def cache(
+        self, block_id: int, block_hash: bytes, parent: bytes | int, token_ids: tuple[int, ...]
+    ) -> bool:
         """Register a full, computed block under its prefix key. False if that key is already cached."""
         if not self.enable_caching:
             return False
@@ -103,17 +110,18 @@ class BlockPool:
             return block.block_hash == block_hash
         if block_hash in self._cached:
             return False  # same content computed twice concurrently: keep the first, this one stays private
-        block.block_hash, block.parent_hash, block.token_ids = block_hash, parent_hash, token_ids
+        block.block_hash, block.parent, block.token_ids = block_hash, parent, token_ids
+        block.serial = next(self._serials)
         self._cached[block_hash] = block_id
         return True
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (e.g. after the runner reloads weights)."""
         for block in self.blocks:
-            block.block_hash = block.parent_hash = block.token_ids = None
+            block.block_hash = block.parent = block.token_ids = block.serial = None
         self._cached.clear()
 
     def _evict(self, block: Block) -> None:
         if block.block_hash is not None:
             del self._cached[block.block_hash]
-            block.block_hash = block.parent_hash = block.token_ids = None
+            block.block_hash = block.parent = block.token_ids = block.serial = None

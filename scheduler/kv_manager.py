@@ -62,13 +62,13 @@ class KVCacheManager:
         max_blocks = (seq.num_tokens - 1) // self.block_size
         hashes = self._hashes(seq, max_blocks)
         hits: list[int] = []
-        parent = self.root(seq)
+        parent: bytes | int | None = self.root(seq)
         for i, block_hash in enumerate(hashes):
             block_id = self.pool.lookup(block_hash, parent, self._block_tokens(seq, i))
             if block_id is None:
                 break
             hits.append(block_id)
-            parent = block_hash
+            parent = self.pool.blocks[block_id].serial
         return hits
 
     def blocks_needed(self, seq: Sequence, num_new_tokens: int, cached: list[int] | None = None) -> int:
@@ -119,7 +119,10 @@ class KVCacheManager:
             return
         hashes = self._hashes(seq, num_full)
         for i in range(seq.num_cached_blocks, num_full):
-            parent = hashes[i - 1] if i else self.root(seq)
+            parent = self.pool.blocks[seq.block_table[i - 1]].serial if i else self.root(seq)
+            if parent is None:  # the block before stayed private (its key was cached already): so do the rest
+                seq.num_cached_blocks = i
+                return
             self.pool.cache(seq.block_table[i], hashes[i], parent, self._block_tokens(seq, i))
         seq.num_cached_blocks = num_full
 

@@ -59,7 +59,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         "--max-num-seqs", type=int, default=64, help="running sequences per step at most (default: 64)"
     )
     g.add_argument(
-        "--max-num-batched-tokens", type=int, default=512, help="tokens per step at most (default: 512)"
+        "--max-num-batched-tokens", type=int, default=1024, help="tokens per step at most (default: 1024)"
     )
     g.add_argument("--max-batched-tokens", dest="max_num_batched_tokens", type=int, **hidden)
     g.add_argument(
