@@ -20,6 +20,7 @@ from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
 from workers.persister import Persister
 from workers.pump import IntakePump
+from workers.retry import until_available
 from workers.settings import Settings
 from workers.store import make_engine
 from workers.writes import Rejected
@@ -60,12 +61,15 @@ class Worker:
         topics, conn = settings.topics, settings.kafka_connection
         cid = f"inferq-{options.worker_id}"
         self.group_topics = (*topics.all_jobs, topics.control)
-        self.consumer = GroupConsumer(conn, group_id(settings.topic_prefix), self.group_topics, cid)
-        self.control = BroadcastReader(conn, topics.control, cid + "-control")
+        where = f"Kafka at {settings.kafka}"
+        self.consumer = until_available(
+            lambda: GroupConsumer(conn, group_id(settings.topic_prefix), self.group_topics, cid), where
+        )
+        self.control = until_available(lambda: BroadcastReader(conn, topics.control, cid + "-control"), where)
         self.ready = threading.Event()  # records or admission decisions are waiting for the loop
         self.pump = IntakePump(self.consumer, self.control, self.ready, options.poll_s)
         # a short block: while the broker is away, sends fail fast and the engine loop keeps generating
-        self.producer = Producer(conn, cid, max_block_s=0.5)
+        self.producer = until_available(lambda: Producer(conn, cid, max_block_s=0.5), where)
         self.events = TokenEventSender(self.producer, topics.tokens, self.metrics.token_events_dropped.inc)
         self.db = make_engine(settings.database_url)
         self.offsets = OffsetTracker()

@@ -7,10 +7,17 @@ a constraint): retrying it would wedge the caller forever, so it is split off an
 
 from __future__ import annotations
 
+import logging
 import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from workers.kafka_io.errors import kafka_transient
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -50,3 +57,19 @@ def describe_error(exc: BaseException) -> str:
     """One line about an error, never a statement's parameters (prompts and outputs stay out of logs)."""
     text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def until_available(build: Callable[[], T], what: str, backoff: Backoff | None = None) -> T:
+    """`build()`, tried again while it fails transiently: a worker started while its broker or database
+    is away waits for it (as it rides through an outage later) instead of exiting. Any other error, such
+    as refused credentials, is raised at once."""
+    backoff = backoff or Backoff(base_s=0.5, cap_s=15.0)
+    while True:
+        try:
+            return build()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            delay = backoff.next_delay()
+            log.warning("%s unavailable (%s); trying again in %.1fs", what, describe_error(exc), delay)
+            time.sleep(delay)

@@ -138,7 +138,13 @@ class KafkaConnection:
     security: KafkaSecurity = KafkaSecurity()
 
     def client_options(self) -> dict[str, Any]:
-        return {"bootstrap_servers": self.bootstrap, **self.security.client_options()}
+        # kafka-python backs reconnects off up to 30 s: after a broker restart a worker would sit idle that
+        # long. The Java client's 1 s cap costs a reconnect a second while a broker is away, nothing more.
+        return {
+            "bootstrap_servers": self.bootstrap,
+            "reconnect_backoff_max_ms": 1000,
+            **self.security.client_options(),
+        }
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ def test_defaults_serve_smollm2_with_the_engines_own_budgets():
     args = parse()
     assert args.model == "smollm2" and args.dtype == "auto" and args.enable_prefix_caching
     assert args.kv_cache_memory is None and args.gpu_memory_utilization is None
-    assert (args.max_num_seqs, args.max_num_batched_tokens, args.block_size) == (64, 512, 16)
+    assert (args.max_num_seqs, args.max_num_batched_tokens, args.block_size) == (64, 1024, 16)
 
 
 def test_vllm_names_and_old_aliases_set_the_same_options():

@@ -103,6 +103,27 @@ def test_service_killed_mid_generation_loses_nothing(private, deployment, servic
         assert worker.stop() == 0, worker.output()[-3000:]
 
 
+@pytest.mark.parametrize("service", ["kafka", "postgres"])
+def test_worker_started_while_a_service_is_down_waits_for_it(private, deployment, service):
+    dep, client, db, tmp = deployment
+    kill9(private.status()[service]["pid"])
+    worker = start_worker(dep, tmp, f"w-early-{service}")
+    try:
+        # it gets as far as it can (Kafka: retrying its first connection; PostgreSQL: serving) and stays up
+        waiting = "Kafka at" if service == "kafka" else "serving"
+        wait_until(lambda: waiting in worker.output() or worker.proc.poll() is not None, timeout_s=120)
+        time.sleep(2)
+        assert worker.proc.poll() is None, worker.output()[-3000:]
+        private.cli("up")
+        ids = _submit(client, f"early-{service}-{dep.topic_prefix}", 3, 4)
+        rows = wait_terminal(db, ids, timeout_s=180)
+        assert {r["status"] for r in rows.values()} == {"succeeded"}
+        assert {r["worker_id"] for r in rows.values()} == {f"w-early-{service}"}
+    finally:
+        private.cli("up")
+        assert worker.stop() == 0, worker.output()[-3000:]
+
+
 @pytest.mark.parametrize("failpoint", ["crash-before-publish", "crash-after-publish"])
 def test_worker_killed_around_the_publish_still_yields_the_result(private, deployment, failpoint):
     dep, client, db, tmp = deployment
@@ -148,7 +169,8 @@ def test_soak_with_a_worker_killed_and_the_broker_restarted(private, deployment)
             assert [e.seq for e in final] == list(range(len(final))), job_id  # no gap, no duplicate
             assert final and final[-1].finish_reason, job_id
             assert "".join(e.text for e in final) == row["output_text"], job_id
-        assert all(w.proc.poll() is None for w in workers[1:])
+        for w in workers[1:]:
+            assert w.proc.poll() is None, (w.worker_id, w.output()[-6000:])
     finally:
         for w in workers:
             w.stop(signal.SIGTERM)

@@ -111,12 +111,9 @@ def ping(conn: KafkaConnection, timeout_ms: int = 2000) -> bool:
     if not _port_open(conn.bootstrap):
         return False  # refused at once: skip the client's bootstrap timeout
     try:
+        options = conn.client_options() | {"reconnect_backoff_max_ms": 200}
         admin = KafkaAdminClient(
-            **conn.client_options(),
-            bootstrap_timeout_ms=timeout_ms,
-            request_timeout_ms=timeout_ms,
-            reconnect_backoff_max_ms=200,
-            client_id="inferq-ping",
+            **options, bootstrap_timeout_ms=timeout_ms, request_timeout_ms=timeout_ms, client_id="inferq-ping"
         )
     except Exception:
         return False
