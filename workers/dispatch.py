@@ -6,6 +6,7 @@ admitter (synchronous, guarded) and write items handed to the persister (asynchr
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -30,6 +31,8 @@ from workers.writes import CancelRequested, Concluded, Rejected, Republish, Runn
 
 if TYPE_CHECKING:
     from workers.loop import Worker
+
+log = logging.getLogger(__name__)
 
 PRIORITIES = {"high": Priority.HIGH, "normal": Priority.NORMAL, "low": Priority.LOW}
 
@@ -209,6 +212,21 @@ class Dispatcher:
         ms = timings.model_dump(include={"queue_ms", "ttft_ms", "mean_itl_ms", "e2e_ms"})
         job_event("finished", job.job_id, job.priority, status=row.status, finish_reason=finish,
                   attempt=job.attempt, **job.usage.model_dump(), **ms, error=detail)  # fmt: skip
+
+    def fail(self, job_id: str, detail: str) -> None:
+        """End a job `failed` (finish reason `error`) with `detail`: terminal row and result, offset acked."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        try:
+            self.w.engine.abort_request(job_id)  # frees its KV blocks; its own output is not wanted now
+        except Exception:  # noqa: BLE001
+            log.exception("job %s: the engine could not abort it", job_id)
+        try:
+            self._conclude(job, "error", detail)
+        except Exception:  # noqa: BLE001 - no terminal row then: the job is redone after a redelivery
+            log.exception("job %s: could not be concluded; left for redelivery", job_id)
+            self._abort_locally(job_id)
 
     # ---- rebalance, flush, shutdown --------------------------------------------------------
     def revoke(self, partitions: Iterable[tuple[str, int]]) -> None:

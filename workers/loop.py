@@ -20,7 +20,7 @@ from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
 from workers.persister import Persister
 from workers.pump import IntakePump
-from workers.retry import until_available
+from workers.retry import describe_error, until_available
 from workers.settings import Settings
 from workers.store import make_engine
 from workers.writes import Rejected
@@ -141,7 +141,12 @@ class Worker:
         clock.lap("control")
         if self.engine.has_unfinished():
             step_started = utcnow()
-            outputs = self.engine.step()
+            try:
+                self._fail_step_if_asked()
+                outputs = self.engine.step()
+            except Exception as exc:  # noqa: BLE001 - one bad step must not stop the worker (or the group)
+                outputs = []
+                self._step_failed(exc)
             clock.lap("step")
             self.handle_outputs(outputs, step_started)
             clock.lap("outputs")
@@ -158,7 +163,28 @@ class Worker:
 
     def handle_outputs(self, outputs: list[RequestOutput], step_started: datetime) -> None:
         for out in outputs:
-            self.dispatch.on_output(out, step_started)
+            try:
+                self.dispatch.on_output(out, step_started)
+            except Exception as exc:  # noqa: BLE001 - e.g. detokenizing: that job fails, the others go on
+                log.exception("job %s: its output could not be handled", out.request_id)
+                self.dispatch.fail(out.request_id, f"output handling failed: {describe_error(exc)}")
+
+    def _step_failed(self, exc: Exception) -> None:
+        """The step raised: which sequence caused it is unknown, so every job in the engine ends `failed`
+        with the reason (terminal rows and results, offsets committed). Re-running them could crash-loop
+        the worker and then, redelivered, every worker of the group; vLLM and TGI fail the batch too."""
+        log.exception("engine step failed; failing the %d jobs in the engine", len(self.dispatch.jobs))
+        self.metrics.engine_step_failures.inc()
+        detail = f"engine step failed: {describe_error(exc)}"
+        for job_id in list(self.dispatch.jobs):
+            self.dispatch.fail(job_id, detail)
+
+    def _fail_step_if_asked(self) -> None:
+        """Tests only: a step holding a job whose prompt names the failpoint raises."""
+        if self.settings.failpoint != "step-error":
+            return
+        if any("step-error" in (j.request.prompt or "") for j in self.dispatch.jobs.values()):
+            raise RuntimeError("failpoint step-error")
 
     # ---- Kafka out -------------------------------------------------------------------------
     def send_token_event(self, event: TokenEvent) -> Sent | None:

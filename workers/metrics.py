@@ -80,6 +80,11 @@ class WorkerMetrics:
         self.token_events_dropped = Counter(
             "inferq:token_events_dropped", "Token events the broker could not take in time.", registry=r
         )
+        self.engine_step_failures = Counter(
+            "inferq:engine_step_failures",
+            "Engine steps that raised (each fails the jobs in the engine at that moment).",
+            registry=r,
+        )
         self.loop_seconds = Counter(
             "inferq:loop_seconds",
             "Engine-loop time by phase (step = inside engine.step()).",

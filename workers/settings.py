@@ -168,7 +168,9 @@ class Settings:
     switch_interval_s: float = 0.0005
     state_dir: Path = field(default_factory=_state_dir)
     cache_dir: Path = field(default_factory=_cache_dir)
-    failpoint: str = ""  # tests only: a named fault to inject (see workers/failpoints.py)
+    failpoint: str = (
+        ""  # tests only: a named fault to inject (crash-before-publish, crash-after-publish, step-error)
+    )
 
     @property
     def topics(self) -> Topics:

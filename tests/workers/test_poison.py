@@ -12,6 +12,7 @@ from tests.workers.worker_factories import (
     job_rows,
     now_ms,
     read_topic,
+    results_by_job,
     serving_worker,
     wait_terminal,
 )
@@ -125,3 +126,30 @@ def test_compressed_giants_are_bounded_and_dead_lettered_truncated(deployment):
     assert dict(dlq[None].headers)["reason"] == b"undecodable"
     assert worker.proc.poll() is None
     assert job_rows(db, [after])[after]["worker_id"] == "w-poison"
+
+
+def test_a_step_that_raises_fails_the_jobs_in_the_engine_and_the_worker_goes_on(settings, tmp_path):
+    """A record that breaks the engine itself (here by failpoint) must not crash-loop the group: the jobs of
+    that step end `failed` with the reason, once each, and the worker serves the next job."""
+    env = {"INFERQ_FAILPOINT": "step-error"}
+    with serving_worker(settings, tmp_path, "w-step-error", env=env) as (dep, client, db, worker):
+        since = now_ms()
+        bystander = client.submit({"job_id": f"by-{dep.topic_prefix}", "prompt": "long", "max_tokens": 2000})
+        poison = client.submit({"job_id": f"poison-{dep.topic_prefix}", "prompt": "a step-error here"})
+        client.flush()
+        rows = wait_terminal(db, [bystander.job_id, poison.job_id], timeout_s=120)
+        assert rows[poison.job_id]["status"] == "failed"
+        assert "engine step failed" in rows[poison.job_id]["error"], rows[poison.job_id]
+        assert rows[poison.job_id]["finish_reason"] == "error"
+        # the bystander either finished before the poison arrived, or shared its step and failed with it
+        by = rows[bystander.job_id]
+        assert by["status"] == "succeeded" or "engine step failed" in by["error"], by
+        after = client.submit({"job_id": f"after-{dep.topic_prefix}", "prompt": "fine", "max_tokens": 4})
+        client.flush()
+        assert wait_terminal(db, [after.job_id])[after.job_id]["status"] == "succeeded"
+        results = results_by_job(dep, since, 3, settle_s=2.0)
+        assert {k: len(v) for k, v in results.items()} == {
+            r: 1 for r in (bystander.job_id, poison.job_id, after.job_id)
+        }
+        assert results[poison.job_id][0].status == "failed"
+        assert worker.proc.poll() is None

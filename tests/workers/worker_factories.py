@@ -169,10 +169,12 @@ def wait_until(condition, timeout_s: float = 120) -> None:
 
 
 @contextlib.contextmanager
-def serving_worker(settings: Settings, tmp: Path, worker_id: str, *extra: str):
+def serving_worker(
+    settings: Settings, tmp: Path, worker_id: str, *extra: str, env: dict[str, str] | None = None
+):
     """A private deployment with one worker, a client and a database engine; the worker must exit 0."""
     dep = make_deployment(settings)
-    worker = start_worker(dep, tmp, worker_id, *extra)
+    worker = start_worker(dep, tmp, worker_id, *extra, env=env)
     client = JobClient(dep)
     db = create_engine(dep.database_url)
     try:
