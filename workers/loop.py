@@ -13,6 +13,7 @@ from schemas.jobs import TokenEvent
 from schemas.validation import Limits
 from workers.dispatch import Dispatcher
 from workers.event_sender import Sent, TokenEventSender
+from workers.failpoints import step_error_if
 from workers.inflight import utcnow
 from workers.kafka_io import BroadcastReader, Delivery, GroupConsumer, Partition, Producer
 from workers.loop_clock import LoopClock
@@ -142,7 +143,7 @@ class Worker:
         if self.engine.has_unfinished():
             step_started = utcnow()
             try:
-                self._fail_step_if_asked()
+                step_error_if(self.settings.failpoint, (j.request for j in self.dispatch.jobs.values()))
                 outputs = self.engine.step()
             except Exception as exc:  # noqa: BLE001 - one bad step must not stop the worker (or the group)
                 outputs = []
@@ -170,21 +171,13 @@ class Worker:
                 self.dispatch.fail(out.request_id, f"output handling failed: {describe_error(exc)}")
 
     def _step_failed(self, exc: Exception) -> None:
-        """The step raised: which sequence caused it is unknown, so every job in the engine ends `failed`
-        with the reason (terminal rows and results, offsets committed). Re-running them could crash-loop
-        the worker and then, redelivered, every worker of the group; vLLM and TGI fail the batch too."""
+        """Which sequence broke the step is unknown: every job in the engine ends `failed` with the reason
+        (as vLLM and TGI fail the batch). Re-running them could crash-loop every worker of the group."""
         log.exception("engine step failed; failing the %d jobs in the engine", len(self.dispatch.jobs))
         self.metrics.engine_step_failures.inc()
         detail = f"engine step failed: {describe_error(exc)}"
         for job_id in list(self.dispatch.jobs):
             self.dispatch.fail(job_id, detail)
-
-    def _fail_step_if_asked(self) -> None:
-        """Tests only: a step holding a job whose prompt names the failpoint raises."""
-        if self.settings.failpoint != "step-error":
-            return
-        if any("step-error" in (j.request.prompt or "") for j in self.dispatch.jobs.values()):
-            raise RuntimeError("failpoint step-error")
 
     # ---- Kafka out -------------------------------------------------------------------------
     def send_token_event(self, event: TokenEvent) -> Sent | None:

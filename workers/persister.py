@@ -13,9 +13,7 @@ a committed offset therefore never passes an unstored job or an unpublished resu
 from __future__ import annotations
 
 import logging
-import os
 import queue
-import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +24,7 @@ from sqlalchemy import Engine
 from schemas.jobs import JobResult
 from schemas.topics import Topics
 from workers.deliveries import await_stream_ends, deliver, describe_item
+from workers.failpoints import crash_if
 from workers.inflight import utcnow
 from workers.kafka_io import Delivery, Producer
 from workers.outbox import LEASE_S, count_unpublished, mark_published, renew, result_from_row
@@ -206,10 +205,7 @@ class Persister:
         return self._producer.send(self._topics.results, result.job_id, result.model_dump_json().encode())
 
     def _crash_if(self, name: str, stored: Stored) -> None:
-        """Fault injection for the outbox tests: a kill -9 at the worst moments of a batch."""
-        if self._failpoint == name and any(row.status == "succeeded" for row in stored.outbox):
-            log.error("failpoint %s: killing this process", name)
-            os.kill(os.getpid(), signal.SIGKILL)
+        crash_if(self._failpoint, name, any(row.status == "succeeded" for row in stored.outbox))
 
     def _store(self, items: list[WriteItem]) -> Stored:
         ctx = WriteContext(self._worker_id, utcnow())

@@ -46,3 +46,20 @@ def test_garbage_in_a_pid_file_is_stale(tmp_path) -> None:
     pid_file.write_text("not a pid\n")
     assert process.live_pid(pid_file) is None
     assert process.live_pid(tmp_path / "missing.pid") is None
+
+
+def test_a_stepped_clock_does_not_orphan_a_service(tmp_path) -> None:
+    """psutil's start time moves when the wall clock is stepped: the service's own marker on its command
+    line still identifies it, so `down` stops it rather than forgetting it."""
+    marker = str(tmp_path / "state-marker")
+    pid = process.spawn(
+        [sys.executable, "-c", "import time, sys; time.sleep(120)", marker], tmp_path / "sleeper.log"
+    )
+    pid_file = tmp_path / "x.pid"
+    started = psutil.Process(pid).create_time()
+    pid_file.write_text(f"{pid} {started - 10.0!r}\n")  # as if recorded before a 10 s clock step
+    assert process.live_pid(pid_file) is None
+    assert process.live_pid(pid_file, marker="/elsewhere/state") is None
+    assert process.live_pid(pid_file, marker=marker) == pid
+    assert process.stop(pid_file, signal.SIGTERM, timeout_s=10, marker=marker) == pid
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -98,7 +98,7 @@ def down(settings: Settings, purge: bool = False, say: Say = print) -> None:
         # Kafka: SIGTERM is its controlled shutdown. PostgreSQL: SIGINT is "fast" shutdown (SIGTERM would
         # wait for every client, including other people's idle connections, to disconnect).
         for name, polite in (("kafka", signal.SIGTERM), ("postgres", signal.SIGINT)):
-            pid = process.stop(paths.pid_file(name), polite, timeout_s=60)
+            pid = process.stop(paths.pid_file(name), polite, timeout_s=60, marker=_marker(paths, name))
             say(f"{name}: stopped (pid {pid})" if pid else f"{name}: not running")
         if purge:
             shutil.rmtree(paths.kafka_dir, ignore_errors=True)
@@ -116,7 +116,7 @@ def status(settings: Settings) -> list[ServiceStatus]:
             name="kafka",
             address=settings.kafka,
             managed=kafka_managed,
-            pid=process.live_pid(paths.pid_file("kafka")) if kafka_managed else None,
+            pid=process.live_pid(paths.pid_file("kafka"), _marker(paths, "kafka")) if kafka_managed else None,
             healthy=kafka.ping(settings.kafka_connection),
             log=str(paths.log("kafka")) if kafka_managed else None,
         ),
@@ -124,7 +124,9 @@ def status(settings: Settings) -> list[ServiceStatus]:
             name="postgres",
             address=_without_password(settings.database_url),
             managed=pg_managed,
-            pid=process.live_pid(paths.pid_file("postgres")) if pg_managed else None,
+            pid=process.live_pid(paths.pid_file("postgres"), _marker(paths, "postgres"))
+            if pg_managed
+            else None,
             healthy=postgres.ping(settings.database_url),
             log=str(paths.log("postgres")) if pg_managed else None,
         ),
@@ -132,7 +134,7 @@ def status(settings: Settings) -> list[ServiceStatus]:
 
 
 def _start_kafka(paths: ServicePaths, port: int, say: Say) -> int:
-    pid = process.live_pid(paths.pid_file("kafka"))
+    pid = process.live_pid(paths.pid_file("kafka"), _marker(paths, "kafka"))
     if pid:
         say(f"kafka: already running (pid {pid})")
         return pid
@@ -146,7 +148,7 @@ def _start_kafka(paths: ServicePaths, port: int, say: Say) -> int:
 
 
 def _start_postgres(paths: ServicePaths, port: int, password: str, say: Say) -> int:
-    pid = process.live_pid(paths.pid_file("postgres"))
+    pid = process.live_pid(paths.pid_file("postgres"), _marker(paths, "postgres"))
     if pid:
         say(f"postgres: already running (pid {pid})")
         return pid
@@ -183,3 +185,8 @@ def _without_password(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(url).render_as_string(hide_password=True)
+
+
+def _marker(paths: ServicePaths, service: str) -> str:
+    """A path only this state dir's own service has on its command line (Kafka's config, Postgres's -D)."""
+    return str(paths.kafka_dir) if service == "kafka" else str(paths.postgres_data)

@@ -29,13 +29,20 @@ def write_pid(path: Path, pid: int) -> None:
     tmp.replace(path)
 
 
-def live_pid(path: Path) -> int | None:
-    """The pid recorded in `path` if that very process still runs; None for a stale or missing file."""
+def live_pid(path: Path, marker: str | None = None) -> int | None:
+    """The pid recorded in `path` if that very process still runs; None for a stale or missing file.
+
+    That very process: same start time, or (`marker`) a command line naming this state's own files. The
+    start time alone is not enough: psutil derives it from the boot time, which moves when the wall clock
+    is stepped (seen here: 10 s on a restored VM), and `down` would then leave the services running."""
     try:
         pid_text, started_text = path.read_text().split()
         pid, started = int(pid_text), float(started_text)
         proc = psutil.Process(pid)
-        if abs(proc.create_time() - started) > 1.0 or proc.status() == psutil.STATUS_ZOMBIE:
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        same = abs(proc.create_time() - started) <= 1.0
+        if not same and not (marker and marker in " ".join(proc.cmdline())):
             return None
     except (OSError, ValueError, psutil.Error):
         return None
@@ -74,9 +81,14 @@ def wait_ready(name: str, pid: int, probe: Callable[[], bool], log: Path, timeou
         time.sleep(POLL_S)
 
 
-def stop(pid_file: Path, polite: signal.Signals = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
+def stop(
+    pid_file: Path,
+    polite: signal.Signals = signal.SIGTERM,
+    timeout_s: float = 30.0,
+    marker: str | None = None,
+) -> int | None:
     """Stop the process recorded in `pid_file` (polite signal, then SIGKILL); return its pid if it ran."""
-    pid = live_pid(pid_file)
+    pid = live_pid(pid_file, marker)
     if pid is not None:
         proc = psutil.Process(pid)
         try:
