@@ -28,7 +28,7 @@ from workers.failpoints import crash_if
 from workers.inflight import utcnow
 from workers.kafka_io import Delivery, Producer
 from workers.outbox import LEASE_S, count_unpublished, mark_published, renew, result_from_row
-from workers.retry import Backoff, describe_error, is_transient
+from workers.retry import Backoff, describe_error, retry_transient
 from workers.store import cancel_requested
 from workers.writes import Rejected, Source, Stored, WriteContext, WriteItem
 
@@ -259,17 +259,7 @@ class Persister:
             return work(conn)
 
     def _retry(self, what: str, work):
-        """Run work, retrying transient failures with backoff; other failures are raised."""
-        backoff = Backoff()
-        while True:
-            try:
-                return work()
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                delay = backoff.next_delay()
-                log.warning("%s failed (%s); retrying in %.1fs", what, describe_error(exc), delay)
-                time.sleep(delay)
+        return retry_transient(work, what)
 
 
 def _apply_all(conn, items: list[WriteItem], ctx: WriteContext) -> Stored:

@@ -59,17 +59,21 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-def until_available(build: Callable[[], T], what: str, backoff: Backoff | None = None) -> T:
-    """`build()`, tried again while it fails transiently: a worker started while its broker or database
-    is away waits for it (as it rides through an outage later) instead of exiting. Any other error, such
-    as refused credentials, is raised at once."""
-    backoff = backoff or Backoff(base_s=0.5, cap_s=15.0)
+def retry_transient(work: Callable[[], T], what: str, backoff: Backoff | None = None) -> T:
+    """Run `work`, retrying transient failures with jittered backoff; any other failure is raised."""
+    backoff = backoff or Backoff()
     while True:
         try:
-            return build()
+            return work()
         except Exception as exc:
             if not is_transient(exc):
                 raise
             delay = backoff.next_delay()
-            log.warning("%s unavailable (%s); trying again in %.1fs", what, describe_error(exc), delay)
+            log.warning("%s failed (%s); retrying in %.1fs", what, describe_error(exc), delay)
             time.sleep(delay)
+
+
+def until_available(build: Callable[[], T], what: str) -> T:
+    """`build()` until the service is there: a worker started while its broker is away waits for it (as it
+    rides through an outage later) instead of exiting. Refused credentials and the like raise at once."""
+    return retry_transient(build, f"connecting to {what}", Backoff(base_s=0.5, cap_s=15.0))
