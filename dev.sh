@@ -37,7 +37,11 @@ ensure_venv() {
     # install is editable, so it points at one checkout). pip's cache makes a reinstall quick.
     local stamp="$venv/.inferq-install" want
     want="$( (cat pyproject.toml; echo "$here") | sha256sum | cut -d' ' -f1)"
-    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    # The stamp alone can lie (a manual `pip install -e` elsewhere leaves it): also ask Python where the
+    # installed package lives.
+    local installed
+    installed="$(cd / && "$venv/bin/python" -c 'import workers, os; print(os.path.dirname(os.path.dirname(os.path.realpath(workers.__file__))))' 2>/dev/null || true)"
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || [ "$installed" != "$(realpath "$here")" ]; then
         echo "dev.sh: installing inferq and its dependencies into $venv (a first install downloads torch)"
         "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[dev]"
         echo "$want" >"$stamp"
