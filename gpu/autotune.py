@@ -131,3 +131,56 @@ def tune_linears(linears: list[Linear], max_rows: dict[int, int], threads: int) 
         linear.min_packed_rows = packed_min_rows(
             out_features, in_features, linear.weight.dtype, rows, threads
         )
+
+
+@cache
+def rope_write_kernel(heads: int, kv_heads: int, head_dim: int, tokens: int, threads: int) -> bool:
+    """True when the fused native RoPE + cache write builds, equals the torch path bit for bit and is
+    faster here for a step of `tokens` tokens (a decode batch)."""
+    from gpu.forward import rotate
+    from gpu.rope_cache import RopeCacheWrite
+
+    fused = RopeCacheWrite.load()
+    if fused is None:
+        return False
+    generator = torch.Generator().manual_seed(0)
+    shape = KVShape(1, kv_heads, head_dim, 16, torch.float32)
+    blocks = -(-tokens // shape.block_size) * 4
+    cache = KVCache(shape, blocks, torch.device("cpu"))
+    positions = torch.randint(0, 2048, (tokens,), generator=generator)
+    slots = torch.randperm(blocks * shape.block_size, generator=generator)[:tokens]
+    angles = torch.rand(2048, head_dim, generator=generator) * 6.3
+    cos, sin = angles.cos(), angles.sin()
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=generator)
+
+    def split() -> tuple[torch.Tensor, torch.Tensor]:
+        qk, v = qkv.clone().split(((heads + kv_heads) * head_dim, kv_heads * head_dim), dim=-1)
+        return qk.view(tokens, heads + kv_heads, head_dim), v.view(tokens, kv_heads, head_dim)
+
+    def run_torch() -> torch.Tensor:
+        qk, v = split()
+        qk = rotate(qk, cos[positions][:, None], sin[positions][:, None])
+        cache.write(0, slots, qk[:, heads:], v)
+        return qk
+
+    def run_fused() -> torch.Tensor:
+        qk, v = split()
+        fused(qk, v, positions, cos, sin, cache, 0, slots)
+        return qk
+
+    reference = run_torch()
+    cached = cache.k.clone(), cache.v.clone()
+    cache.k.zero_(), cache.v.zero_()
+    if not (
+        torch.equal(run_fused(), reference)
+        and torch.equal(cache.k, cached[0])
+        and torch.equal(cache.v, cached[1])
+    ):
+        log.warning("fused RoPE + cache write disagrees with the torch path here; using torch")
+        return False
+    times = race({"fused": run_fused, "torch": run_torch})
+    log.info(
+        "RoPE + cache write at %d tokens, %d threads: fused %.3f ms, torch %.3f ms",
+        tokens, threads, times["fused"] * 1e3, times["torch"] * 1e3,
+    )  # fmt: skip
+    return times["fused"] < times["torch"]

@@ -72,11 +72,16 @@ class Engine:
                 kv_cache_memory=config.kv_cache_memory or config.kv_cache_bytes,
                 gpu_memory_utilization=config.gpu_memory_utilization,
                 decode_kernel=config.decode_kernel,
+                fused_rope=config.fused_rope,
                 tune_linears=config.tune_linears,
             ),
         )
         log.info("%s", self.runner.kv_plan.describe(self.runner.cache.shape, max_model_len))
-        log.info("decode attention kernel: %s", self.runner.attention.decode)
+        log.info(
+            "decode attention kernel: %s; RoPE + cache write: %s",
+            self.runner.attention.decode,
+            "fused (native)" if self.runner.forward.rope_write else "torch",
+        )
         self.scheduler = Scheduler(dataclasses.replace(scheduler_config, num_blocks=self.runner.num_blocks))
         self._live: dict[str, _Live] = {}
         self._steps = 0

@@ -14,6 +14,7 @@ from gpu.inputs import StepInputs
 from gpu.kv_cache import KVCache, KVShape
 from gpu.linear import Linear
 from gpu.model import LoadedModel, check_architecture
+from gpu.rope_cache import RopeCacheWrite
 
 # Attention of one layer: (q [T, heads, D], k/v [T, kv_heads, D] of the new tokens, layer) -> [T, heads, D].
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
@@ -78,7 +79,10 @@ class LlamaForward:
         self.layers = [self._layer(block, packed) for block in hf.layers]
         self._rotary = hf.rotary_emb
         self._static_rope = getattr(hf.rotary_emb, "rope_type", "default") in _STATIC_ROPE
-        self._cos, self._sin = self._rope(torch.arange(max_positions, device=self.device))
+        cos, sin = self._rope(torch.arange(max_positions, device=self.device))
+        self._cos, self._sin = cos.contiguous(), sin.contiguous()
+        # RoPE and the K/V cache write fused in one native pass; None: torch operators (set by the runner)
+        self.rope_write: RopeCacheWrite | None = None
 
     @staticmethod
     def _layer(block: Any, packed: bool) -> Layer:
@@ -93,6 +97,13 @@ class LlamaForward:
             gate_up=Linear(*_fuse(mlp.gate_proj, mlp.up_proj), packed),
             down=Linear(mlp.down_proj.weight.detach(), down_bias, packed),
         )
+
+    def _fits(self, positions: torch.Tensor, slots: torch.Tensor, cache: KVCache) -> bool:
+        """The native kernel indexes without bounds checks: check the step's positions and slots once."""
+        if self.rope_write is None or not self._static_rope:  # it reads the static cos/sin tables
+            return False
+        slots_total = cache.num_blocks * cache.shape.block_size
+        return int(positions.max()) < self._cos.shape[0] and int(slots.max()) < slots_total
 
     @property
     def graph_safe(self) -> bool:
@@ -129,21 +140,26 @@ class LlamaForward:
 
         Only tensor operations with shapes fixed by the inputs: a CUDA graph can capture it whole.
         """
-        if self._static_rope:
-            cos, sin = self._cos[positions], self._sin[positions]
-        else:
-            cos, sin = self._rope(positions)
-        cos, sin = cos[:, None, :], sin[:, None, :]
         t = input_ids.numel()
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        fused = self.rope_write if t and self._fits(positions, slots, cache) else None
+        if fused is None:
+            cos, sin = (
+                (self._cos[positions], self._sin[positions]) if self._static_rope else self._rope(positions)
+            )
+            cos, sin = cos[:, None, :], sin[:, None, :]
         x = self.embed[input_ids]
         for index, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, self.eps)
             qk, v = layer.qkv(h).split((q_size + kv_size, kv_size), dim=-1)
-            qk = rotate(qk.view(t, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
-            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]  # one RoPE call for both
-            v = v.reshape(t, self.num_kv_heads, self.head_dim)
-            cache.write(index, slots, k, v)
+            qk = qk.view(t, self.num_heads + self.num_kv_heads, self.head_dim)
+            v = v.view(t, self.num_kv_heads, self.head_dim)
+            if fused is not None:
+                fused(qk, v, positions, self._cos, self._sin, cache, index, slots)  # in place
+            else:
+                qk = rotate(qk, cos, sin)  # one RoPE call for q and k
+                cache.write(index, slots, qk[:, self.num_heads :], v)
+            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
             x = x + layer.o(attend(q, k, v, index).reshape(t, q_size))
             h = rms_norm(x, layer.post_norm, self.eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)

@@ -17,14 +17,15 @@ from gpu.forward import LlamaForward
 from gpu.inputs import InputBuilder, StepInputs
 from gpu.kv_cache import KVCache
 from gpu.kv_sizing import KVPlan, activation_estimate, plan_kv
+from gpu.linear import Linear
 from gpu.model import LoadedModel
+from gpu.rope_cache import RopeCacheWrite
 from gpu.sampler import SamplingBatch, sample
 from gpu.threads import ThreadTuner
 from scheduler.output import SchedulerOutput
 
 log = logging.getLogger(__name__)
 
-LM_HEAD_WEIGHT = 3
 TUNE_CONTEXT = 256  # context length the decode kernels are compared at
 
 
@@ -38,6 +39,7 @@ class RunnerConfig:
     kv_cache_memory: int | None = None  # bytes; None = derived from the device's memory
     gpu_memory_utilization: float = 0.9
     decode_kernel: str | None = None  # "native" or "torch" on CPU; None = measured at start
+    fused_rope: bool | None = None  # the native RoPE + cache write on CPU; None = measured at start
     tune_linears: bool = True  # measure plain vs packed linears per shape at start (CPU)
 
 
@@ -87,9 +89,15 @@ class ModelRunner:
             self.attention = self.cuda_step.attention
         else:
             self.attention = self._choose_attention()
+            self._choose_rope_write()
             if config.tune_linears:
                 self._tune_linears()
-        self.threads = ThreadTuner() if self.device.type == "cpu" else None
+        self.threads = ThreadTuner(config.max_num_seqs) if self.device.type == "cpu" else None
+        # A sampled row also runs the output projection: its weight relative to a token's other work.
+        layer_weights = sum(m.weight.numel() for m in linears_of(self.forward))
+        self.lm_head_weight = (
+            self.forward.lm_head.weight.numel() * len(self.forward.layers) / max(layer_weights, 1)
+        )
 
     def _choose_attention(self) -> PagedAttention:
         shape, heads = self.cache.shape, self.forward.num_heads
@@ -101,10 +109,19 @@ class ModelRunner:
             kind = autotune.decode_kernel(shape, heads, batch, context, torch.get_num_threads())
         return PagedAttention(kind, native)
 
+    def _choose_rope_write(self) -> None:
+        f, wanted = self.forward, self.config.fused_rope
+        supported = f.graph_safe and RopeCacheWrite.supports(self.dtype, self.device, f.head_dim)
+        if wanted is False or not supported:
+            return
+        if wanted is None:
+            tokens, threads = min(self.config.max_num_seqs, 32), torch.get_num_threads()
+            wanted = autotune.rope_write_kernel(f.num_heads, f.num_kv_heads, f.head_dim, tokens, threads)
+        if wanted:
+            f.rope_write = RopeCacheWrite.load()
+
     def _tune_linears(self) -> None:
-        linears = [
-            m for layer in self.forward.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
-        ]
+        linears = linears_of(self.forward)
         rows = {id(m): self.config.max_num_batched_tokens for m in linears}
         rows[id(self.forward.lm_head)] = self.config.max_num_seqs  # it only runs on sampling rows
         start = time.perf_counter()
@@ -124,9 +141,11 @@ class ModelRunner:
         try:
             return self._execute(output, seeds)
         finally:
-            # A sampled row also runs the output projection, about 3x a token's other work here.
-            work = output.num_tokens + LM_HEAD_WEIGHT * sum(c.sample for c in output.chunks)
-            self.threads.after_step(time.perf_counter() - start, work)
+            self.threads.after_step(time.perf_counter() - start, self._work(output))
+
+    def _work(self, output: SchedulerOutput) -> float:
+        """The step's compute in token-equivalents (attention over the context left out)."""
+        return output.num_tokens + self.lm_head_weight * sum(c.sample for c in output.chunks)
 
     @torch.inference_mode()
     def _execute(self, output: SchedulerOutput, seeds: Mapping[str, int]) -> dict[str, int]:
@@ -136,6 +155,12 @@ class ModelRunner:
         elif self.device.type != "cpu":
             inputs = to_device(inputs, self.device)
             logits = self.forward(inputs, self.cache, self.attention)
+        elif self.threads is not None:
+            logits = self.threads.forward(
+                lambda: self.forward(inputs, self.cache, self.attention),
+                len(inputs.input_ids),
+                self._work(output),
+            )
         else:
             logits = self.forward(inputs, self.cache, self.attention)
         chunks = inputs.sample_chunks
@@ -146,6 +171,11 @@ class ModelRunner:
         )
         tokens = sample(logits, batch).tolist()
         return {c.seq_id: t for c, t in zip(chunks, tokens, strict=True)}
+
+
+def linears_of(forward: LlamaForward) -> list[Linear]:
+    """The decoder layers' linear layers (the output projection not included)."""
+    return [m for layer in forward.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
 
 
 def to_device(inputs: StepInputs, device: torch.device) -> StepInputs:

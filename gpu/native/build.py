@@ -47,21 +47,23 @@ def _compiler() -> str | None:
 
 
 @cache
-def load(name: str, cache_dir: Path | None = None) -> ctypes.CDLL | None:
-    """The compiled `native/<name>.c`, or None (with the reason logged) when it cannot be built here."""
+def load(name: str, extra_flags: tuple[str, ...] = (), cache_dir: Path | None = None) -> ctypes.CDLL | None:
+    """The compiled `native/<name>.c` (FLAGS plus `extra_flags`), or None (with the reason logged) when it
+    cannot be built here."""
     source = SOURCE_DIR / f"{name}.c"
     compiler = _compiler()
     if compiler is None:
         log.info("native kernel %s: no C compiler found; using the torch path", name)
         return None
     text = source.read_bytes()
-    key = hashlib.sha256(text + repr((FLAGS, compiler, _cpu_identity())).encode()).hexdigest()[:16]
+    flags = (*FLAGS, *extra_flags)
+    key = hashlib.sha256(text + repr((flags, compiler, _cpu_identity())).encode()).hexdigest()[:16]
     # The user's cache first; a temporary directory where the home directory is read-only.
     for directory in (cache_dir or default_cache_dir(), Path(tempfile.gettempdir()) / "inferq-kernels"):
         target = directory / f"{name}-{key}.so"
         try:
             if not target.exists():
-                _compile(compiler, source, target)
+                _compile(compiler, flags, source, target)
             return ctypes.CDLL(str(target))
         except subprocess.SubprocessError as error:
             log.warning("native kernel %s: build failed (%s); using the torch path", name, error)
@@ -72,13 +74,13 @@ def load(name: str, cache_dir: Path | None = None) -> ctypes.CDLL | None:
     return None
 
 
-def _compile(compiler: str, source: Path, target: Path) -> None:
+def _compile(compiler: str, flags: tuple[str, ...], source: Path, target: Path) -> None:
     """Build into a temporary file, then rename: concurrent workers never load a half-written object."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        command = [compiler, *FLAGS, str(source), "-o", partial, "-lm"]
+        command = [compiler, *flags, str(source), "-o", partial, "-lm"]
         result = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
         if result.returncode != 0:
             raise subprocess.SubprocessError(result.stderr.strip()[-2000:])

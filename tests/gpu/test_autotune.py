@@ -7,9 +7,11 @@ import torch
 
 from gpu import autotune
 from gpu.attention.native_decode import NativeDecode
-from gpu.kv_cache import KVShape
+from gpu.forward import rotate
+from gpu.kv_cache import KVCache, KVShape
 from gpu.linear import Linear
 from gpu.native import build
+from gpu.rope_cache import RopeCacheWrite
 
 
 def test_race_times_every_candidate():
@@ -44,17 +46,17 @@ def test_linear_threshold_is_a_measured_row_count_and_results_agree():
 
 def test_kernel_build_falls_back_without_a_compiler(monkeypatch, tmp_path):
     monkeypatch.setattr(build.shutil, "which", lambda name: None)
-    assert build.load.__wrapped__("paged_attention", tmp_path) is None
+    assert build.load.__wrapped__("paged_attention", cache_dir=tmp_path) is None
 
 
 def test_kernel_build_is_cached_by_source_and_cpu(tmp_path):
     if build._compiler() is None:
         pytest.skip("no C compiler here; the fallback is tested above")
-    first = build.load.__wrapped__("paged_attention", tmp_path)
+    first = build.load.__wrapped__("paged_attention", cache_dir=tmp_path)
     assert first is not None and first.inferq_abi_version() == 1
     built = sorted(tmp_path.glob("paged_attention-*.so"))
     assert len(built) == 1
-    build.load.__wrapped__("paged_attention", tmp_path)  # second load: the same file, no rebuild
+    build.load.__wrapped__("paged_attention", cache_dir=tmp_path)  # second load: the same file, no rebuild
     assert sorted(tmp_path.glob("*.so")) == built
 
 
@@ -66,3 +68,37 @@ def test_packed_threshold_is_robust_to_one_noisy_size():
     assert autotune.packed_threshold([(4, 1.0, 1.1), (64, 2.0, 2.5)]) == Linear.NEVER
     # packed loses clearly at the largest size: not chosen for it
     assert autotune.packed_threshold([(4, 1.0, 0.5), (64, 2.0, 3.0)]) == Linear.NEVER
+
+
+@pytest.mark.parametrize(
+    "heads, kv_heads, head_dim, tokens", [(9, 3, 64, 47), (4, 4, 16, 1), (8, 2, 32, 300)]
+)
+def test_fused_rope_write_equals_the_torch_path_bit_for_bit(heads, kv_heads, head_dim, tokens):
+    fused = RopeCacheWrite.load()
+    if fused is None:
+        pytest.skip("no C compiler here")
+    g = torch.Generator().manual_seed(tokens)
+    shape = KVShape(2, kv_heads, head_dim, 4, torch.float32)
+    num_blocks = tokens
+    torch_cache, native_cache = (KVCache(shape, num_blocks, torch.device("cpu")) for _ in range(2))
+    positions = torch.randint(0, 512, (tokens,), generator=g)
+    slots = torch.randperm(num_blocks * shape.block_size, generator=g)[:tokens]
+    angles = torch.rand(512, head_dim, generator=g) * 6.3
+    cos, sin = angles.cos(), angles.sin()
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=g)
+    qk, v = qkv.split(((heads + kv_heads) * head_dim, kv_heads * head_dim), dim=-1)
+    qk, v = qk.view(tokens, heads + kv_heads, head_dim), v.view(tokens, kv_heads, head_dim)
+
+    expected = rotate(qk, cos[positions][:, None], sin[positions][:, None])
+    torch_cache.write(1, slots, expected[:, heads:], v)
+    fused(qk, v, positions, cos, sin, native_cache, 1, slots)  # qk rotated in place
+
+    assert torch.equal(qk, expected)
+    assert torch.equal(native_cache.k, torch_cache.k) and torch.equal(native_cache.v, torch_cache.v)
+
+
+def test_fused_rope_write_choice_is_measured_and_checked():
+    choice = autotune.rope_write_kernel(9, 3, 64, 16, torch.get_num_threads())
+    assert choice in (True, False)
+    if RopeCacheWrite.load() is None:
+        assert choice is False

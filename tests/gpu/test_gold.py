@@ -33,6 +33,11 @@ def kernel(request) -> str:
     return request.param
 
 
+def native(kernel: str) -> dict[str, object]:
+    """Engine options: every native CPU kernel ("native") or none ("torch")."""
+    return {"decode_kernel": kernel, "fused_rope": kernel == "native"}
+
+
 def run_and_check(engine, model, prompts, lens, prefix="r"):
     requests = make_requests(prompts, lens, prefix)
     got = engine.generate(requests)
@@ -44,20 +49,20 @@ def run_and_check(engine, model, prompts, lens, prefix="r"):
 def test_mixed_batch_matches_hf(kernel):
     model = make_model()
     prompts = make_prompts(8, 1, 60)
-    run_and_check(make_engine(model, decode_kernel=kernel), model, prompts, OUTPUT_LENS)
+    run_and_check(make_engine(model, **native(kernel)), model, prompts, OUTPUT_LENS)
 
 
 def test_default_size_model_matches_hf(kernel):
     model = load_model("tiny", "float32", "cpu", seed=0)  # the tiny built-in model, exactly as served
     prompts = make_prompts(4, 5, 40, vocab=32000, seed=1)
-    run_and_check(make_engine(model, decode_kernel=kernel), model, prompts, [12, 4, 9, 6])
+    run_and_check(make_engine(model, **native(kernel)), model, prompts, [12, 4, 9, 6])
 
 
 def test_chunked_prefill_matches_hf(kernel):
     model = make_model()
     prompts = make_prompts(6, 10, 50, seed=2)
     stats = run_and_check(
-        make_engine(model, block_size=4, max_num_batched_tokens=8, decode_kernel=kernel),
+        make_engine(model, block_size=4, max_num_batched_tokens=8, **native(kernel)),
         model,
         prompts,
         OUTPUT_LENS[:6],
@@ -70,7 +75,7 @@ def test_prefix_cache_hits_match_hf(kernel):
     shared = make_prompts(1, 40, 40, seed=3)[0]
     tails = make_prompts(6, 1, 12, seed=4)
     prompts = [shared + t for t in tails]
-    engine = make_engine(model, block_size=8, decode_kernel=kernel)
+    engine = make_engine(model, block_size=8, **native(kernel))
     run_and_check(engine, model, prompts[:3], [10, 5, 8], prefix="a")
     before = engine.stats().prefix_cache_hits
     stats = run_and_check(engine, model, prompts[3:], [6, 9, 4], prefix="b")
@@ -80,7 +85,7 @@ def test_prefix_cache_hits_match_hf(kernel):
 def test_forced_preemption_matches_hf(kernel):
     model = make_model()
     prompts = make_prompts(5, 10, 20, seed=5)
-    engine = make_engine(model, block_size=4, num_blocks=14, max_num_batched_tokens=16, decode_kernel=kernel)
+    engine = make_engine(model, block_size=4, num_blocks=14, max_num_batched_tokens=16, **native(kernel))
     stats = run_and_check(engine, model, prompts, [20, 25, 15, 22, 18])
     assert stats.preemptions > 0
 

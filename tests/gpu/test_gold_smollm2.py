@@ -65,7 +65,7 @@ def test_chat_and_plain_prompts_match_hf(smollm2):
     requests = [
         EngineRequest(f"p{i}", p, greedy(n)) for i, (p, n) in enumerate(zip(prompts, lens, strict=True))
     ]
-    outs = run(make_engine(smollm2), [(0, requests)])
+    outs = run(make_engine(smollm2, fused_rope=True), [(0, requests)])
     check(smollm2, requests, outs)
     answer = "".join(o.text_delta for o in outs["p0"])
     assert answer.startswith("Continuous batching is")  # real English, not noise
