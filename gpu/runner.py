@@ -93,11 +93,10 @@ class ModelRunner:
             if config.tune_linears:
                 self._tune_linears()
         self.threads = ThreadTuner(config.max_num_seqs) if self.device.type == "cpu" else None
-        # A sampled row also runs the output projection: its weight relative to a token's other work.
+        # A sampled row also runs the output projection: its cost relative to a token's pass through every
+        # layer, in weights multiplied (2.4 for the tiny model, 0.27 for SmolLM2).
         layer_weights = sum(m.weight.numel() for m in linears_of(self.forward))
-        self.lm_head_weight = (
-            self.forward.lm_head.weight.numel() * len(self.forward.layers) / max(layer_weights, 1)
-        )
+        self.lm_head_weight = self.forward.lm_head.weight.numel() / max(layer_weights, 1)
 
     def _choose_attention(self) -> PagedAttention:
         shape, heads = self.cache.shape, self.forward.num_heads

@@ -29,6 +29,7 @@ from workers.writes import Rejected
 log = logging.getLogger(__name__)
 
 REASSIGN_WINDOW_S = 60.0  # a partition handed back this soon after its revocation resumes where we left it
+URGENT_ADMISSION_WAIT_S = 0.05  # before a step, the longest wait for a high-priority job's admission
 
 
 def group_id(topic_prefix: str) -> str:
@@ -133,6 +134,8 @@ class Worker:
         if not self.stopping:
             self.dispatch.intake(self.pump.records())
         clock.lap("intake")
+        if not self.dispatch.admitter.blocked:  # (while the database is away nobody waits for it)
+            self.dispatch.admitter.wait_urgent(URGENT_ADMISSION_WAIT_S)
         self.dispatch.admit_pending()
         clock.lap("admission")
         self.dispatch.broadcast(self.pump.broadcast_records())

@@ -1,0 +1,84 @@
+"""The engine loop can wait, briefly, for a high-priority record's admission decision."""
+
+from __future__ import annotations
+
+import threading
+
+from workers.admission import Decision
+from workers.admission_thread import AdmissionThread
+from workers.kafka_io.records import Record
+from workers.store import Admitted
+
+
+class GatedAdmitter:
+    """Decides every pending record once `gate` is set (as a database round trip would, later)."""
+
+    blocked = False
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self._pending: list = []
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def add(self, accepted) -> None:
+        self._pending += accepted
+
+    def drop(self, partitions) -> None:
+        self._pending = [a for a in self._pending if a.record.source not in partitions]
+
+    def run(self, is_held):
+        if not self.gate.is_set():
+            return [], []
+        decided, self._pending = self._pending, []
+        return [Decision(a, Admitted("start", 1)) for a in decided], []
+
+
+class FakeAccepted:
+    def __init__(self, priority: str, offset: int) -> None:
+        self.priority = priority
+        self.record = Record(f"inferq.jobs.{priority}", 0, offset, None, b"{}", 0)
+
+
+def make_thread() -> tuple[AdmissionThread, GatedAdmitter]:
+    admitter = GatedAdmitter()
+    thread = AdmissionThread(admitter, lambda a: False, threading.Event(), tick_s=0.01)
+    thread.start()
+    return thread, admitter
+
+
+def test_nothing_urgent_means_no_wait():
+    thread, admitter = make_thread()
+    try:
+        thread.add([FakeAccepted("low", 1), FakeAccepted("normal", 2)])
+        assert thread.wait_urgent(0.0)  # low and normal records are never waited for
+    finally:
+        admitter.gate.set()
+        thread.close()
+
+
+def test_waits_for_a_high_priority_decision_and_times_out_without_one():
+    thread, admitter = make_thread()
+    try:
+        thread.add([FakeAccepted("high", 7)])
+        assert not thread.wait_urgent(0.05)  # undecided: the loop steps on after the timeout
+        threading.Timer(0.05, admitter.gate.set).start()
+        assert thread.wait_urgent(5.0)
+        decisions, _ = thread.results()
+        assert [d.accepted.record.offset for d in decisions] == [7]
+        assert len(thread) == 0
+    finally:
+        admitter.gate.set()
+        thread.close()
+
+
+def test_a_revoked_partition_releases_the_wait():
+    thread, admitter = make_thread()
+    try:
+        thread.add([FakeAccepted("high", 3)])
+        thread.drop({("inferq.jobs.high", 0)})
+        assert thread.wait_urgent(5.0)
+    finally:
+        admitter.gate.set()
+        thread.close()
