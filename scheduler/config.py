@@ -19,6 +19,10 @@ class SchedulerConfig:
     # Tokens per step at most for a running prefill while better-class work waits (vLLM's
     # long_prefill_token_threshold): None = a quarter of max_num_batched_tokens, 0 = no cap.
     long_prefill_token_threshold: int | None = None
+    # A step that prefills better-class work skips worse-class decodes (never two steps running), so a
+    # high-priority job's first token waits for its own prompt, not for a full batch of low decodes
+    # (TGI likewise pauses decoding to prefill new requests).
+    defer_worse_decodes: bool = True
 
     @property
     def long_prefill_cap(self) -> int:

@@ -54,6 +54,7 @@ class Scheduler:
         self._order = itertools.count()
         self._num_preemptions = 0
         self._prefix_hit_tokens = 0
+        self._deferred_last_step = False
 
     # ---- requests in and out -------------------------------------------------------------------------
 
@@ -115,7 +116,7 @@ class Scheduler:
         self._waiting.promote_aged(now)
         preempted = self._preempt_for_priority(now)
         budget = _TokenBudget(self.config.max_num_batched_tokens)
-        chunks, kv_preempted = self._schedule_running(now, budget)
+        chunks, kv_preempted = self._schedule_running(now, budget, self._decodes_deferred_after())
         preempted += kv_preempted
         if not kv_preempted:  # blocks just ran out: admitting now would only preempt again
             chunks += self._admit_waiting(budget)
@@ -171,10 +172,32 @@ class Scheduler:
             victims += more
         return [victim.seq_id for victim in victims]
 
-    def _schedule_running(self, now: float, budget: _TokenBudget) -> tuple[list[ScheduledChunk], list[str]]:
-        """Give each running sequence its next tokens, best class first; decodes are never crowded out."""
+    def _decodes_deferred_after(self) -> Priority | None:
+        """The class whose prefill this step serves first: decodes of worse classes sit it out (None: no
+        deferral). Never two steps in a row, so worse-class work keeps at least half its decode rate."""
+        if not self.config.defer_worse_decodes or self._deferred_last_step:
+            self._deferred_last_step = False
+            return None
+        head = self._waiting.peek()
+        prefills = [s.queue_class for s in self._running if s.num_uncomputed_tokens > 1]
+        decodes = [s.queue_class for s in self._running if s.num_uncomputed_tokens == 1]
+        if head is not None:
+            prefills.append(head.queue_class)
+        best = min(prefills, default=None)
+        self._deferred_last_step = best is not None and best < max(decodes, default=best)
+        return best if self._deferred_last_step else None
+
+    def _schedule_running(
+        self, now: float, budget: _TokenBudget, deferred_after: Priority | None = None
+    ) -> tuple[list[ScheduledChunk], list[str]]:
+        """Give each running sequence its next tokens, best class first; decodes are never crowded out
+        (only deferred for one step when `deferred_after` says so)."""
         self._running.sort(key=Sequence.sort_key)
-        decodes_left = sum(1 for s in self._running if s.num_uncomputed_tokens == 1)
+
+        def deferred(seq: Sequence) -> bool:
+            return deferred_after is not None and seq.queue_class > deferred_after
+
+        decodes_left = sum(1 for s in self._running if s.num_uncomputed_tokens == 1 and not deferred(s))
         cap = self.config.long_prefill_cap
         chunks: list[ScheduledChunk] = []
         preempted: list[str] = []
@@ -183,6 +206,9 @@ class Scheduler:
             seq = self._running[i]
             uncomputed = seq.num_uncomputed_tokens
             if uncomputed == 1:
+                if deferred(seq):
+                    i += 1
+                    continue
                 decodes_left -= 1
                 n = min(1, budget.left)
             else:  # the rest of a prefill, leaving one token for each decode still to come
@@ -194,7 +220,7 @@ class Scheduler:
                 continue
             while self.kv.allocate(seq, n) is None:
                 victim = self._running[-1]  # lowest class, latest arrival, not yet scheduled
-                if victim is not seq and victim.num_uncomputed_tokens == 1:
+                if victim is not seq and victim.num_uncomputed_tokens == 1 and not deferred(victim):
                     decodes_left -= 1
                 self._preempt(victim, now)
                 preempted.append(victim.seq_id)

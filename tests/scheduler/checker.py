@@ -36,6 +36,7 @@ class Checker:
         # What each KV slot holds, as the fake runner would have written it: (tenant, the token prefix
         # whose last token's K/V is there). A slot is only ever read by a chunk whose own prefix matches.
         self.slots: dict[tuple[int, int], tuple[str, tuple[int, ...]]] = {}
+        self.skipped_decodes: set[str] = set()  # running decodes that got no token in the last step
 
     def run(self) -> None:
         last_arrival = max(a.step for a in self.workload)
@@ -54,8 +55,10 @@ class Checker:
     def step(self, now: int) -> None:
         s = self.scheduler
         was_waiting = {seq.seq_id for seq in s.waiting_sequences()}
+        decoding = {q.seq_id for q in s.running_sequences() if q.num_uncomputed_tokens == 1}
         output = s.schedule(float(now))
         self.check_output(output, now, was_waiting)
+        self.check_decodes_deferred_one_step_at_most(output, decoding)
         self.check_blocks()
         self.check_kv_reads_and_write(output)
         self.check_long_prefill_cap(output, was_waiting)
@@ -101,6 +104,25 @@ class Checker:
             if finished.reason is FinishReason.REJECTED:
                 assert finished.detail and self.never_fits(request)
         self.check_admission_order(output, was_waiting)
+
+    def check_decodes_deferred_one_step_at_most(self, output: SchedulerOutput, decoding: set[str]) -> None:
+        """A running decode sits out a step only for better-class prefill, and never two steps in a row."""
+        s = self.scheduler
+        scheduled = {c.seq_id for c in output.chunks}
+        skipped = {
+            seq_id
+            for seq_id in decoding - scheduled - set(output.preempted)
+            if (seq := s.sequence(seq_id)) is not None and seq.status is SequenceStatus.RUNNING
+        }
+        if skipped:
+            assert self.config.defer_worse_decodes and not skipped & self.skipped_decodes, "decode starved"
+            worst_skipped = min(q.queue_class for q in map(s.sequence, skipped) if q is not None)
+            prefilled = [
+                s.sequence(c.seq_id) for c in output.chunks if len(c.token_ids) > 1 or c.num_generated == 0
+            ]
+            best = min((q.queue_class for q in prefilled if q is not None), default=None)
+            assert best is None or best < worst_skipped, "a decode deferred for no better-class prefill"
+        self.skipped_decodes = skipped
 
     def check_admission_order(self, output: SchedulerOutput, was_waiting: set[str]) -> None:
         """Everyone admitted this step is of a class at least as good as everyone left waiting."""

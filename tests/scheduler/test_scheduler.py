@@ -235,8 +235,8 @@ def test_aging_lets_a_low_request_overtake_a_normal_flood():
     assert low_done <= 12  # about 2 steps per normal request ahead of it; promoted twice by t=10
 
 
-def test_prefill_of_a_better_class_never_crowds_out_decodes():
-    scheduler = make_scheduler(max_num_batched_tokens=8)
+def test_prefill_of_a_better_class_never_crowds_out_decodes_without_deferral():
+    scheduler = make_scheduler(max_num_batched_tokens=8, defer_worse_decodes=False)
     scheduler.add(make_request("low", prompt_len=4, max_tokens=20, priority=Priority.LOW))
     log = RunLog()
     step(scheduler, 0, log)
@@ -244,6 +244,22 @@ def test_prefill_of_a_better_class_never_crowds_out_decodes():
     for now in range(1, 5):
         output = step(scheduler, now, log)
         assert {c.seq_id: len(c.token_ids) for c in output.chunks} == {"low": 1, "high": 7}
+
+
+def test_better_class_prefill_defers_worse_decodes_every_other_step_at_most():
+    scheduler = make_scheduler(max_num_batched_tokens=8)
+    scheduler.add(make_request("low", prompt_len=4, max_tokens=20, priority=Priority.LOW))
+    log = RunLog()
+    step(scheduler, 0, log)
+    scheduler.add(make_request("high", prompt_len=40, max_tokens=2, priority=Priority.HIGH, arrival=1))
+    sizes = [{c.seq_id: len(c.token_ids) for c in step(scheduler, now, log).chunks} for now in range(1, 8)]
+    assert sizes[:6] == [{"high": 8}, {"low": 1, "high": 7}] * 2 + [{"high": 8}, {"low": 1, "high": 2}]
+    assert sizes[6] == {"low": 1, "high": 1}  # high's prompt is done: both decode again
+    same_class = make_scheduler(max_num_batched_tokens=8)
+    same_class.add(make_request("a", prompt_len=4, max_tokens=20))
+    step(same_class, 0, log)
+    same_class.add(make_request("b", prompt_len=40, max_tokens=2, arrival=1))
+    assert {c.seq_id for c in step(same_class, 1, log).chunks} == {"a", "b"}  # no deferral within a class
 
 
 def test_waiting_high_is_admitted_before_earlier_normal_and_low():
