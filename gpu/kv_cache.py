@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
+import math
+import mmap
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 
@@ -52,9 +54,25 @@ class KVCache:
         return k, v
 
 
+HUGE_PAGE = 2 << 20
+
+
 def _zeros(dims: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Zeros; on the CPU from calloc'd memory (numpy), whose pages the OS maps on first write, so a
-    multi-GiB cache costs resident memory only as sequences fill it (torch.zeros writes every page)."""
-    if device.type == "cpu" and dtype == torch.float32:
-        return torch.from_numpy(np.zeros(dims, dtype=np.float32))
-    return torch.zeros(dims, dtype=dtype, device=device)
+    """Zeros; on the CPU from anonymous memory the OS maps on first write, so a multi-GiB cache costs
+    resident memory only as sequences fill it (torch.zeros writes every page).
+
+    The memory asks for transparent huge pages: a new block touches one 4 KiB page per layer, head and K/V
+    (180 page faults for SmolLM2), and a fault cost 27 us on this project's VMs, so first use of each block
+    cost 5 ms, half a second for a 1,024-token prefill step. With 2 MiB pages a fault covers 512 blocks."""
+    if device.type != "cpu":
+        return torch.zeros(dims, dtype=dtype, device=device)
+    count = math.prod(dims)
+    size = count * torch.empty((), dtype=dtype).element_size()
+    memory = mmap.mmap(-1, size + HUGE_PAGE)  # anonymous: zero-filled, mapped lazily
+    if hasattr(mmap, "MADV_HUGEPAGE"):  # Linux; elsewhere plain pages
+        memory.madvise(mmap.MADV_HUGEPAGE)
+    anchor = ctypes.c_char.from_buffer(memory)
+    offset = -ctypes.addressof(anchor) % HUGE_PAGE  # start on a huge-page boundary
+    del anchor
+    # frombuffer keeps the mapping alive as long as the tensor
+    return torch.frombuffer(memory, dtype=dtype, count=count, offset=offset).view(dims)

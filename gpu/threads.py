@@ -4,7 +4,8 @@ Measured on this project's shared 2-core machine: while other processes compete 
 barriers across 2 threads stall whenever one thread is descheduled, and the many small operations of a
 decode step ran 5-20x slower than on one thread; on a quiet machine 2 threads are about twice as fast.
 
-A probe runs one step's forward twice, once per setting, and keeps the faster. Running the same forward
+A probe runs one step's forward twice, once per setting, and keeps the faster (a change of setting must
+win two probes in a row). Running the same forward
 again is harmless (it writes the same K/V to the same slots and returns the same logits) and makes the
 comparison exact: an earlier design compared different steps per unit of work, and a prefill step's
 better efficiency made one thread look faster on a quiet machine, costing 40% of SmolLM2's throughput.
@@ -44,6 +45,7 @@ class ThreadTuner:
         self._restore: int | None = None
         self._baseline = 0.0  # seconds per unit of work of the chosen setting in the last probe
         self._slow_steps = 0
+        self._candidate: int | None = None  # a setting one probe preferred, awaiting confirmation
         self._probed = False  # this step was a probe: its time is not a normal step's
 
     @property
@@ -67,12 +69,20 @@ class ThreadTuner:
         _, one = _timed(1, run)
         out, all_threads = _timed(caller, run)  # second: any cache warmed by the first favours the default
         best = 1 if one < ONE_THREAD_MARGIN * all_threads else caller
-        torch.set_num_threads(best)  # for the rest of the step; after_step restores the caller's
-        self._restore = caller if best != caller else None
-        self.period = min(self.period * 2, MAX_PERIOD) if best == self._chosen else MIN_PERIOD
-        self._chosen = best
-        self._baseline = (one if best == 1 else all_threads) / max(work, 1e-9)
+        current = self._chosen or caller
         self._steps_since_probe = 0
+        if best != current and self._candidate != best:
+            # One sample can be a neighbour's burst: a change needs the next probe (the next small step) too.
+            self._candidate = best
+            self._steps_since_probe = self.period
+        else:
+            self._candidate = None
+            self.period = min(self.period * 2, MAX_PERIOD) if best == self._chosen else MIN_PERIOD
+            self._chosen = best
+            self._baseline = (one if best == 1 else all_threads) / max(work, 1e-9)
+        chosen = self._chosen or caller
+        torch.set_num_threads(chosen)  # for the rest of the step; after_step restores the caller's
+        self._restore = caller if chosen != caller else None
         self._probed = True
         return out
 

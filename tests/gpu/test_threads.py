@@ -56,14 +56,26 @@ def drive(tuner: ThreadTuner, clock: FakeClock, cost: dict[int, float], steps: i
 
 
 @pytest.mark.parametrize(
-    "cost, winner", [({2: 1.0, 1: 1.4}, 2), ({2: 9.0, 1: 1.0}, 1)], ids=["quiet", "busy"]
+    "cost, winner, probes", [({2: 1.0, 1: 1.4}, 2, 1), ({2: 9.0, 1: 1.0}, 1, 2)], ids=["quiet", "busy"]
 )
-def test_keeps_the_faster_setting(two_threads, clock, cost, winner):
+def test_keeps_the_faster_setting(two_threads, clock, cost, winner, probes):
     tuner = ThreadTuner()
     used, calls = drive(tuner, clock, cost, 20)
-    assert calls[0] == 2 and calls[1:] == [1] * 19  # the first step is the probe: the same forward twice
+    # a probe runs the same forward twice; leaving the caller's setting takes two probes in a row
+    assert calls[:probes] == [2] * probes and calls[probes:] == [1] * (20 - probes)
     assert tuner.chosen == winner
-    assert used[1:] == [winner] * 19
+    assert used[probes:] == [winner] * (20 - probes)
+
+
+def test_one_noisy_probe_does_not_change_the_setting(two_threads, clock):
+    tuner = ThreadTuner()
+    drive(tuner, clock, {2: 1.0, 1: 2.0}, 1)
+    assert tuner.chosen == 2
+    tuner._steps_since_probe = tuner.period  # the next step probes, during a neighbour's burst
+    used, calls = drive(tuner, clock, {2: 9.0, 1: 2.0}, 1)
+    assert calls == [2] and tuner.chosen == 2 and used == [2]
+    used, calls = drive(tuner, clock, {2: 1.0, 1: 2.0}, 1)  # the burst is over: the confirmation fails
+    assert calls == [2] and tuner.chosen == 2
 
 
 def test_one_thread_must_win_clearly(two_threads, clock):
@@ -111,5 +123,5 @@ def test_slowdown_between_probes_triggers_a_new_probe(two_threads, clock):
     tuner = ThreadTuner()
     drive(tuner, clock, {2: 1.0, 1: 1.5}, 4 * MIN_PERIOD)
     assert tuner.chosen == 2 and tuner.period > MIN_PERIOD
-    used, calls = drive(tuner, clock, {2: 9.0, 1: 1.5}, 4)  # the machine got busy: 2 threads now stall
+    used, calls = drive(tuner, clock, {2: 9.0, 1: 1.5}, 5)  # the machine got busy: 2 threads now stall
     assert 2 in calls and tuner.chosen == 1 and used[-1] == 1
