@@ -9,6 +9,7 @@ the reference is never chosen.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -94,10 +95,10 @@ def decode_kernel(shape: KVShape, heads: int, batch: int, context: int, threads:
 
 
 @cache
-def packed_min_rows(
+def packed_rows(
     out_features: int, in_features: int, dtype: torch.dtype, max_rows: int, threads: int
-) -> int:
-    """Rows from which the oneDNN-packed weight beats the plain kernel for this shape (NEVER: it does not)."""
+) -> tuple[int, int]:
+    """Rows [from, below) in which the oneDNN-packed weight beats the plain kernel for this shape."""
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(out_features, in_features, generator=generator).to(dtype)
     linear = Linear(weight, None, packed=True)
@@ -108,29 +109,43 @@ def packed_min_rows(
         x = torch.randn(rows, in_features, generator=generator).to(dtype)
         times = race({"plain": lambda x=x: linear.plain(x), "packed": lambda x=x: linear.packed(x)})
         timed.append((rows, times["plain"], times["packed"]))
-    return packed_threshold(timed)
+    return packed_range(timed)
 
 
-def packed_threshold(timed: list[tuple[int, float, float]]) -> int:
-    """The smallest row count at which the packed kernel wins and from which it costs less in total over
-    every larger size measured (one noisy size cannot flip the choice for all larger batches), provided it
-    does not clearly lose at the largest; NEVER if there is none."""
-    for i, (rows, plain_s, packed_s) in enumerate(timed):
-        plain = sum(t[1] for t in timed[i:])
-        packed = sum(t[2] for t in timed[i:])
-        if packed_s < plain_s and packed < plain and timed[-1][2] <= timed[-1][1] * 1.05:
-            return rows
-    return Linear.NEVER
+def packed_range(timed: list[tuple[int, float, float]]) -> tuple[int, int]:
+    """The run of consecutive measured sizes where the packed kernel wins that saves the most time in
+    total, as rows [from, below); its ends lie halfway (geometrically) to the neighbouring sizes, and
+    beyond the largest size measured the choice at the largest holds. NEVER if packed wins nowhere.
+
+    Packed often wins for decode batches and loses for prefill-sized ones (SmolLM2's shapes at 512 rows),
+    so one threshold cannot express the choice; a single noisy size splits a run rather than flipping
+    every larger size."""
+    best, best_saving = None, 0.0
+    start = None
+    for i, (_, plain_s, packed_s) in enumerate([*timed, (0, 0.0, 1.0)]):  # a sentinel loss ends the last run
+        if packed_s < plain_s:
+            start = i if start is None else start
+            continue
+        if start is not None:
+            saving = sum(t[1] - t[2] for t in timed[start:i])
+            if saving > best_saving:
+                best, best_saving = (start, i - 1), saving
+            start = None
+    if best is None:
+        return Linear.NEVER
+    first, last = best
+    rows = [t[0] for t in timed]
+    low = 0 if first == 0 else math.ceil(math.sqrt(rows[first - 1] * rows[first]))
+    high = 1 << 62 if last == len(rows) - 1 else math.ceil(math.sqrt(rows[last] * rows[last + 1]))
+    return low, high
 
 
 def tune_linears(linears: list[Linear], max_rows: dict[int, int], threads: int) -> None:
-    """Set each linear's packed-from row count by measurement (shapes shared by many layers measure once)."""
+    """Set each linear's packed row range by measurement (shapes shared by many layers measure once)."""
     for linear in linears:
         out_features, in_features = linear.weight.shape
         rows = max_rows.get(id(linear), max(LINEAR_ROWS))
-        linear.min_packed_rows = packed_min_rows(
-            out_features, in_features, linear.weight.dtype, rows, threads
-        )
+        linear.packed_rows = packed_rows(out_features, in_features, linear.weight.dtype, rows, threads)
 
 
 @cache

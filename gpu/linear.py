@@ -2,8 +2,9 @@
 
 At this project's shapes (hidden 256, 16-512 rows) `F.linear` runs far below the CPU's peak; oneDNN with a
 weight reordered once into its blocked layout was 1.5-3x faster (see shared/notes/cpu-forward.md). For a
-handful of rows the plain kernel has less overhead, so both are kept, and the row count from which the
-packed one is used is measured per shape at engine start (gpu/autotune.py). Results agree to rounding.
+single row, and for SmolLM2's prefill-sized batches, the plain kernel was faster, so both are kept, and the
+range of row counts in which the packed one is used is measured per shape at engine start
+(gpu/autotune.py). Results agree to rounding.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 PACK_BATCH_HINT = 64  # rows the packed layout is tuned for (a full decode batch)
-MIN_PACKED_ROWS = 8  # below this the plain kernel was faster (a default until measured)
+PACKED_ROWS = (8, 1 << 62)  # [from, below): rows that use the packed kernel (a default until measured)
 
 
 def _packing_available(weight: torch.Tensor) -> bool:
@@ -26,14 +27,14 @@ def _packing_available(weight: torch.Tensor) -> bool:
 
 
 class Linear:
-    NEVER = 1 << 62  # min_packed_rows that keeps the plain kernel for every batch
+    NEVER = (0, 0)  # packed_rows that keep the plain kernel for every batch
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool = True) -> None:
         self.weight = weight.contiguous()
         self.bias = bias.contiguous() if bias is not None else None
         self.out_features = weight.shape[0]
         self.packed_weight: torch.Tensor | None = None
-        self.min_packed_rows = MIN_PACKED_ROWS  # until measured
+        self.packed_rows = PACKED_ROWS  # until measured
         if packed and _packing_available(weight):
             try:
                 self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, PACK_BATCH_HINT)
@@ -41,7 +42,8 @@ class Linear:
                 self.packed_weight = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed_weight is not None and x.shape[0] >= self.min_packed_rows:
+        low, high = self.packed_rows
+        if self.packed_weight is not None and low <= x.shape[0] < high:
             return self.packed(x)
         return self.plain(x)
 

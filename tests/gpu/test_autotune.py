@@ -35,9 +35,9 @@ def test_decode_kernel_choice_is_a_kernel_that_runs_here():
     assert autotune.decode_kernel(bf16, 4, 8, 40, torch.get_num_threads()) == "torch"
 
 
-def test_linear_threshold_is_a_measured_row_count_and_results_agree():
-    threshold = autotune.packed_min_rows(96, 64, torch.float32, 64, torch.get_num_threads())
-    assert threshold in (*autotune.LINEAR_ROWS, Linear.NEVER)
+def test_linear_packed_range_is_measured_and_results_agree():
+    low, high = autotune.packed_rows(96, 64, torch.float32, 64, torch.get_num_threads())
+    assert (low, high) == Linear.NEVER or 0 <= low < high
     linear = Linear(torch.randn(96, 64), torch.randn(96))
     x = torch.randn(16, 64)
     if linear.packed_weight is not None:
@@ -60,14 +60,37 @@ def test_kernel_build_is_cached_by_source_and_cpu(tmp_path):
     assert sorted(tmp_path.glob("*.so")) == built
 
 
-def test_packed_threshold_is_robust_to_one_noisy_size():
-    # packed wins everywhere from 16 rows but one noisy measurement at 64: still packed from 16
-    timed = [(4, 1.0, 1.2), (16, 2.0, 1.5), (64, 3.0, 3.1), (256, 9.0, 6.0)]
-    assert autotune.packed_threshold(timed) == 16
+def test_packed_range_covers_the_sizes_where_packed_wins():
+    # SmolLM2's qkv here: packed wins for decode batches, loses at one row and for prefill-sized batches
+    timed = [
+        (1, 1.0, 1.1),
+        (4, 1.9, 1.1),
+        (16, 3.0, 2.1),
+        (64, 5.9, 5.1),
+        (256, 19.4, 19.0),
+        (512, 33.0, 34.8),
+    ]
+    assert autotune.packed_range(timed) == (2, 363)  # halfway (geometrically) to 1 and to 512 rows
+    # packed wins from 16 rows on: the range is open above
+    assert autotune.packed_range([(4, 1.0, 1.2), (16, 2.0, 1.5), (64, 3.0, 2.0)]) == (8, 1 << 62)
+    # one noisy size splits the run; the run saving the most wins
+    timed = [(4, 1.0, 0.9), (16, 2.0, 1.0), (64, 3.0, 3.1), (256, 9.0, 8.9)]
+    assert autotune.packed_range(timed) == (0, 32)
     # plain wins at every size: never packed
-    assert autotune.packed_threshold([(4, 1.0, 1.1), (64, 2.0, 2.5)]) == Linear.NEVER
-    # packed loses clearly at the largest size: not chosen for it
-    assert autotune.packed_threshold([(4, 1.0, 0.5), (64, 2.0, 3.0)]) == Linear.NEVER
+    assert autotune.packed_range([(4, 1.0, 1.1), (64, 2.0, 2.5)]) == Linear.NEVER
+
+
+def test_linear_uses_the_packed_kernel_only_inside_its_range():
+    linear = Linear(torch.randn(32, 16), None)
+    if linear.packed_weight is None:
+        pytest.skip("no oneDNN here")
+    calls = []
+    linear.plain = lambda x: calls.append("plain") or x  # type: ignore[method-assign]
+    linear.packed = lambda x: calls.append("packed") or x  # type: ignore[method-assign]
+    linear.packed_rows = (2, 64)
+    for rows in (1, 2, 63, 64):
+        linear(torch.zeros(rows, 16))
+    assert calls == ["plain", "packed", "packed", "plain"]
 
 
 @pytest.mark.parametrize(
