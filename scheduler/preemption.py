@@ -1,4 +1,5 @@
-"""Which running sequences give way to better-class waiting work: for seats, and for KV blocks.
+"""Which running sequences give way to better-class work: seats and KV blocks for waiting work, and a
+step's decode token for a better-class prefill.
 
 Pure choices: these functions pick victims (worst class first, latest arrival first within a class);
 the scheduler preempts them. Nothing is preempted unless it lets the better-class work in.
@@ -10,6 +11,7 @@ from collections.abc import Sequence as Seq
 
 from scheduler.kv_manager import KVCacheManager
 from scheduler.sequence import Sequence
+from scheduler.types import Priority
 from scheduler.waiting_queue import WaitingQueue
 
 
@@ -58,3 +60,16 @@ def block_victims(
         victims.append(victim)
         free += kv.exclusive_blocks(victim)
     return victims if victims and free >= need else []
+
+
+def decodes_deferred_after(waiting_head: Sequence | None, running: Seq[Sequence]) -> Priority | None:
+    """The best class with a prompt to prefill (the waiting head, or a running prefill) when it is better
+    than some running decode's class: decodes worse than it may sit out one step. None otherwise."""
+    prefills = [s.queue_class for s in running if s.num_uncomputed_tokens > 1]
+    decodes = [s.queue_class for s in running if s.num_uncomputed_tokens == 1]
+    if waiting_head is not None:
+        prefills.append(waiting_head.queue_class)
+    if not prefills or not decodes:
+        return None
+    best = min(prefills)
+    return best if best < max(decodes) else None

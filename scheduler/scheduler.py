@@ -13,13 +13,14 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from scheduler.budget import TokenBudget
 from scheduler.config import SchedulerConfig
 from scheduler.deadlines import DeadlineHeap
 from scheduler.fairness import TenantLedger
 from scheduler.kv_manager import KVCacheManager
 from scheduler.limits import check_config, stop_reason, why_never_fits
 from scheduler.output import FinishedSequence, ScheduledChunk, SchedulerOutput, TokenUpdate
-from scheduler.preemption import block_victims, seat_victims
+from scheduler.preemption import block_victims, decodes_deferred_after, seat_victims
 from scheduler.sequence import Sequence, SequenceStatus
 from scheduler.types import FinishReason, Priority, SequenceRequest
 from scheduler.waiting_queue import WaitingQueue
@@ -115,7 +116,7 @@ class Scheduler:
         finished += self._expire(now)
         self._waiting.promote_aged(now)
         preempted = self._preempt_for_priority(now)
-        budget = _TokenBudget(self.config.max_num_batched_tokens)
+        budget = TokenBudget(self.config.max_num_batched_tokens)
         chunks, kv_preempted = self._schedule_running(now, budget, self._decodes_deferred_after())
         preempted += kv_preempted
         if not kv_preempted:  # blocks just ran out: admitting now would only preempt again
@@ -173,22 +174,19 @@ class Scheduler:
         return [victim.seq_id for victim in victims]
 
     def _decodes_deferred_after(self) -> Priority | None:
-        """The class whose prefill this step serves first: decodes of worse classes sit it out (None: no
-        deferral). Never two steps in a row, so worse-class work keeps at least half its decode rate."""
+        """The class whose prefill this step serves first (worse-class decodes sit it out), or None.
+        Never two steps in a row, so worse-class work keeps at least half its decode rate."""
         if not self.config.defer_worse_decodes or self._deferred_last_step:
             self._deferred_last_step = False
             return None
-        head = self._waiting.peek()
-        prefills = [s.queue_class for s in self._running if s.num_uncomputed_tokens > 1]
-        decodes = [s.queue_class for s in self._running if s.num_uncomputed_tokens == 1]
-        if head is not None:
-            prefills.append(head.queue_class)
-        best = min(prefills, default=None)
-        self._deferred_last_step = best is not None and best < max(decodes, default=best)
-        return best if self._deferred_last_step else None
+        seat_free = len(self._running) < self.config.max_num_seqs  # else the head cannot start this step
+        head = self._waiting.peek() if seat_free else None
+        deferred_after = decodes_deferred_after(head, self._running)
+        self._deferred_last_step = deferred_after is not None
+        return deferred_after
 
     def _schedule_running(
-        self, now: float, budget: _TokenBudget, deferred_after: Priority | None = None
+        self, now: float, budget: TokenBudget, deferred_after: Priority | None = None
     ) -> tuple[list[ScheduledChunk], list[str]]:
         """Give each running sequence its next tokens, best class first; decodes are never crowded out
         (only deferred for one step when `deferred_after` says so)."""
@@ -231,7 +229,7 @@ class Scheduler:
                 i += 1
         return chunks, preempted
 
-    def _admit_waiting(self, budget: _TokenBudget) -> list[ScheduledChunk]:
+    def _admit_waiting(self, budget: TokenBudget) -> list[ScheduledChunk]:
         """Admit in queue order while tokens, seats and blocks allow; stop at the first that does not fit."""
         chunks = []
         while budget.left > 0 and len(self._running) < self.config.max_num_seqs:
@@ -250,7 +248,7 @@ class Scheduler:
             chunks.append(self._chunk(seq, n, budget))
         return chunks
 
-    def _chunk(self, seq: Sequence, n: int, budget: _TokenBudget) -> ScheduledChunk:
+    def _chunk(self, seq: Sequence, n: int, budget: TokenBudget) -> ScheduledChunk:
         start = seq.num_computed_tokens
         budget.take(n)
         self._ledger.charge(seq.tenant, n)
@@ -289,21 +287,6 @@ class Scheduler:
         self._deadlines.discard(seq)
         self._ledger.leave(seq.tenant)
         return FinishedSequence(seq.seq_id, reason, detail)
-
-
-class _TokenBudget:
-    """Tokens left in this step."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-    @property
-    def left(self) -> int:
-        return self.limit - self.used
-
-    def take(self, n: int) -> None:
-        self.used += n
 
 
 def _is_prefill(chunk: ScheduledChunk) -> bool:

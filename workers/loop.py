@@ -11,6 +11,7 @@ from datetime import datetime
 from gpu.engine import Engine, EngineStats, RequestOutput
 from schemas.jobs import TokenEvent
 from schemas.validation import Limits
+from workers.dead_letter import dead_letter_message
 from workers.dispatch import Dispatcher
 from workers.event_sender import Sent, TokenEventSender
 from workers.failpoints import step_error_if
@@ -189,19 +190,8 @@ class Worker:
 
     def _dead_letter(self, r: Rejected) -> Delivery:
         """The record as it came (cut to what the broker accepts), with why it was refused in headers."""
-        rec, limit = r.record, self.options.limits.dlq_max_bytes
-        value = rec.value or b""
-        headers = [
-            ("source_topic", rec.topic.encode()),
-            ("source_partition", str(rec.partition).encode()),
-            ("source_offset", str(rec.offset).encode()),
-            ("error", r.error.encode()[:4000]),
-            ("reason", r.reason.encode()),
-            ("original_size", str(len(value)).encode()),
-            ("truncated", b"true" if len(value) > limit else b"false"),
-        ]
-        key = rec.key[:4096] if rec.key else rec.key
-        return self.producer.send(self.settings.topics.dlq, key, value[:limit], headers)
+        key, value, headers = dead_letter_message(r, self.options.limits.dlq_max_bytes)
+        return self.producer.send(self.settings.topics.dlq, key, value, headers)
 
     # ---- group, offsets, flow control ------------------------------------------------------
     def _handle_rebalances(self) -> None:

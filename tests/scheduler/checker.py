@@ -58,7 +58,7 @@ class Checker:
         decoding = {q.seq_id for q in s.running_sequences() if q.num_uncomputed_tokens == 1}
         output = s.schedule(float(now))
         self.check_output(output, now, was_waiting)
-        self.check_decodes_deferred_one_step_at_most(output, decoding)
+        self.check_decodes_deferred_one_step_at_most(output, decoding, was_waiting)
         self.check_blocks()
         self.check_kv_reads_and_write(output)
         self.check_long_prefill_cap(output, was_waiting)
@@ -105,24 +105,27 @@ class Checker:
                 assert finished.detail and self.never_fits(request)
         self.check_admission_order(output, was_waiting)
 
-    def check_decodes_deferred_one_step_at_most(self, output: SchedulerOutput, decoding: set[str]) -> None:
-        """A running decode sits out a step only for better-class prefill, and never two steps in a row."""
+    def check_decodes_deferred_one_step_at_most(
+        self, output: SchedulerOutput, decoding: set[str], was_waiting: set[str]
+    ) -> None:
+        """A running decode sits out a step only while better-class work waits or prefills, and never two
+        steps in a row."""
         s = self.scheduler
         scheduled = {c.seq_id for c in output.chunks}
-        skipped = {
-            seq_id
+        skipped = [
+            seq
             for seq_id in decoding - scheduled - set(output.preempted)
             if (seq := s.sequence(seq_id)) is not None and seq.status is SequenceStatus.RUNNING
-        }
+        ]
         if skipped:
-            assert self.config.defer_worse_decodes and not skipped & self.skipped_decodes, "decode starved"
-            worst_skipped = min(q.queue_class for q in map(s.sequence, skipped) if q is not None)
-            prefilled = [
-                s.sequence(c.seq_id) for c in output.chunks if len(c.token_ids) > 1 or c.num_generated == 0
-            ]
-            best = min((q.queue_class for q in prefilled if q is not None), default=None)
-            assert best is None or best < worst_skipped, "a decode deferred for no better-class prefill"
-        self.skipped_decodes = skipped
+            assert self.config.defer_worse_decodes, "a decode got no token"
+            assert not {q.seq_id for q in skipped} & self.skipped_decodes, (
+                "a decode deferred two steps in a row"
+            )
+            prefilled = [c.seq_id for c in output.chunks if len(c.token_ids) > 1 or c.num_generated == 0]
+            better = [q.queue_class for q in map(s.sequence, [*prefilled, *was_waiting]) if q is not None]
+            assert better and min(better) < min(q.queue_class for q in skipped), "deferred for nothing better"
+        self.skipped_decodes = {q.seq_id for q in skipped}
 
     def check_admission_order(self, output: SchedulerOutput, was_waiting: set[str]) -> None:
         """Everyone admitted this step is of a class at least as good as everyone left waiting."""
