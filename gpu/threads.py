@@ -5,10 +5,10 @@ barriers across 2 threads stall whenever one thread is descheduled, and the many
 decode step ran 5-20x slower than on one thread; on a quiet machine 2 threads are about twice as fast.
 
 A probe runs one step's forward twice, once per setting, and keeps the faster (a change of setting must
-win two probes in a row). Running the same forward
-again is harmless (it writes the same K/V to the same slots and returns the same logits) and makes the
-comparison exact: an earlier design compared different steps per unit of work, and a prefill step's
-better efficiency made one thread look faster on a quiet machine, costing 40% of SmolLM2's throughput.
+win two probes in a row). Running the same forward again is harmless (it writes the same K/V to the same
+slots and returns the same logits) and makes the comparison exact: an earlier design compared different
+steps per unit of work, and a prefill step's better efficiency made one thread look faster on a quiet
+machine, costing 40% of SmolLM2's throughput.
 Probes use small steps only (a decode batch), so each costs about one extra step at the slower setting;
 they are spaced further apart while the choice holds, and come sooner when steps turn much slower than
 the probe measured (the load changed).
