@@ -134,20 +134,21 @@ class ModelRunner:
     def execute(self, output: SchedulerOutput, seeds: Mapping[str, int]) -> dict[str, int]:
         """Run every scheduled token through the model and sample for the chunks that ask for it."""
         if self.threads is None:
-            return self._execute(output, seeds)
+            return self._execute(output, seeds, 0.0)
+        work = self._work(output)
         self.threads.before_step()
         start = time.perf_counter()
         try:
-            return self._execute(output, seeds)
+            return self._execute(output, seeds, work)
         finally:
-            self.threads.after_step(time.perf_counter() - start, self._work(output))
+            self.threads.after_step(time.perf_counter() - start, work)
 
     def _work(self, output: SchedulerOutput) -> float:
         """The step's compute in token-equivalents (attention over the context left out)."""
         return output.num_tokens + self.lm_head_weight * sum(c.sample for c in output.chunks)
 
     @torch.inference_mode()
-    def _execute(self, output: SchedulerOutput, seeds: Mapping[str, int]) -> dict[str, int]:
+    def _execute(self, output: SchedulerOutput, seeds: Mapping[str, int], work: float) -> dict[str, int]:
         inputs = self.inputs.build(output)
         if self.cuda_step is not None:
             logits = self.cuda_step.logits(inputs)
@@ -158,7 +159,7 @@ class ModelRunner:
             logits = self.threads.forward(
                 lambda: self.forward(inputs, self.cache, self.attention),
                 len(inputs.input_ids),
-                self._work(output),
+                work,
             )
         else:
             logits = self.forward(inputs, self.cache, self.attention)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from workers.admission import Decision
 from workers.admission_thread import AdmissionThread
 from workers.kafka_io.records import Record
@@ -41,44 +43,36 @@ class FakeAccepted:
         self.record = Record(f"inferq.jobs.{priority}", 0, offset, None, b"{}", 0)
 
 
-def make_thread() -> tuple[AdmissionThread, GatedAdmitter]:
+@pytest.fixture
+def admission():
+    """A running admission thread over a gated admitter; the gate opens and the thread stops at the end."""
     admitter = GatedAdmitter()
     thread = AdmissionThread(admitter, lambda a: False, threading.Event(), tick_s=0.01)
     thread.start()
-    return thread, admitter
+    yield thread, admitter
+    admitter.gate.set()
+    thread.close()
 
 
-def test_nothing_urgent_means_no_wait():
-    thread, admitter = make_thread()
-    try:
-        thread.add([FakeAccepted("low", 1), FakeAccepted("normal", 2)])
-        assert thread.wait_urgent(0.0)  # low and normal records are never waited for
-    finally:
-        admitter.gate.set()
-        thread.close()
+def test_nothing_urgent_means_no_wait(admission):
+    thread, _ = admission
+    thread.add([FakeAccepted("low", 1), FakeAccepted("normal", 2)])
+    assert thread.wait_urgent(0.0)  # low and normal records are never waited for
 
 
-def test_waits_for_a_high_priority_decision_and_times_out_without_one():
-    thread, admitter = make_thread()
-    try:
-        thread.add([FakeAccepted("high", 7)])
-        assert not thread.wait_urgent(0.05)  # undecided: the loop steps on after the timeout
-        threading.Timer(0.05, admitter.gate.set).start()
-        assert thread.wait_urgent(5.0)
-        decisions, _ = thread.results()
-        assert [d.accepted.record.offset for d in decisions] == [7]
-        assert len(thread) == 0
-    finally:
-        admitter.gate.set()
-        thread.close()
+def test_waits_for_a_high_priority_decision_and_times_out_without_one(admission):
+    thread, admitter = admission
+    thread.add([FakeAccepted("high", 7)])
+    assert not thread.wait_urgent(0.05)  # undecided: the loop steps on after the timeout
+    threading.Timer(0.05, admitter.gate.set).start()
+    assert thread.wait_urgent(5.0)
+    decisions, _ = thread.results()
+    assert [d.accepted.record.offset for d in decisions] == [7]
+    assert len(thread) == 0
 
 
-def test_a_revoked_partition_releases_the_wait():
-    thread, admitter = make_thread()
-    try:
-        thread.add([FakeAccepted("high", 3)])
-        thread.drop({("inferq.jobs.high", 0)})
-        assert thread.wait_urgent(5.0)
-    finally:
-        admitter.gate.set()
-        thread.close()
+def test_a_revoked_partition_releases_the_wait(admission):
+    thread, _ = admission
+    thread.add([FakeAccepted("high", 3)])
+    thread.drop({("inferq.jobs.high", 0)})
+    assert thread.wait_urgent(5.0)
