@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from workers.kafka_io import Delivery
@@ -25,6 +25,8 @@ def deliver(
     keep: Callable[[list[str]], set[str]] | None = None,
     delivered: Callable[[list[str]], None] = lambda names: None,
     round_s: float = 5.0,
+    landed: Callable[[list[str]], set[str]] | None = None,
+    unsure: Iterable[str] = (),
 ) -> None:
     """Send every message and wait for the broker; resend only those that failed.
 
@@ -32,8 +34,15 @@ def deliver(
     Before each round, `keep` says which messages are still this worker's to send (a publish lease it
     renews); after each round, `delivered` hears which ones the broker has. Transient failures retry
     with backoff for as long as it takes; a message the broker can never take is logged and dropped.
+
+    With `landed` (which of these names already have a message in the topic; raises when the broker
+    cannot say), a message that may have reached the broker is looked for before it is sent again: one
+    whose send failed after it left (the broker may have written it and lost only its answer), and
+    those named in `unsure` (e.g. a result another worker may have published before it died). One
+    found there counts as delivered; while the lookup fails, nothing doubtful is sent.
     """
     pending, on_way = dict(sends), {}
+    doubtful = set(unsure) & set(sends) if landed is not None else set()
     backoff = Backoff()
     while pending:
         if keep is not None:
@@ -41,9 +50,23 @@ def deliver(
             for name in [n for n in pending if n not in ours]:  # taken over (our lease lapsed) or done
                 pending.pop(name)
                 on_way.pop(name, None)
+                doubtful.discard(name)
+        done: list[str] = []
         error: BaseException | None = None
+        if doubtful and landed is not None:
+            try:
+                found = landed(sorted(doubtful))
+            except Exception as exc:  # noqa: BLE001 - the broker cannot say yet: send none of them
+                error = exc
+            else:
+                done += [name for name in doubtful if name in found]
+                if done:
+                    log.info("%d %s already in the topic: not sent again", len(done), what)
+                doubtful.clear()
+        for name in done:
+            pending.pop(name)
         for name, send in list(pending.items()):
-            if name not in on_way:
+            if name not in on_way and name not in doubtful:
                 try:
                     on_way[name] = send()
                 except Exception as exc:  # noqa: BLE001 - e.g. the buffer is full while the broker is away
@@ -54,15 +77,17 @@ def deliver(
                         pending.pop(name)
                     error = exc
         deadline = time.monotonic() + round_s
-        done = []
         for name, delivery in list(on_way.items()):
             if not delivery.settle(max(0.0, deadline - time.monotonic())):
                 continue  # still on its way: wait for it next round, never send it twice
             del on_way[name]
             if delivery.error is None:
                 done.append(name)
+                pending.pop(name)
             elif is_transient(delivery.error):
                 error = delivery.error
+                if landed is not None:
+                    doubtful.add(name)
             else:
                 log.error(
                     "%s for job %s can never be sent (%s); dropped",
@@ -71,8 +96,6 @@ def deliver(
                     describe_error(delivery.error),
                 )
                 pending.pop(name)
-        for name in done:
-            pending.pop(name)
         if done:
             delivered(done)
             backoff.reset()

@@ -16,7 +16,7 @@ from workers.dispatch import Dispatcher
 from workers.event_sender import Sent, TokenEventSender
 from workers.failpoints import step_error_if
 from workers.inflight import utcnow
-from workers.kafka_io import BroadcastReader, Delivery, GroupConsumer, Partition, Producer
+from workers.kafka_io import BroadcastReader, Delivery, GroupConsumer, KeyLookup, Partition, Producer
 from workers.loop_clock import LoopClock
 from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
@@ -83,6 +83,7 @@ class Worker:
             topics,
             options.worker_id,
             dead_letter=self._dead_letter,
+            published=KeyLookup(conn, cid + "-lookup"),
             in_flight=lambda: self._in_flight,
             failpoint=settings.failpoint,
         )

@@ -3,9 +3,11 @@
 The worker that wrote a terminal row holds a lease on publishing its result (`publisher`,
 `publish_lease_until`) and renews it before every try, so however long the broker is away, nobody else
 publishes that result while the writer lives; a worker that re-reads the job takes it over only once the
-lease has lapsed (the writer died). Results are always built from the stored row, so a result published
-twice (the one window left: a writer killed after the broker took the result and before `published_at`
-was committed, and a take-over after its lease) is byte-for-byte the same message: drop it by job_id.
+lease has lapsed (the writer died). A result that may be out already (a take-over: the writer may have
+died after the broker took it, before `published_at` was committed; or a send that failed after it left)
+is looked for in the results topic first, from its row's `finished_at`, and sent only if it is not there.
+Results are always built from the stored row, so in the one window left (a lookup that misses a send
+the broker writes only afterwards) a second copy is byte-for-byte the same message.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def result_from_row(row: Row) -> JobResult:
     )
 
 
+LOOK_SLACK_MS = 60_000  # a result's Kafka timestamp may precede its row's finished_at by clock skew
 LEASE_S = 30.0  # longer than one publish round (5 s) plus the backoff between rounds (at most 5 s)
 
 
@@ -107,3 +110,13 @@ def mark_published(conn: Connection, job_ids: Sequence[str], worker_id: str, now
 def count_unpublished(conn: Connection) -> int:
     query = select(func.count()).where(jobs.c.status.in_(TERMINAL_STATUSES), jobs.c.published_at.is_(None))
     return int(conn.execute(query).scalar_one())
+
+
+def look_since_ms(job_ids: list[str], finished: dict[str, datetime | None]) -> dict[str, int]:
+    """From when to look for each job's result: its row's finish (the result was sent after it), less
+    a minute for the clocks of the worker that wrote the row and of the one that sent the result."""
+    out = {}
+    for job_id in job_ids:
+        at = finished.get(job_id)
+        out[job_id] = max(0, int(at.timestamp() * 1000) - LOOK_SLACK_MS) if at is not None else 0
+    return out

@@ -26,8 +26,15 @@ from schemas.topics import Topics
 from workers.deliveries import await_stream_ends, deliver, describe_item
 from workers.failpoints import crash_if
 from workers.inflight import utcnow
-from workers.kafka_io import Delivery, Producer
-from workers.outbox import LEASE_S, count_unpublished, mark_published, renew, result_from_row
+from workers.kafka_io import Delivery, KeyLookup, Producer
+from workers.outbox import (
+    LEASE_S,
+    count_unpublished,
+    look_since_ms,
+    mark_published,
+    renew,
+    result_from_row,
+)
 from workers.retry import Backoff, describe_error, retry_transient
 from workers.store import cancel_requested
 from workers.writes import Rejected, Source, Stored, WriteContext, WriteItem
@@ -36,7 +43,8 @@ log = logging.getLogger(__name__)
 
 CANCEL_WATCH_S = 2.0  # how often recorded cancels of this worker's in-flight jobs are looked up
 UNPUBLISHED_COUNT_S = 30.0
-STREAM_END_WAIT_S = 10.0  # at most, per batch, for the broker to confirm jobs' last token events
+STREAM_END_WAIT_S = 10.0
+LOOKUP_SLACK_MS = 60_000  # at most, per batch, for the broker to confirm jobs' last token events
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,7 @@ class Persister:
         topics: Topics,
         worker_id: str,
         dead_letter: Callable[[Rejected], Delivery],
+        published: KeyLookup,
         in_flight: Callable[[], Sequence[str]] = tuple,
         failpoint: str = "",
     ) -> None:
@@ -62,6 +71,7 @@ class Persister:
         self._topics = topics
         self._worker_id = worker_id
         self._dead_letter = dead_letter
+        self._published = published  # finds results already in the topic, before one is sent again
         self._in_flight = in_flight
         self._failpoint = failpoint  # tests only: die at a chosen point of a batch (see _crash_if)
         self._inbox: queue.Queue[tuple[float, list[WriteItem]] | None] = queue.Queue()
@@ -109,6 +119,8 @@ class Persister:
         """Write everything submitted so far, then stop."""
         self._inbox.put(None)
         self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self._published.close()
 
     # ---- persister thread ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -175,11 +187,14 @@ class Persister:
         self._crash_if("crash-before-publish", stored)
         deliver("results", {r.job_id: lambda r=r: self._send_result(r) for r in stored.direct})
         results = {row.job_id: result_from_row(row) for row in stored.outbox}
+        finished = {row.job_id: row.finished_at for row in stored.outbox}
         deliver(
             "results",
             {job_id: lambda r=r: self._send_result(r) for job_id, r in results.items()},
             keep=lambda ids: self._retry("renewing publish leases", lambda: self._in_tx(self._renew(ids))),
             delivered=lambda ids: self._mark_published(ids, stored),
+            landed=lambda ids: self._published.present(self._topics.results, look_since_ms(ids, finished)),
+            unsure=stored.unsure,
         )
         self.written += len(items)
         deferred = {id(item) for item in stored.deferred}

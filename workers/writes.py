@@ -34,11 +34,13 @@ class Stored:
     outbox: list[Row] = field(default_factory=list)  # publish (this worker holds the lease), then mark
     direct: list[JobResult] = field(default_factory=list)  # publish only (there is no row of ours)
     deferred: list[Any] = field(default_factory=list)  # items to try again later (not acked meanwhile)
+    unsure: set[str] = field(default_factory=set)  # outbox job_ids whose result may be out already
 
     def __iadd__(self, other: Stored) -> Stored:
         self.outbox += other.outbox
         self.direct += other.direct
         self.deferred += other.deferred
+        self.unsure |= other.unsure
         return self
 
 
@@ -186,6 +188,6 @@ class Republish(_NoFallback):
 
     def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
         state, row = take_over(conn, self.job_id, ctx.worker_id, ctx.now)
-        if state == "taken":
-            return Stored(outbox=[row])
+        if state == "taken":  # its publisher may have died after the broker took the result
+            return Stored(outbox=[row], unsure={self.job_id})
         return Stored(deferred=[self]) if state == "held" else Stored()

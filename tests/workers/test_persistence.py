@@ -8,14 +8,14 @@ import uuid
 from datetime import UTC, datetime
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, select
 
 from schemas.tables import jobs
 from tests.workers.worker_factories import job_rows, make_deployment, now_ms, results_by_job, wait_until
 from workers.admission import Admitter
 from workers.intake import Accepted
-from workers.kafka_io import Producer, Record
-from workers.outbox import claim
+from workers.kafka_io import KeyLookup, Producer, Record
+from workers.outbox import claim, result_from_row
 from workers.persister import Persister
 from workers.store import Terminal, finish, make_engine
 from workers.writes import CancelRequested, Concluded, Rejected, Republish
@@ -47,7 +47,8 @@ def _persister(dep, db, producer) -> Persister:
             dep.topics.dlq, r.record.key, r.record.value or b"", [("reason", r.reason.encode())]
         )
 
-    p = Persister(db, producer, dep.topics, "w-test", dead_letter=dead_letter)
+    published = KeyLookup(dep.kafka_connection, "inferq-test-lookup")
+    p = Persister(db, producer, dep.topics, "w-test", dead_letter=dead_letter, published=published)
     p.start()
     return p
 
@@ -190,3 +191,30 @@ def test_a_live_publishers_result_is_not_published_by_another_worker(env):
     row = job_rows(db, [f"{base}-1"])[f"{base}-1"]
     assert row["published_at"] is not None and row["publisher"] == "w-test"
     assert len(results_by_job(dep, since, 1)[f"{base}-1"]) == 1
+
+
+def test_a_result_its_dead_publisher_got_out_is_not_published_again(env):
+    """The worker died after the broker took its result and before it set `published_at`: the worker
+    that takes the job over finds the result in the topic, marks the row, and sends nothing."""
+    dep, db, producer = env
+    since = now_ms()
+    base = f"landed-{uuid.uuid4().hex[:8]}"
+    admitter = Admitter(db, "w-dead")
+    admitter.add([_accepted(dep, f"{base}-1", offset=50), _accepted(dep, f"{base}-2", offset=51)])
+    admitter.run(lambda a: False)
+    now = datetime.now(UTC)
+    values = {"output_text": "out", "finish_reason": "stop", "finished_at": now, **claim("w-dead", now)}
+    with db.begin() as conn:
+        for n in (1, 2):
+            finish(conn, Terminal(f"{base}-{n}", "succeeded", values), now)
+        conn.execute(jobs.update().where(jobs.c.job_id.like(f"{base}-%")).values(publish_lease_until=now))
+    with db.connect() as conn:  # what w-dead sent for job 1 before it died
+        result = result_from_row(conn.execute(select(jobs).where(jobs.c.job_id == f"{base}-1")).one())
+    producer.send(dep.topics.results, result.job_id, result.model_dump_json().encode()).wait()
+    topic = dep.topics.jobs("normal")
+    items = [Republish(f"{base}-{n}", ((topic, 0, 51 + n),)) for n in (1, 2)]
+    assert _run(_persister(dep, db, producer), items) == {(topic, 0, 52), (topic, 0, 53)}
+    rows = job_rows(db, [f"{base}-1", f"{base}-2"])
+    assert all(r["published_at"] is not None and r["publisher"] == "w-test" for r in rows.values())
+    results = results_by_job(dep, since, 2, settle_s=2.0)
+    assert {job_id: len(rs) for job_id, rs in results.items()} == {f"{base}-1": 1, f"{base}-2": 1}

@@ -7,6 +7,7 @@ is built from a `KafkaConnection` (bootstrap servers + security settings).
 
 from workers.kafka_io.admin import group_client_ids, group_members
 from workers.kafka_io.consumer import GroupConsumer, RebalanceEvent
+from workers.kafka_io.lookup import KeyLookup
 from workers.kafka_io.producer import Delivery, Placed, Producer
 from workers.kafka_io.readers import BroadcastReader, PartitionReader, TopicReader
 from workers.kafka_io.records import Partition, Record, partition_for_key
@@ -15,6 +16,7 @@ __all__ = [
     "BroadcastReader",
     "Delivery",
     "GroupConsumer",
+    "KeyLookup",
     "Partition",
     "PartitionReader",
     "Placed",

@@ -1,0 +1,106 @@
+"""`deliver`: a message is resent only when it is known not to be in the topic (pure logic, fake sends)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from kafka.errors import KafkaConnectionError, MessageSizeTooLargeError
+
+import workers.deliveries as deliveries
+from workers.deliveries import deliver
+
+
+class Settled:
+    """A send the broker has answered: `error` None for success."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error = error
+
+    def settle(self, timeout_s: float) -> bool:
+        return True
+
+
+class Topic:
+    """Fake sends and a fake topic: each name's sends answer in turn from `outcomes` (then succeed);
+    a failed send may still have been written (`written_anyway`), as with a lost acknowledgement."""
+
+    def __init__(self, outcomes: dict[str, list[BaseException]], written_anyway: set[str] = frozenset()):
+        self.outcomes = {name: list(errors) for name, errors in outcomes.items()}
+        self.written_anyway = set(written_anyway)
+        self.sent: Counter[str] = Counter()
+        self.messages: Counter[str] = Counter()  # what the topic holds
+        self.lookups: list[list[str]] = []
+        self.lookup_failures = 0
+
+    def send(self, name: str) -> Settled:
+        self.sent[name] += 1
+        errors = self.outcomes.get(name, [])
+        error = errors.pop(0) if errors else None
+        if error is None or name in self.written_anyway:
+            self.messages[name] += 1
+        return Settled(error)
+
+    def sends(self, names) -> dict:
+        return {name: lambda n=name: self.send(n) for name in names}
+
+    def landed(self, names: list[str]) -> set[str]:
+        self.lookups.append(names)
+        if self.lookup_failures:
+            self.lookup_failures -= 1
+            raise KafkaConnectionError("broker away")
+        return {n for n in names if self.messages[n]}
+
+
+@pytest.fixture(autouse=True)
+def no_sleep(monkeypatch):
+    monkeypatch.setattr(deliveries.time, "sleep", lambda s: None)
+
+
+def test_a_send_that_failed_but_was_written_is_not_sent_again():
+    topic = Topic({"a": [KafkaConnectionError("lost")], "b": [KafkaConnectionError("lost")]}, {"a"})
+    delivered: list[str] = []
+    deliver("results", topic.sends("abc"), delivered=delivered.extend, landed=topic.landed)
+    assert topic.messages == Counter({"a": 1, "b": 1, "c": 1})  # each exactly once
+    assert topic.sent == Counter({"a": 1, "b": 2, "c": 1})
+    assert sorted(delivered) == ["a", "b", "c"]
+    assert topic.lookups == [["a", "b"]]
+
+
+def test_nothing_doubtful_is_sent_while_the_lookup_fails():
+    topic = Topic({"a": [KafkaConnectionError("lost")]})
+    topic.lookup_failures = 3
+    deliver("results", topic.sends("a"), landed=topic.landed)
+    assert topic.sent["a"] == 2 and topic.messages["a"] == 1
+    assert len(topic.lookups) == 4  # three failures, then the answer "not there": sent once more
+
+
+def test_unsure_messages_are_looked_for_before_their_first_send():
+    topic = Topic({})
+    topic.messages["published-by-a-dead-worker"] = 1
+    delivered: list[str] = []
+    names = ["published-by-a-dead-worker", "never-sent"]
+    deliver("results", topic.sends(names), delivered=delivered.extend, landed=topic.landed, unsure=names)
+    assert topic.sent == Counter({"never-sent": 1})
+    assert sorted(delivered) == sorted(names)
+
+
+def test_without_a_lookup_a_failed_send_is_resent():
+    topic = Topic({"a": [KafkaConnectionError("lost")]}, {"a"})
+    deliver("results", topic.sends("a"))
+    assert topic.messages["a"] == 2  # the duplicate the lookup exists to prevent
+
+
+def test_a_message_the_broker_never_takes_is_dropped_not_retried():
+    topic = Topic({"a": [MessageSizeTooLargeError("too big")]})
+    delivered: list[str] = []
+    deliver("results", topic.sends("ab"), delivered=delivered.extend, landed=topic.landed)
+    assert topic.sent == Counter({"a": 1, "b": 1}) and delivered == ["b"]
+    assert topic.lookups == []
+
+
+def test_a_message_no_longer_ours_is_neither_looked_for_nor_sent():
+    topic = Topic({"a": [KafkaConnectionError("lost")]})
+    rounds = iter([{"a"}, set()])
+    deliver("results", topic.sends("a"), keep=lambda names: next(rounds), landed=topic.landed)
+    assert topic.sent["a"] == 1 and topic.lookups == []
