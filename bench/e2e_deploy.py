@@ -101,8 +101,14 @@ class WorkerProcess:
         return self.proc.pid
 
     def cpu_s(self) -> float:
-        """CPU seconds the worker has used so far (all its threads)."""
-        return pid_cpu_s(self.proc.pid) or 0.0
+        """CPU seconds the worker has used so far: all its threads and its token-event relay process."""
+        import psutil
+
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            children = []
+        return sum(pid_cpu_s(p) or 0.0 for p in (self.proc.pid, *(c.pid for c in children)))
 
     def loop_seconds(self) -> dict[str, float]:
         """The worker's engine-loop seconds by phase so far (its `inferq:loop_seconds` metric)."""

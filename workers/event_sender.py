@@ -1,25 +1,33 @@
-"""Token events serialized and handed to the producer on a thread of their own.
+"""Token events handed to the relay process (workers/event_relay.py), which sends them to Kafka.
 
-A kafka-python `send` costs ~0.1 ms of Python per message; thousands of events a second on the engine loop
-were ~3 % of its time. The loop only queues the event; this thread encodes and sends it, in queue order
-(per job, events leave in the order they were made). While the broker is away, events are dropped rather
-than stalling anything: the final result never depends on them.
+The engine loop only queues an event. A writer thread encodes queued events and writes them to the relay's
+stdin in one write per burst (the write releases the GIL); a reader thread settles the handles of tracked
+events (the last of an attempt) from the relay's answers. Per job, events leave in the order they were
+made. Events are dropped rather than stalling anything (the final result never depends on them): while
+the broker is away, while more than `max_queued` wait, and when the relay dies (it is started again).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import queue
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 
 from schemas.jobs import TokenEvent
-from workers.kafka_io import Delivery, Producer
+from workers import event_relay
+from workers.event_relay import DELIVERED, DROPPED, ENV_CONNECTION
+from workers.settings import KafkaConnection
 
 log = logging.getLogger(__name__)
 
-SEND_PAUSE_S = 2.0  # after a send failed, drop events this long without trying
+MAX_QUEUED = 20_000  # events waiting for the relay; past this, new ones are dropped (a stuck relay)
+RESTART_PAUSE_S = 1.0
 
 
 class Sent:
@@ -27,64 +35,136 @@ class Sent:
 
     def __init__(self) -> None:
         self._ready = threading.Event()
-        self._delivery: Delivery | None = None
         self._error: BaseException | None = None
 
-    def _settle(self, delivery: Delivery | None, error: BaseException | None = None) -> None:
-        self._delivery, self._error = delivery, error
+    def _settle(self, error: BaseException | None = None) -> None:
+        self._error = error
         self._ready.set()
 
     def wait(self, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
         if not self._ready.wait(timeout_s):
-            raise TimeoutError("the token event was not sent in time")
+            raise TimeoutError("the token event was not confirmed in time")
         if self._error is not None:
             raise self._error
-        if self._delivery is not None:
-            self._delivery.wait(max(0.0, deadline - time.monotonic()))
+
+
+class _Relay:
+    """One relay process, and the tracked events it has not answered yet."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], on_drop: Callable[[], None]) -> None:
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self.tracked: dict[int, Sent] = {}
+        self.lock = threading.Lock()
+        self._on_drop = on_drop
+        self._reader = threading.Thread(target=self._read, name="inferq-relay-replies", daemon=True)
+        self._reader.start()
+
+    def track(self, track: int, sent: Sent) -> None:
+        with self.lock:
+            self.tracked[track] = sent
+
+    def write(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def close(self, timeout_s: float) -> None:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()  # the relay flushes what it has, then exits
+            self.proc.wait(timeout_s)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+        self._reader.join(timeout_s)
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for payload in event_relay.read_frames(self.proc.stdout):
+            track, outcome, message = event_relay.parse_reply(payload)
+            if outcome == DROPPED:
+                self._on_drop()
+            with self.lock:
+                sent = self.tracked.pop(track, None)
+            if sent is not None:
+                sent._settle(None if outcome == DELIVERED else ConnectionError(f"token event: {message}"))
+        with self.lock:  # the relay exited: nothing it still had will be answered
+            orphans, self.tracked = list(self.tracked.values()), {}
+        for sent in orphans:
+            sent._settle(ConnectionError("token event: the relay process exited"))
 
 
 class TokenEventSender:
-    def __init__(self, producer: Producer, topic: str, on_drop: Callable[[], None] = lambda: None) -> None:
-        self._producer = producer
-        self._topic = topic
+    def __init__(
+        self,
+        conn: KafkaConnection,
+        client_id: str,
+        topic: str,
+        on_drop: Callable[[], None] = lambda: None,
+        log_config: tuple[str, str, str] = ("worker", "INFO", "text"),  # worker_id, level, format
+        max_queued: int = MAX_QUEUED,
+    ) -> None:
+        self._argv = [sys.executable, "-m", "workers.event_relay", topic, client_id, *log_config]
+        self._env = {**os.environ, ENV_CONNECTION: event_relay.connection_json(conn)}
         self._on_drop = on_drop
+        self._max_queued = max_queued
         self._queue: queue.Queue[tuple[TokenEvent, Sent | None] | None] = queue.Queue()
-        self._paused_until = 0.0
+        self._tracks = itertools.count(1)
+        self._relay = _Relay(self._argv, self._env, on_drop)
         self._thread = threading.Thread(target=self._run, name="inferq-token-events", daemon=True)
         self._thread.start()
 
     def send(self, event: TokenEvent, track: bool = False) -> Sent | None:
         """Queue an event; with `track`, a handle to wait for its delivery (the last event of an attempt)."""
         sent = Sent() if track else None
-        self._queue.put((event, sent))
+        if self._queue.qsize() >= self._max_queued:
+            self._drop(sent, "too many token events waiting for the relay")
+        else:
+            self._queue.put((event, sent))
         return sent
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Send what is queued, then stop."""
+        """Send what is queued, then stop the relay (it flushes to the broker first)."""
         self._queue.put(None)
         self._thread.join(timeout_s)
+        self._relay.close(timeout_s)
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
+            items = [self._queue.get()]
+            while len(items) < 512:  # one write for a burst
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = None in items
+            self._write([item for item in items if item is not None])
+            if stop:
                 return
-            event, sent = item
-            if time.monotonic() < self._paused_until:
-                self._drop(sent, "the broker was away a moment ago")
-                continue
-            try:
-                delivery = self._producer.send(self._topic, event.job_id, event.model_dump_json().encode())
-            except Exception as exc:  # noqa: BLE001 - buffer full or no metadata: drop, keep the rest going
-                self._paused_until = time.monotonic() + SEND_PAUSE_S
-                log.warning("token events are being dropped for %.0fs: %s", SEND_PAUSE_S, exc)
-                self._drop(sent, str(exc))
-                continue
+
+    def _write(self, items: list[tuple[TokenEvent, Sent | None]]) -> None:
+        relay, frames = self._relay, []
+        for event, sent in items:
+            track = 0
             if sent is not None:
-                sent._settle(delivery)
+                track = next(self._tracks)
+                relay.track(track, sent)
+            frames.append(
+                event_relay.event_frame(track, event.job_id.encode(), event.model_dump_json().encode())
+            )
+        try:
+            relay.write(b"".join(frames))
+        except (OSError, ValueError) as exc:  # the relay died: these events are lost, start a new one
+            log.error("the token-event relay exited (%s); starting it again", exc)
+            for _, sent in items:
+                self._drop(sent, "the relay process exited")
+            relay.close(1.0)
+            time.sleep(RESTART_PAUSE_S)
+            try:
+                self._relay = _Relay(self._argv, self._env, self._on_drop)
+            except OSError as again:  # keep the dead one: the next write fails and tries again
+                log.error("the token-event relay could not start: %s", again)
 
     def _drop(self, sent: Sent | None, why: str) -> None:
         self._on_drop()
         if sent is not None:
-            sent._settle(None, ConnectionError(f"token event dropped: {why}"))
+            sent._settle(ConnectionError(f"token event dropped: {why}"))

@@ -55,3 +55,10 @@ def configure(level: str, log_format: str, worker_id: str, stream: TextIO | None
     root.setLevel(level.upper())
     logging.getLogger("kafka").setLevel(logging.WARNING)
     logging.captureWarnings(True)  # Python warnings become log records (of logger py.warnings), not raw text
+
+
+def current() -> tuple[str, str]:
+    """(level, format) of the root logger as `configure` set it: for child processes to log alike."""
+    root = logging.getLogger()
+    json_out = any(isinstance(h.formatter, JsonFormatter) for h in root.handlers)
+    return logging.getLevelName(root.level), "json" if json_out else "text"

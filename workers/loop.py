@@ -11,6 +11,7 @@ from datetime import datetime
 from gpu.engine import Engine, EngineStats, RequestOutput
 from schemas.jobs import TokenEvent
 from schemas.validation import Limits
+from workers import logs
 from workers.dead_letter import dead_letter_message
 from workers.dispatch import Dispatcher
 from workers.event_sender import Sent, TokenEventSender
@@ -73,7 +74,8 @@ class Worker:
         self.pump = IntakePump(self.consumer, self.control, self.ready, options.poll_s)
         # a short block: while the broker is away, sends fail fast and the engine loop keeps generating
         self.producer = until_available(lambda: Producer(conn, cid, max_block_s=0.5), where)
-        self.events = TokenEventSender(self.producer, topics.tokens, self.metrics.token_events_dropped.inc)
+        drop, log_config = self.metrics.token_events_dropped.inc, (options.worker_id, *logs.current())
+        self.events = TokenEventSender(conn, cid + "-events", topics.tokens, drop, log_config)
         self.db = make_engine(settings.database_url)
         self.offsets = OffsetTracker()
         self._in_flight: tuple[str, ...] = ()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,11 @@ class Delivery:
         with contextlib.suppress(Exception):  # a failure, or still on its way: is_done tells them apart
             self._future.get(timeout=timeout_s)
         return bool(self._future.is_done)
+
+    def on_settled(self, callback: Callable[[BaseException | None], None]) -> None:
+        """Call `callback(None)` once the broker has it, or `callback(error)`; on the client's I/O thread."""
+        self._future.add_callback(lambda _meta: callback(None))
+        self._future.add_errback(callback)
 
     @property
     def error(self) -> BaseException | None:

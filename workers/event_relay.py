@@ -1,0 +1,148 @@
+"""The token-event relay: a child process of the worker that owns the Kafka producer for token events.
+
+kafka-python is pure Python: batching, framing and acknowledging thousands of events a second held the
+worker's GIL for about a second per ten seconds of generation, and the engine loop waited for it after
+torch ops. In a process of its own that work runs beside the engine instead of between its kernels.
+
+Protocol (pipes, both ways length-prefixed): the worker writes `frame(track, key, value)` to stdin; the
+relay answers on stdout for every tracked event (delivered or failed) and for every event it dropped.
+It exits when stdin closes (the worker stopped or died), after a bounded flush; it ignores SIGINT and
+SIGTERM, which are the worker's to act on. Run by the worker as `python -m workers.event_relay`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import struct
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import BinaryIO
+
+ENV_CONNECTION = "INFERQ_RELAY_CONNECTION"  # the worker's KafkaConnection, as JSON (never on argv)
+SEND_PAUSE_S = 2.0  # after a send failed, drop events this long without trying
+DELIVERED, FAILED, DROPPED = 0, 1, 2
+
+_LENGTH = struct.Struct(">I")
+_EVENT = struct.Struct(">QH")  # track id (0: untracked), key length
+_REPLY = struct.Struct(">QBH")  # track id, outcome, message length
+
+log = logging.getLogger("workers.event_relay")
+
+
+def frame(payload: bytes) -> bytes:
+    return _LENGTH.pack(len(payload)) + payload
+
+
+def event_frame(track: int, key: bytes, value: bytes) -> bytes:
+    return frame(_EVENT.pack(track, len(key)) + key + value)
+
+
+def reply_frame(track: int, outcome: int, message: str = "") -> bytes:
+    text = message.encode()[:1000]
+    return frame(_REPLY.pack(track, outcome, len(text)) + text)
+
+
+def read_frames(stream: BinaryIO) -> Iterator[bytes]:
+    """Payloads until the stream ends (a frame cut short by a dead writer ends it too)."""
+    while True:
+        head = stream.read(_LENGTH.size)
+        if len(head) < _LENGTH.size:
+            return
+        (size,) = _LENGTH.unpack(head)
+        payload = stream.read(size)
+        if len(payload) < size:
+            return
+        yield payload
+
+
+def parse_event(payload: bytes) -> tuple[int, bytes, bytes]:
+    track, key_len = _EVENT.unpack_from(payload)
+    start = _EVENT.size
+    return track, payload[start : start + key_len], payload[start + key_len :]
+
+
+def parse_reply(payload: bytes) -> tuple[int, int, str]:
+    track, outcome, size = _REPLY.unpack_from(payload)
+    return track, outcome, payload[_REPLY.size : _REPLY.size + size].decode(errors="replace")
+
+
+def connection_json(conn) -> str:
+    from dataclasses import asdict
+
+    return json.dumps(asdict(conn))
+
+
+def _connection(text: str):
+    from workers.settings import KafkaConnection, KafkaSecurity
+
+    doc = json.loads(text)
+    return KafkaConnection(doc["bootstrap"], KafkaSecurity(**doc["security"]))
+
+
+class _Replies:
+    """Answers to the worker, from the main thread and the producer's I/O thread alike."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self._out = out
+        self._lock = threading.Lock()
+
+    def send(self, track: int, outcome: int, message: str = "") -> None:
+        with self._lock:
+            try:
+                self._out.write(reply_frame(track, outcome, message))
+                self._out.flush()
+            except (BrokenPipeError, ValueError):  # the worker is gone: nobody to answer
+                pass
+
+
+def relay(topic: str, client_id: str, conn, source: BinaryIO, replies: _Replies) -> None:
+    from workers.kafka_io import Producer
+    from workers.retry import describe_error, until_available
+
+    producer = until_available(
+        lambda: Producer(conn, client_id, max_block_s=0.5), f"Kafka at {conn.bootstrap}"
+    )
+    paused_until = 0.0
+    for payload in read_frames(source):
+        track, key, value = parse_event(payload)
+        if time.monotonic() < paused_until:
+            replies.send(track, DROPPED, "the broker was away a moment ago")
+            continue
+        try:
+            delivery = producer.send(topic, key, value)
+        except Exception as exc:  # noqa: BLE001 - buffer full or no metadata: drop, keep the rest going
+            paused_until = time.monotonic() + SEND_PAUSE_S
+            log.warning("token events are being dropped for %.0fs: %s", SEND_PAUSE_S, describe_error(exc))
+            replies.send(track, DROPPED, describe_error(exc))
+            continue
+        if track:
+            delivery.on_settled(
+                lambda error, t=track: replies.send(
+                    t, FAILED if error else DELIVERED, describe_error(error) if error else ""
+                )
+            )
+    producer.flush(10)
+    producer.close(5)
+
+
+def main() -> int:
+    from workers import logs
+
+    topic, client_id, worker_id, level, log_format = sys.argv[1:6]
+    logs.configure(level, log_format, worker_id)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    conn = _connection(os.environ.pop(ENV_CONNECTION))
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")  # the protocol's own handle on stdout ...
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # ... and a stray print cannot corrupt it
+    relay(topic, client_id, conn, sys.stdin.buffer, _Replies(replies))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
