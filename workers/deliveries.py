@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from workers.kafka_io import Delivery
+from workers.kafka_io.errors import kafka_refused
 from workers.retry import Backoff, describe_error, is_transient
 
 log = logging.getLogger(__name__)
@@ -17,6 +18,52 @@ class Waitable(Protocol):
     """A message on its way to the broker: `wait` returns once the broker has it, else raises."""
 
     def wait(self, timeout_s: float = 30.0) -> None: ...
+
+
+LOOKUP_TRIES = 4  # failed lookups in a row before doubtful messages are sent anyway (at least once)
+
+
+class _Doubts:
+    """Messages that may be in the topic already, and the lookups that settle them."""
+
+    def __init__(self, what: str, landed: Callable[[list[str]], set[str]] | None, names: set[str]) -> None:
+        self.what = what
+        self.landed = landed
+        self.names = names if landed is not None else set()
+        self.failures = 0
+
+    def add(self, name: str) -> None:
+        if self.landed is not None:
+            self.names.add(name)
+
+    def settle(self, pending: dict) -> tuple[list[str], BaseException | None]:
+        """Look for the doubtful messages still pending: (those found, the lookup's error if it failed).
+
+        A lookup that fails for a reason other than an absent broker, or fails LOOKUP_TRIES times in a
+        row, stops the looking: the messages are then sent again (a second copy is possible).
+        """
+        self.names &= set(pending)
+        if not self.names or self.landed is None:
+            return [], None
+        try:
+            found = self.landed(sorted(self.names))
+        except Exception as exc:  # noqa: BLE001 - the broker cannot say now: send none of them yet
+            self.failures += 1
+            if not is_transient(exc) or kafka_refused(exc) or self.failures >= LOOKUP_TRIES:
+                log.error(
+                    "could not look for %d %s already sent (%s); sending them again",
+                    len(self.names),
+                    self.what,
+                    describe_error(exc),
+                )
+                self.names.clear()
+            return [], exc
+        self.failures = 0
+        done = [name for name in self.names if name in found]
+        if done:
+            log.info("%d %s already in the topic: not sent again", len(done), self.what)
+        self.names.clear()
+        return done, None
 
 
 def deliver(
@@ -35,38 +82,33 @@ def deliver(
     renews); after each round, `delivered` hears which ones the broker has. Transient failures retry
     with backoff for as long as it takes; a message the broker can never take is logged and dropped.
 
-    With `landed` (which of these names already have a message in the topic; raises when the broker
+    With `landed` (which of these names already have their message in the topic; raises when the broker
     cannot say), a message that may have reached the broker is looked for before it is sent again: one
     whose send failed after it left (the broker may have written it and lost only its answer), and
     those named in `unsure` (e.g. a result another worker may have published before it died). One
-    found there counts as delivered; while the lookup fails, nothing doubtful is sent.
+    found there counts as delivered; while the lookup fails, nothing doubtful is sent (see _Doubts).
     """
     pending, on_way = dict(sends), {}
-    doubtful = set(unsure) & set(sends) if landed is not None else set()
+    doubts = _Doubts(what, landed, set(unsure) & set(sends))
     backoff = Backoff()
-    while pending:
+
+    def keep_ours() -> None:
         if keep is not None:
             ours = keep(list(pending))
             for name in [n for n in pending if n not in ours]:  # taken over (our lease lapsed) or done
                 pending.pop(name)
                 on_way.pop(name, None)
-                doubtful.discard(name)
-        done: list[str] = []
-        error: BaseException | None = None
-        if doubtful and landed is not None:
-            try:
-                found = landed(sorted(doubtful))
-            except Exception as exc:  # noqa: BLE001 - the broker cannot say yet: send none of them
-                error = exc
-            else:
-                done += [name for name in doubtful if name in found]
-                if done:
-                    log.info("%d %s already in the topic: not sent again", len(done), what)
-                doubtful.clear()
+
+    while pending:
+        keep_ours()
+        looked = bool(doubts.names & set(pending))
+        done, error = doubts.settle(pending)
         for name in done:
             pending.pop(name)
+        if looked and pending:
+            keep_ours()  # a lookup can take seconds: send only what is still ours after it
         for name, send in list(pending.items()):
-            if name not in on_way and name not in doubtful:
+            if name not in on_way and name not in doubts.names:
                 try:
                     on_way[name] = send()
                 except Exception as exc:  # noqa: BLE001 - e.g. the buffer is full while the broker is away
@@ -86,8 +128,7 @@ def deliver(
                 pending.pop(name)
             elif is_transient(delivery.error):
                 error = delivery.error
-                if landed is not None:
-                    doubtful.add(name)
+                doubts.add(name)
             else:
                 log.error(
                     "%s for job %s can never be sent (%s); dropped",

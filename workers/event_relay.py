@@ -25,6 +25,8 @@ from typing import BinaryIO
 
 ENV_CONNECTION = "INFERQ_RELAY_CONNECTION"  # the worker's KafkaConnection, as JSON (never on argv)
 SEND_PAUSE_S = 2.0  # after a send failed, drop events this long without trying
+DROP_REPORT_S = 0.5
+FLUSH_S = 5.0  # at exit, the longest wait for the broker to take what is buffered
 DELIVERED, FAILED, DROPPED = 0, 1, 2
 
 _LENGTH = struct.Struct(">I")
@@ -100,25 +102,49 @@ class _Replies:
                 pass
 
 
+class _Drops:
+    """Untracked events dropped: answered as one count at most every DROP_REPORT_S (an outage drops
+    thousands a second, and one answer each would cost the worker what this process saves it)."""
+
+    def __init__(self, replies: _Replies) -> None:
+        self._replies = replies
+        self._count = 0
+        self._reported = 0.0
+
+    def add(self, track: int, why: str) -> None:
+        if track:
+            self._replies.send(track, DROPPED, why)
+            return
+        self._count += 1
+        if time.monotonic() - self._reported >= DROP_REPORT_S:
+            self.report()
+
+    def report(self) -> None:
+        if self._count:
+            self._replies.send(0, DROPPED, str(self._count))
+            self._count = 0
+        self._reported = time.monotonic()
+
+
 def relay(topic: str, client_id: str, conn, source: BinaryIO, replies: _Replies) -> None:
     from workers.kafka_io import Producer
     from workers.retry import describe_error, until_available
 
-    producer = until_available(
-        lambda: Producer(conn, client_id, max_block_s=0.5), f"Kafka at {conn.bootstrap}"
-    )
+    where = f"Kafka at {conn.bootstrap}"
+    producer = until_available(lambda: Producer(conn, client_id, max_block_s=0.5), where)
+    drops = _Drops(replies)
     paused_until = 0.0
     for payload in read_frames(source):
         track, key, value = parse_event(payload)
         if time.monotonic() < paused_until:
-            replies.send(track, DROPPED, "the broker was away a moment ago")
+            drops.add(track, "the broker was away a moment ago")
             continue
         try:
             delivery = producer.send(topic, key, value)
         except Exception as exc:  # noqa: BLE001 - buffer full or no metadata: drop, keep the rest going
             paused_until = time.monotonic() + SEND_PAUSE_S
             log.warning("token events are being dropped for %.0fs: %s", SEND_PAUSE_S, describe_error(exc))
-            replies.send(track, DROPPED, describe_error(exc))
+            drops.add(track, describe_error(exc))
             continue
         if track:
             delivery.on_settled(
@@ -126,8 +152,25 @@ def relay(topic: str, client_id: str, conn, source: BinaryIO, replies: _Replies)
                     t, FAILED if error else DELIVERED, describe_error(error) if error else ""
                 )
             )
-    producer.flush(10)
-    producer.close(5)
+    drops.report()
+    try:
+        producer.flush(FLUSH_S)
+    except Exception as exc:  # noqa: BLE001 - the broker is away: what is still buffered is lost
+        log.warning("token events not flushed at exit: %s", describe_error(exc))
+    producer.close(1.0)
+
+
+def _exit_with_parent() -> None:
+    """Leave when the worker is gone, even while waiting for the broker (not reading stdin, this process
+    would not see the pipe close): a thread watches for the worker's pid to stop being the parent."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def main() -> int:
@@ -135,6 +178,7 @@ def main() -> int:
 
     topic, client_id, worker_id, level, log_format = sys.argv[1:6]
     logs.configure(level, log_format, worker_id)
+    _exit_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     conn = _connection(os.environ.pop(ENV_CONNECTION))

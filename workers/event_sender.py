@@ -22,12 +22,12 @@ from collections.abc import Callable
 from schemas.jobs import TokenEvent
 from workers import event_relay
 from workers.event_relay import DELIVERED, DROPPED, ENV_CONNECTION
+from workers.retry import Backoff, describe_error
 from workers.settings import KafkaConnection
 
 log = logging.getLogger(__name__)
 
 MAX_QUEUED = 20_000  # events waiting for the relay; past this, new ones are dropped (a stuck relay)
-RESTART_PAUSE_S = 1.0
 
 
 class Sent:
@@ -51,46 +51,62 @@ class Sent:
 class _Relay:
     """One relay process, and the tracked events it has not answered yet."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], on_drop: Callable[[], None]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], on_drop: Callable[[int], None]) -> None:
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self.tracked: dict[int, Sent] = {}
         self.lock = threading.Lock()
+        self.dead = False  # set once the relay's answers have ended: nothing tracked will be answered
         self._on_drop = on_drop
         self._reader = threading.Thread(target=self._read, name="inferq-relay-replies", daemon=True)
         self._reader.start()
 
     def track(self, track: int, sent: Sent) -> None:
         with self.lock:
-            self.tracked[track] = sent
+            if not self.dead:
+                self.tracked[track] = sent
+                return
+        sent._settle(ConnectionError("token event: the relay process exited"))
 
     def write(self, data: bytes) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.write(data)
         self.proc.stdin.flush()
 
-    def close(self, timeout_s: float) -> None:
+    def close(self, timeout_s: float, writer_stuck: bool = False) -> None:
+        """Let the relay flush and exit; kill it past `timeout_s`. With `writer_stuck` (a write into its
+        full pipe never returned), kill it first: closing the pipe would wait for that write forever."""
+        if writer_stuck:
+            self.proc.kill()
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.close()  # the relay flushes what it has, then exits
             self.proc.wait(timeout_s)
-        except (OSError, subprocess.TimeoutExpired):
+        except (OSError, ValueError, subprocess.TimeoutExpired):
             self.proc.kill()
         self._reader.join(timeout_s)
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for payload in event_relay.read_frames(self.proc.stdout):
-            track, outcome, message = event_relay.parse_reply(payload)
-            if outcome == DROPPED:
-                self._on_drop()
-            with self.lock:
-                sent = self.tracked.pop(track, None)
-            if sent is not None:
-                sent._settle(None if outcome == DELIVERED else ConnectionError(f"token event: {message}"))
+        try:
+            for payload in event_relay.read_frames(self.proc.stdout):
+                self._answer(*event_relay.parse_reply(payload))
+        except Exception:  # noqa: BLE001 - a garbled answer ends this relay's answers, not the worker
+            log.exception("token-event relay: unreadable answer")
         with self.lock:  # the relay exited: nothing it still had will be answered
+            self.dead = True
             orphans, self.tracked = list(self.tracked.values()), {}
+        if orphans:
+            self._on_drop(len(orphans))
         for sent in orphans:
             sent._settle(ConnectionError("token event: the relay process exited"))
+
+    def _answer(self, track: int, outcome: int, message: str) -> None:
+        if outcome == DROPPED:
+            self._on_drop(1 if track else int(message or 1))  # untracked drops come as one count
+        with self.lock:
+            sent = self.tracked.pop(track, None) if track else None
+        if sent is not None:
+            sent._settle(None if outcome == DELIVERED else ConnectionError(f"token event: {message}"))
 
 
 class TokenEventSender:
@@ -99,7 +115,7 @@ class TokenEventSender:
         conn: KafkaConnection,
         client_id: str,
         topic: str,
-        on_drop: Callable[[], None] = lambda: None,
+        on_drop: Callable[[int], None] = lambda n: None,  # events dropped (e.g. a metric's `inc`)
         log_config: tuple[str, str, str] = ("worker", "INFO", "text"),  # worker_id, level, format
         max_queued: int = MAX_QUEUED,
     ) -> None:
@@ -109,7 +125,8 @@ class TokenEventSender:
         self._max_queued = max_queued
         self._queue: queue.Queue[tuple[TokenEvent, Sent | None] | None] = queue.Queue()
         self._tracks = itertools.count(1)
-        self._relay = _Relay(self._argv, self._env, on_drop)
+        self._relay = _Relay(self._argv, self._env, self._on_drop)
+        self._restart = Backoff(base_s=0.5, cap_s=30.0)
         self._thread = threading.Thread(target=self._run, name="inferq-token-events", daemon=True)
         self._thread.start()
 
@@ -126,7 +143,7 @@ class TokenEventSender:
         """Send what is queued, then stop the relay (it flushes to the broker first)."""
         self._queue.put(None)
         self._thread.join(timeout_s)
-        self._relay.close(timeout_s)
+        self._relay.close(timeout_s, writer_stuck=self._thread.is_alive())
 
     def _run(self) -> None:
         while True:
@@ -137,34 +154,42 @@ class TokenEventSender:
                 except queue.Empty:
                     break
             stop = None in items
-            self._write([item for item in items if item is not None])
+            try:
+                self._write([item for item in items if item is not None])
+            except Exception:  # noqa: BLE001 - this thread must outlive any one bad event
+                log.exception("token events: a burst could not be sent")
             if stop:
                 return
 
     def _write(self, items: list[tuple[TokenEvent, Sent | None]]) -> None:
         relay, frames = self._relay, []
         for event, sent in items:
+            try:
+                value = event.model_dump_json().encode()
+            except Exception as exc:  # noqa: BLE001 - one event that cannot be encoded is dropped alone
+                self._drop(sent, describe_error(exc))
+                continue
             track = 0
             if sent is not None:
                 track = next(self._tracks)
                 relay.track(track, sent)
-            frames.append(
-                event_relay.event_frame(track, event.job_id.encode(), event.model_dump_json().encode())
-            )
+            frames.append(event_relay.event_frame(track, event.job_id.encode(), value))
         try:
             relay.write(b"".join(frames))
-        except (OSError, ValueError) as exc:  # the relay died: these events are lost, start a new one
-            log.error("the token-event relay exited (%s); starting it again", exc)
-            for _, sent in items:
-                self._drop(sent, "the relay process exited")
+        except (OSError, ValueError) as exc:  # the relay died: its events are lost, start a new one
+            delay = self._restart.next_delay()
+            log.error("the token-event relay exited (%s); starting it again in %.1fs", exc, delay)
+            self._on_drop(sum(1 for _, sent in items if sent is None))  # tracked ones: swept by close
             relay.close(1.0)
-            time.sleep(RESTART_PAUSE_S)
+            time.sleep(delay)
             try:
                 self._relay = _Relay(self._argv, self._env, self._on_drop)
             except OSError as again:  # keep the dead one: the next write fails and tries again
                 log.error("the token-event relay could not start: %s", again)
+        else:
+            self._restart.reset()
 
     def _drop(self, sent: Sent | None, why: str) -> None:
-        self._on_drop()
+        self._on_drop(1)
         if sent is not None:
             sent._settle(ConnectionError(f"token event dropped: {why}"))

@@ -30,10 +30,11 @@ from workers.kafka_io import Delivery, KeyLookup, Producer
 from workers.outbox import (
     LEASE_S,
     count_unpublished,
-    look_since_ms,
     mark_published,
+    published_already,
     renew,
     result_from_row,
+    result_message,
 )
 from workers.retry import Backoff, describe_error, retry_transient
 from workers.store import cancel_requested
@@ -43,8 +44,7 @@ log = logging.getLogger(__name__)
 
 CANCEL_WATCH_S = 2.0  # how often recorded cancels of this worker's in-flight jobs are looked up
 UNPUBLISHED_COUNT_S = 30.0
-STREAM_END_WAIT_S = 10.0
-LOOKUP_SLACK_MS = 60_000  # at most, per batch, for the broker to confirm jobs' last token events
+STREAM_END_WAIT_S = 10.0  # at most, per batch, for the broker to confirm jobs' last token events
 
 
 @dataclass(frozen=True)
@@ -187,13 +187,12 @@ class Persister:
         self._crash_if("crash-before-publish", stored)
         deliver("results", {r.job_id: lambda r=r: self._send_result(r) for r in stored.direct})
         results = {row.job_id: result_from_row(row) for row in stored.outbox}
-        finished = {row.job_id: row.finished_at for row in stored.outbox}
         deliver(
             "results",
             {job_id: lambda r=r: self._send_result(r) for job_id, r in results.items()},
             keep=lambda ids: self._retry("renewing publish leases", lambda: self._in_tx(self._renew(ids))),
             delivered=lambda ids: self._mark_published(ids, stored),
-            landed=lambda ids: self._published.present(self._topics.results, look_since_ms(ids, finished)),
+            landed=lambda ids: published_already(self._published, self._topics.results, ids, results),
             unsure=stored.unsure,
         )
         self.written += len(items)
@@ -217,7 +216,7 @@ class Persister:
             log.error("marking %d results published failed: %s", len(ids), describe_error(exc))
 
     def _send_result(self, result: JobResult) -> Delivery:
-        return self._producer.send(self._topics.results, result.job_id, result.model_dump_json().encode())
+        return self._producer.send(self._topics.results, result.job_id, result_message(result))
 
     def _crash_if(self, name: str, stored: Stored) -> None:
         crash_if(self._failpoint, name, any(row.status == "succeeded" for row in stored.outbox))

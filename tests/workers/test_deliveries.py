@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from kafka.errors import KafkaConnectionError, MessageSizeTooLargeError
+from kafka.errors import KafkaConnectionError, MessageSizeTooLargeError, TopicAuthorizationFailedError
 
 import workers.deliveries as deliveries
 from workers.deliveries import deliver
@@ -104,3 +104,34 @@ def test_a_message_no_longer_ours_is_neither_looked_for_nor_sent():
     rounds = iter([{"a"}, set()])
     deliver("results", topic.sends("a"), keep=lambda names: next(rounds), landed=topic.landed)
     assert topic.sent["a"] == 1 and topic.lookups == []
+
+
+def test_a_lookup_that_keeps_failing_gives_way_to_a_resend():
+    topic = Topic({"a": [KafkaConnectionError("lost")]})
+    topic.lookup_failures = 100
+    deliver("results", topic.sends("a"), landed=topic.landed)
+    assert len(topic.lookups) == deliveries.LOOKUP_TRIES
+    assert topic.sent["a"] == 2  # at least once: sent again, a second copy possible
+
+
+def test_a_lookup_the_broker_refuses_is_not_retried():
+    topic = Topic({"a": [KafkaConnectionError("lost")]})
+
+    def refused(names):
+        topic.lookups.append(names)
+        raise TopicAuthorizationFailedError("no READ on the results topic")
+
+    deliver("results", topic.sends("a"), landed=refused)
+    assert len(topic.lookups) == 1 and topic.sent["a"] == 2
+
+
+def test_leases_are_checked_again_after_a_lookup():
+    topic = Topic({"a": [KafkaConnectionError("lost")]})
+    calls: list[list[str]] = []
+
+    def keep(names):
+        calls.append(names)
+        return set(names) if len(calls) < 3 else set()  # the lease lapsed while the lookup ran
+
+    deliver("results", topic.sends("a"), keep=keep, landed=topic.landed)
+    assert topic.sent["a"] == 1 and len(topic.lookups) == 1 and len(calls) == 3

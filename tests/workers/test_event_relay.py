@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
+import time
 import uuid
 
 import psutil
@@ -43,7 +46,7 @@ def test_events_arrive_in_order_and_a_killed_relay_is_replaced(settings):
     since, job = now_ms(), f"relay-{uuid.uuid4().hex[:8]}"
     drops: list[int] = []
     conn, topic = dep.kafka_connection, dep.topics.tokens
-    sender = TokenEventSender(conn, "inferq-test-relay", topic, lambda: drops.append(1))
+    sender = TokenEventSender(conn, "inferq-test-relay", topic, drops.append)
     try:
         for seq in range(200):
             sender.send(_event(job, seq))
@@ -73,3 +76,24 @@ def test_close_stops_the_relay_process(settings):
     pid = sender._relay.proc.pid
     sender.close()
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_relay_waiting_for_an_absent_broker_exits_when_its_worker_is_killed(tmp_path):
+    script = (
+        "import time\n"
+        "from workers.event_sender import TokenEventSender\n"
+        "from workers.settings import KafkaConnection\n"
+        "s = TokenEventSender(KafkaConnection('127.0.0.1:9'), 'inferq-test', 'nowhere')\n"
+        "print(s._relay.proc.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        relay = psutil.Process(int(parent.stdout.readline()))
+        time.sleep(1.0)
+        assert relay.is_running() and relay.status() != psutil.STATUS_ZOMBIE  # still waiting for Kafka
+        parent.kill()
+        parent.wait(10)
+        relay.wait(15)  # gone within the watcher's period, not when the broker comes back
+    finally:
+        parent.kill()

@@ -211,10 +211,14 @@ def test_a_result_its_dead_publisher_got_out_is_not_published_again(env):
     with db.connect() as conn:  # what w-dead sent for job 1 before it died
         result = result_from_row(conn.execute(select(jobs).where(jobs.c.job_id == f"{base}-1")).one())
     producer.send(dep.topics.results, result.job_id, result.model_dump_json().encode()).wait()
+    # job 2's id under another tenant: that tenant's `rejected` result is not job 2's result
+    foreign = Rejected(Record("x", 0, 0, None, b"{}", now_ms()), f"{base}-2", "t-b", "high", "foreign", "x")
+    producer.send(dep.topics.results, f"{base}-2", foreign.result().model_dump_json().encode()).wait()
     topic = dep.topics.jobs("normal")
     items = [Republish(f"{base}-{n}", ((topic, 0, 51 + n),)) for n in (1, 2)]
     assert _run(_persister(dep, db, producer), items) == {(topic, 0, 52), (topic, 0, 53)}
     rows = job_rows(db, [f"{base}-1", f"{base}-2"])
     assert all(r["published_at"] is not None and r["publisher"] == "w-test" for r in rows.values())
-    results = results_by_job(dep, since, 2, settle_s=2.0)
-    assert {job_id: len(rs) for job_id, rs in results.items()} == {f"{base}-1": 1, f"{base}-2": 1}
+    results = results_by_job(dep, since, 3, settle_s=2.0)
+    assert [r.tenant for r in results[f"{base}-1"]] == ["t-a"]
+    assert [(r.tenant, r.status) for r in results[f"{base}-2"]] == [("t-b", "rejected"), ("t-a", "succeeded")]

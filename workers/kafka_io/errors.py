@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from kafka.errors import (
+    AuthorizationError,
     InvalidRecordError,
     InvalidTopicError,
     KafkaError,
     MessageSizeTooLargeError,
     RecordListTooLargeError,
+    UnsupportedVersionError,
 )
 
 # records the broker will never take, however often they are sent
@@ -20,3 +22,8 @@ def kafka_transient(exc: BaseException) -> bool | None:
     if not isinstance(exc, KafkaError):
         return None
     return not isinstance(exc, _NEVER)
+
+
+def kafka_refused(exc: BaseException) -> bool:
+    """A request the broker will not serve this client until someone changes its setup (ACLs, versions)."""
+    return isinstance(exc, AuthorizationError | UnsupportedVersionError)

@@ -21,48 +21,56 @@ from workers.settings import KafkaConnection
 class KeyLookup:
     """Reads partitions outside any group; one client, created at the first lookup and reused."""
 
-    def __init__(self, conn: KafkaConnection, client_id: str, timeout_s: float = 30.0) -> None:
+    def __init__(self, conn: KafkaConnection, client_id: str, timeout_s: float = 10.0) -> None:
         self._conn = conn
         self._client_id = client_id
         self._timeout_s = timeout_s
         self._consumer: KafkaConsumer | None = None
 
-    def present(self, topic: str, since_ms: Mapping[str, int]) -> set[str]:
-        """The keys of `since_ms` with a message in `topic` at or after their time (Kafka timestamps).
+    def present(self, topic: str, wanted: Mapping[str, tuple[int, bytes]]) -> set[str]:
+        """The keys of `wanted` (key -> (since_ms, value)) whose exact value is in `topic` at or after
+        their time (Kafka timestamps). Only the same bytes count: another tenant's message under the same
+        key (a `rejected` result for a foreign job_id) is not this one.
 
-        Raises (a transient Kafka error, or KafkaTimeoutError past `timeout_s`) when the broker cannot
-        say; the caller must then neither resend nor assume delivery.
+        Raises when the broker cannot say within about `timeout_s` (each call to it is bounded); the
+        caller must then neither resend nor assume delivery.
         """
-        if not since_ms:
+        if not wanted:
             return set()
         consumer = self._client()
         deadline = time.monotonic() + self._timeout_s
+
+        def left_ms() -> int:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise KafkaTimeoutError(f"{len(wanted)} keys in {topic}: no answer in {self._timeout_s}s")
+            return int(left * 1000)
+
         parts = sorted(consumer.partitions_for_topic(topic) or ())
         if not parts:
             raise KafkaTimeoutError(f"no partitions known for {topic}")
-        wanted: dict[TopicPartition, dict[bytes, int]] = {}
-        for key, since in since_ms.items():
+        by_tp: dict[TopicPartition, dict[bytes, tuple[int, bytes]]] = {}
+        for key, (since, value) in wanted.items():
             tp = TopicPartition(topic, parts[partition_for_key(key, len(parts))])
-            wanted.setdefault(tp, {})[key.encode()] = since
-        consumer.assign(list(wanted))
-        ends = consumer.end_offsets(list(wanted))  # what is there now: read up to here, no further
-        starts = consumer.offsets_for_times({tp: min(keys.values()) for tp, keys in wanted.items()})
+            by_tp.setdefault(tp, {})[key.encode()] = (since, value)
+        consumer.assign(list(by_tp))
+        ends = consumer.end_offsets(list(by_tp), timeout_ms=left_ms())  # read up to here, no further
+        times = {tp: min(since for since, _ in keys.values()) for tp, keys in by_tp.items()}
+        starts = consumer.offsets_for_times(times, timeout_ms=left_ms())
         unread = set()
-        for tp in wanted:
+        for tp in by_tp:
             start = starts.get(tp)
             if start is not None and start.offset < ends[tp]:
                 consumer.seek(tp, start.offset)
                 unread.add(tp)
         found: set[str] = set()
         while unread:
-            if time.monotonic() > deadline:
-                raise KafkaTimeoutError(f"{len(since_ms)} keys in {topic}: no answer in {self._timeout_s}s")
-            for tp, records in consumer.poll(timeout_ms=500).items():
+            for tp, records in consumer.poll(timeout_ms=min(500, left_ms())).items():
                 for r in records:
-                    since = wanted[tp].get(r.key)
-                    if since is not None and r.timestamp >= since:
+                    since, value = by_tp[tp].get(r.key, (None, None))
+                    if since is not None and r.timestamp >= since and r.value == value:
                         found.add(r.key.decode())
-            unread = {tp for tp in unread if consumer.position(tp) < ends[tp]}
+            unread = {tp for tp in unread if consumer.position(tp, timeout_ms=left_ms()) < ends[tp]}
         return found
 
     def close(self) -> None:
@@ -72,7 +80,12 @@ class KeyLookup:
 
     def _client(self) -> KafkaConsumer:
         if self._consumer is None:
+            ms = int(self._timeout_s * 1000)
             self._consumer = KafkaConsumer(
-                **self._conn.client_options(), client_id=self._client_id, enable_auto_commit=False
+                **self._conn.client_options(),
+                client_id=self._client_id,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",  # a start offset deleted meanwhile: read on from the oldest
+                request_timeout_ms=ms,
             )
         return self._consumer
