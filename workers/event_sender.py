@@ -28,6 +28,7 @@ from workers.settings import KafkaConnection
 log = logging.getLogger(__name__)
 
 MAX_QUEUED = 20_000  # events waiting for the relay; past this, new ones are dropped (a stuck relay)
+RELAY_STABLE_S = 60.0  # a relay that ran this long before dying restarts without the backoff built up
 
 
 class Sent:
@@ -56,6 +57,7 @@ class _Relay:
         self.tracked: dict[int, Sent] = {}
         self.lock = threading.Lock()
         self.dead = False  # set once the relay's answers have ended: nothing tracked will be answered
+        self.started = time.monotonic()
         self._on_drop = on_drop
         self._reader = threading.Thread(target=self._read, name="inferq-relay-replies", daemon=True)
         self._reader.start()
@@ -177,6 +179,8 @@ class TokenEventSender:
         try:
             relay.write(b"".join(frames))
         except (OSError, ValueError) as exc:  # the relay died: its events are lost, start a new one
+            if time.monotonic() - relay.started > RELAY_STABLE_S:
+                self._restart.reset()  # it had run a good while: this is no crash loop
             delay = self._restart.next_delay()
             log.error("the token-event relay exited (%s); starting it again in %.1fs", exc, delay)
             self._on_drop(sum(1 for _, sent in items if sent is None))  # tracked ones: swept by close
@@ -186,8 +190,6 @@ class TokenEventSender:
                 self._relay = _Relay(self._argv, self._env, self._on_drop)
             except OSError as again:  # keep the dead one: the next write fails and tries again
                 log.error("the token-event relay could not start: %s", again)
-        else:
-            self._restart.reset()
 
     def _drop(self, sent: Sent | None, why: str) -> None:
         self._on_drop(1)

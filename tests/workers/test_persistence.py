@@ -41,6 +41,13 @@ def _accepted(dep, job_id: str, tenant: str = "t-a", offset: int = 0, prompt: st
     return Accepted(record, job_id, "normal", job, prompt, (1, 2, 3), 8)
 
 
+def _admit(dep, db, worker_id: str, jobs: dict[str, int]) -> None:
+    """Admit jobs (job_id -> source offset) as `worker_id` would: their rows are then queued."""
+    admitter = Admitter(db, worker_id)
+    admitter.add([_accepted(dep, job_id, offset=offset) for job_id, offset in jobs.items()])
+    admitter.run(lambda a: False)
+
+
 def _persister(dep, db, producer) -> Persister:
     def dead_letter(r: Rejected):
         return producer.send(
@@ -94,9 +101,7 @@ def test_a_row_postgres_refuses_is_split_off_and_the_rest_is_stored(env):
     dep, db, producer = env
     since = now_ms()
     base = f"split-{uuid.uuid4().hex[:8]}"
-    admitter = Admitter(db, "w-test")
-    admitter.add([_accepted(dep, f"{base}-good", offset=10), _accepted(dep, f"{base}-bad", offset=11)])
-    admitter.run(lambda a: False)
+    _admit(dep, db, "w-test", {f"{base}-good": 10, f"{base}-bad": 11})
     topic = dep.topics.jobs("normal")
     now = datetime.now(UTC)
     good = Terminal(
@@ -171,9 +176,7 @@ def test_a_live_publishers_result_is_not_published_by_another_worker(env):
     dep, db, producer = env
     since = now_ms()
     base = f"lease-{uuid.uuid4().hex[:8]}"
-    admitter = Admitter(db, "w-other")
-    admitter.add([_accepted(dep, f"{base}-1", offset=40)])
-    admitter.run(lambda a: False)
+    _admit(dep, db, "w-other", {f"{base}-1": 40})
     now = datetime.now(UTC)
     values = {"output_text": "out", "finish_reason": "stop", "finished_at": now, **claim("w-other", now)}
     with db.begin() as conn:  # w-other wrote it and is still trying to publish (say, the broker is away)
@@ -199,9 +202,7 @@ def test_a_result_its_dead_publisher_got_out_is_not_published_again(env):
     dep, db, producer = env
     since = now_ms()
     base = f"landed-{uuid.uuid4().hex[:8]}"
-    admitter = Admitter(db, "w-dead")
-    admitter.add([_accepted(dep, f"{base}-1", offset=50), _accepted(dep, f"{base}-2", offset=51)])
-    admitter.run(lambda a: False)
+    _admit(dep, db, "w-dead", {f"{base}-1": 50, f"{base}-2": 51})
     now = datetime.now(UTC)
     values = {"output_text": "out", "finish_reason": "stop", "finished_at": now, **claim("w-dead", now)}
     with db.begin() as conn:
