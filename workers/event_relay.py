@@ -5,9 +5,10 @@ worker's GIL for about a second per ten seconds of generation, and the engine lo
 torch ops. In a process of its own that work runs beside the engine instead of between its kernels.
 
 Protocol (pipes, both ways length-prefixed): the worker writes `frame(track, key, value)` to stdin; the
-relay answers on stdout for every tracked event (delivered or failed) and for every event it dropped.
-It exits when stdin closes (the worker stopped or died), after a bounded flush; it ignores SIGINT and
-SIGTERM, which are the worker's to act on. Run by the worker as `python -m workers.event_relay`.
+relay answers on stdout for every tracked event (delivered, failed or dropped) and with a count of the
+untracked events it dropped. It exits when stdin closes, after a bounded flush, or at once when the worker
+is gone (a thread watches the parent pid); it ignores SIGINT and SIGTERM, which are the worker's to act on.
+Run by the worker as `python -m workers.event_relay`.
 """
 
 from __future__ import annotations

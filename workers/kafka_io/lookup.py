@@ -3,7 +3,7 @@
 A producer's future can fail although the broker wrote the message (its acknowledgement was lost with a
 broker that died, or a batch expired on its way), and an idempotent producer cannot recognise a later
 copy as the same message. So before a result is sent again, the worker reads its key's partition from a
-point in time to the end, and sends it again only if no message with that key is there.
+point in time to the end, and sends it again only if that exact message (same key, same bytes) is not there.
 """
 
 from __future__ import annotations
