@@ -21,12 +21,12 @@ from gpu.attention import PagedAttention
 from gpu.attention.metadata import AttentionMetadata
 from gpu.attention.native_decode import NativeDecode
 from gpu.kv_cache import KVCache, KVShape
-from gpu.linear import Linear
+from gpu.linear import UNBOUNDED, Choice, Linear
 
 log = logging.getLogger(__name__)
 
 REPS = 5
-LINEAR_ROWS = (1, 4, 16, 64, 256, 512)
+LINEAR_ROWS = (1, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
 def race(candidates: dict[str, Callable[[], object]], reps: int = REPS) -> dict[str, float]:
@@ -95,57 +95,52 @@ def decode_kernel(shape: KVShape, heads: int, batch: int, context: int, threads:
 
 
 @cache
-def packed_rows(
+def linear_choice(
     out_features: int, in_features: int, dtype: torch.dtype, max_rows: int, threads: int
-) -> tuple[int, int]:
-    """Rows [from, below) in which the oneDNN-packed weight beats the plain kernel for this shape."""
+) -> Choice:
+    """Which kernel each row count uses for this weight shape: the fastest at each measured size, among
+    the kernels whose output agrees with the plain one."""
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(out_features, in_features, generator=generator).to(dtype)
     linear = Linear(weight, None, packed=True)
-    if linear.packed_weight is None:
-        return Linear.NEVER
-    timed = []  # (rows, plain s, packed s)
-    for rows in (r for r in LINEAR_ROWS if r <= max_rows):
+    kernels = linear.kernels
+    if kernels == ("plain",):
+        return Linear.ALWAYS_PLAIN
+    winners = []  # (rows, fastest kernel)
+    for rows in [r for r in LINEAR_ROWS if r <= max_rows] or [1]:
         x = torch.randn(rows, in_features, generator=generator).to(dtype)
-        times = race({"plain": lambda x=x: linear.plain(x), "packed": lambda x=x: linear.packed(x)})
-        timed.append((rows, times["plain"], times["packed"]))
-    return packed_range(timed)
+        reference = linear.plain(x)
+        tolerance = 1e-4 * float(reference.abs().max()) + 1e-6
+        agreeing = [
+            k for k in kernels if torch.allclose(linear.run(k, x), reference, rtol=1e-4, atol=tolerance)
+        ]
+        if len(agreeing) < len(kernels):
+            log.warning("linear %dx%d at %d rows: %s disagree with the plain kernel; not used",
+                        out_features, in_features, rows, sorted(set(kernels) - set(agreeing)))  # fmt: skip
+        times = race({k: lambda k=k, x=x: linear.run(k, x) for k in agreeing})
+        winners.append((rows, min(times, key=times.__getitem__)))
+    choice = choice_from(winners)
+    log.info("linear %dx%d, %d threads: %s", out_features, in_features, threads, choice)
+    return choice
 
 
-def packed_range(timed: list[tuple[int, float, float]]) -> tuple[int, int]:
-    """The run of consecutive measured sizes where the packed kernel wins that saves the most time in
-    total, as rows [from, below); its ends lie halfway (geometrically) to the neighbouring sizes, and
-    beyond the largest size measured the choice at the largest holds. NEVER if packed wins nowhere.
-
-    Packed often wins for decode batches and loses for prefill-sized ones (SmolLM2's shapes at 512 rows),
-    so one threshold cannot express the choice; a single noisy size splits a run rather than flipping
-    every larger size."""
-    best, best_saving = None, 0.0
-    start = None
-    for i, (_, plain_s, packed_s) in enumerate([*timed, (0, 0.0, 1.0)]):  # a sentinel loss ends the last run
-        if packed_s < plain_s:
-            start = i if start is None else start
-            continue
-        if start is not None:
-            saving = sum(t[1] - t[2] for t in timed[start:i])
-            if saving > best_saving:
-                best, best_saving = (start, i - 1), saving
-            start = None
-    if best is None:
-        return Linear.NEVER
-    first, last = best
-    rows = [t[0] for t in timed]
-    low = 0 if first == 0 else math.ceil(math.sqrt(rows[first - 1] * rows[first]))
-    high = 1 << 62 if last == len(rows) - 1 else math.ceil(math.sqrt(rows[last] * rows[last + 1]))
-    return low, high
+def choice_from(winners: list[tuple[int, str]]) -> Choice:
+    """Row ranges from the fastest kernel at each measured size, ascending: a range ends halfway
+    (geometrically) to the next size where another kernel won; the largest size's winner holds beyond it."""
+    choice: list[tuple[int, str]] = []
+    for (rows, kernel), (next_rows, next_kernel) in zip(winners, winners[1:], strict=False):
+        if kernel != next_kernel:
+            choice.append((math.ceil(math.sqrt(rows * next_rows)), kernel))
+    choice.append((UNBOUNDED, winners[-1][1]))
+    return tuple(choice)
 
 
 def tune_linears(linears: list[Linear], max_rows: dict[int, int], threads: int) -> None:
-    """Set each linear's packed row range by measurement (shapes shared by many layers measure once)."""
+    """Each linear's kernel per row count, by measurement (shapes shared by many layers measure once)."""
     for linear in linears:
         out_features, in_features = linear.weight.shape
         rows = max_rows.get(id(linear), max(LINEAR_ROWS))
-        linear.packed_rows = packed_rows(out_features, in_features, linear.weight.dtype, rows, threads)
+        linear.use(linear_choice(out_features, in_features, linear.weight.dtype, rows, threads))
 
 
 @cache

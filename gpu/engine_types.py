@@ -30,7 +30,7 @@ class EngineConfig:
     aging_s: float = 30.0
     decode_kernel: str | None = None  # CPU decode attention, "native" or "torch"; None = measured
     fused_rope: bool | None = None  # CPU: RoPE + K/V cache write in one native pass; None = measured
-    tune_linears: bool = True  # CPU: measure packed vs plain linear kernels per shape at start
+    tune_linears: bool = True  # CPU: measure the linear kernels per shape and row count at start
 
 
 @dataclass(frozen=True)

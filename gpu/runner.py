@@ -40,7 +40,7 @@ class RunnerConfig:
     gpu_memory_utilization: float = 0.9
     decode_kernel: str | None = None  # "native" or "torch" on CPU; None = measured at start
     fused_rope: bool | None = None  # the native RoPE + cache write on CPU; None = measured at start
-    tune_linears: bool = True  # measure plain vs packed linears per shape at start (CPU)
+    tune_linears: bool = True  # measure the linear kernels (plain, oneDNN, panel) per shape at start (CPU)
 
 
 class ModelRunner:

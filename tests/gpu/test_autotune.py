@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from gpu import autotune
 from gpu.attention.native_decode import NativeDecode
 from gpu.forward import rotate
 from gpu.kv_cache import KVCache, KVShape
-from gpu.linear import Linear
+from gpu.linear import UNBOUNDED, Linear
 from gpu.native import build
+from gpu.panel_linear import PanelKernel
 from gpu.rope_cache import RopeCacheWrite
 
 
@@ -35,13 +37,32 @@ def test_decode_kernel_choice_is_a_kernel_that_runs_here():
     assert autotune.decode_kernel(bf16, 4, 8, 40, torch.get_num_threads()) == "torch"
 
 
-def test_linear_packed_range_is_measured_and_results_agree():
-    low, high = autotune.packed_rows(96, 64, torch.float32, 64, torch.get_num_threads())
-    assert (low, high) == Linear.NEVER or 0 <= low < high
+def test_linear_choice_is_measured_among_kernels_that_agree():
+    choice = autotune.linear_choice(96, 64, torch.float32, 64, torch.get_num_threads())
     linear = Linear(torch.randn(96, 64), torch.randn(96))
-    x = torch.randn(16, 64)
-    if linear.packed_weight is not None:
-        torch.testing.assert_close(linear.packed(x), linear.plain(x), rtol=1e-5, atol=1e-5)
+    assert choice[-1][0] == UNBOUNDED and [b for b, _ in choice] == sorted(b for b, _ in choice)
+    assert {kernel for _, kernel in choice} <= set(linear.kernels)
+    for rows in (1, 5, 16, 33):
+        x = torch.randn(rows, 64)
+        for kernel in linear.kernels:
+            torch.testing.assert_close(linear.run(kernel, x), linear.plain(x), rtol=1e-5, atol=1e-5)
+
+
+def test_panel_kernel_matches_plain_for_ragged_shapes_strided_rows_and_bias():
+    kernel = PanelKernel.load()
+    if kernel is None:
+        pytest.skip("no C compiler or no AVX2 here")
+    g = torch.Generator().manual_seed(3)
+    for out_features, in_features, rows in [(37, 19, 1), (16, 8, 6), (33, 70, 7), (200, 96, 97), (5, 3, 13)]:
+        weight = torch.randn(out_features, in_features, generator=g)
+        bias = torch.randn(out_features, generator=g)
+        wide = torch.randn(rows, in_features + 5, generator=g)
+        x = wide[:, 2 : 2 + in_features]  # rows strided, each row dense
+        packed = kernel.pack(weight)
+        for b in (None, bias):
+            torch.testing.assert_close(kernel(x, packed, out_features, b), F.linear(x, weight, b))
+    empty = kernel(torch.empty(0, 8), kernel.pack(torch.randn(4, 8)), 4, None)
+    assert empty.shape == (0, 4)
 
 
 def test_kernel_build_falls_back_without_a_compiler(monkeypatch, tmp_path):
@@ -60,37 +81,33 @@ def test_kernel_build_is_cached_by_source_and_cpu(tmp_path):
     assert sorted(tmp_path.glob("*.so")) == built
 
 
-def test_packed_range_covers_the_sizes_where_packed_wins():
-    # SmolLM2's qkv here: packed wins for decode batches, loses at one row and for prefill-sized batches
-    timed = [
-        (1, 1.0, 1.1),
-        (4, 1.9, 1.1),
-        (16, 3.0, 2.1),
-        (64, 5.9, 5.1),
-        (256, 19.4, 19.0),
-        (512, 33.0, 34.8),
-    ]
-    assert autotune.packed_range(timed) == (2, 363)  # halfway (geometrically) to 1 and to 512 rows
-    # packed wins from 16 rows on: the range is open above
-    assert autotune.packed_range([(4, 1.0, 1.2), (16, 2.0, 1.5), (64, 3.0, 2.0)]) == (8, 1 << 62)
-    # one noisy size splits the run; the run saving the most wins
-    timed = [(4, 1.0, 0.9), (16, 2.0, 1.0), (64, 3.0, 3.1), (256, 9.0, 8.9)]
-    assert autotune.packed_range(timed) == (0, 32)
-    # plain wins at every size: never packed
-    assert autotune.packed_range([(4, 1.0, 1.1), (64, 2.0, 2.5)]) == Linear.NEVER
+def test_choice_ranges_end_halfway_between_measured_sizes():
+    winners = [(1, "plain"), (4, "panel"), (16, "panel"), (64, "packed"), (256, "plain"), (512, "plain")]
+    expected = ((2, "plain"), (32, "panel"), (128, "packed"), (UNBOUNDED, "plain"))
+    assert autotune.choice_from(winners) == expected
+    assert autotune.choice_from([(1, "panel")]) == ((UNBOUNDED, "panel"),)
 
 
-def test_linear_uses_the_packed_kernel_only_inside_its_range():
+def test_linear_runs_the_kernel_its_choice_names_for_each_row_count():
     linear = Linear(torch.randn(32, 16), None)
-    if linear.packed_weight is None:
-        pytest.skip("no oneDNN here")
     calls = []
-    linear.plain = lambda x: calls.append("plain") or x  # type: ignore[method-assign]
-    linear.packed = lambda x: calls.append("packed") or x  # type: ignore[method-assign]
-    linear.packed_rows = (2, 64)
-    for rows in (1, 2, 63, 64):
+    for name in ("plain", "packed", "panel"):
+        setattr(linear, name, lambda x, name=name: calls.append(name) or x)
+    linear.choice = ((2, "plain"), (64, "packed"), (UNBOUNDED, "panel"))
+    for rows in (1, 2, 63, 64, 5000):
         linear(torch.zeros(rows, 16))
-    assert calls == ["plain", "packed", "packed", "plain"]
+    assert calls == ["plain", "packed", "packed", "panel", "panel"]
+
+
+def test_use_drops_the_layouts_no_row_count_uses():
+    linear = Linear(torch.randn(32, 16), None)
+    linear.use(((8, "plain"), (UNBOUNDED, "panel")))
+    assert linear.packed_weight is None
+    assert linear.choice[-1] == (UNBOUNDED, "panel" if "panel" in linear.kernels else "plain")
+    linear.use(Linear.ALWAYS_PLAIN)
+    assert linear.panel_weight is None and linear.kernels == ("plain",)
+    x = torch.randn(9, 16)
+    torch.testing.assert_close(linear(x), x @ linear.weight.T)
 
 
 @pytest.mark.parametrize(
