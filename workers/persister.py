@@ -38,7 +38,7 @@ from workers.outbox import (
 )
 from workers.retry import Backoff, describe_error, retry_transient
 from workers.store import cancel_requested
-from workers.writes import Rejected, Source, Stored, WriteContext, WriteItem
+from workers.writes import Rejected, Source, Stored, WriteContext, WriteItem, apply_all
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ class Persister:
     def _store(self, items: list[WriteItem]) -> Stored:
         ctx = WriteContext(self._worker_id, utcnow())
         try:
-            return self._retry("writing job rows", lambda: self._in_tx(lambda c: _apply_all(c, items, ctx)))
+            return self._retry("writing job rows", lambda: self._in_tx(lambda c: apply_all(c, items, ctx)))
         except Exception as exc:  # noqa: BLE001 - not transient: some item's data is refused
             log.warning(
                 "a batch of %d writes was refused (%s); writing them one by one",
@@ -274,13 +274,6 @@ class Persister:
 
     def _retry(self, what: str, work):
         return retry_transient(work, what)
-
-
-def _apply_all(conn, items: list[WriteItem], ctx: WriteContext) -> Stored:
-    out = Stored()
-    for item in items:
-        out += item.apply(conn, ctx)
-    return out
 
 
 def _drain(q: queue.Queue) -> list:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine, Row, create_engine, select
+from sqlalchemy import Connection, Engine, Row, bindparam, create_engine, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import make_url
 
@@ -164,12 +164,15 @@ def _queued_values(r: Admission) -> dict[str, Any]:
 
 
 def mark_running(conn: Connection, started: Sequence[tuple[str, datetime]]) -> None:
-    for job_id, at in started:
-        conn.execute(
-            jobs.update()
-            .where(jobs.c.job_id == job_id, jobs.c.status == "queued")
-            .values(status="running", started_at=at, updated_at=at)
-        )
+    """One executemany for a step's worth of starts: per-row statements cost the worker's GIL time."""
+    if not started:
+        return
+    stmt = (
+        jobs.update()
+        .where(jobs.c.job_id == bindparam("started_id"), jobs.c.status == "queued")
+        .values(status="running", started_at=bindparam("start_time"), updated_at=bindparam("start_time"))
+    )
+    conn.execute(stmt, [{"started_id": job_id, "start_time": at} for job_id, at in started])
 
 
 def finish(conn: Connection, row: Terminal, now: datetime) -> Row | None:

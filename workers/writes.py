@@ -63,6 +63,21 @@ class WriteItem(Protocol):
     def fallback(self, conn: Connection, ctx: WriteContext, error: str) -> Stored: ...
 
 
+def apply_all(conn: Connection, items: list[WriteItem], ctx: WriteContext) -> Stored:
+    """Every item in order, in one transaction; consecutive `Running` marks go as one executemany."""
+    out = Stored()
+    started: list[tuple[str, datetime]] = []
+    for item in items:
+        if isinstance(item, Running):
+            started.append((item.job_id, item.at))
+            continue
+        mark_running(conn, started)
+        started = []
+        out += item.apply(conn, ctx)
+    mark_running(conn, started)
+    return out
+
+
 class _NoFallback:
     """Items with nothing simpler to store: when refused, they are logged and dropped."""
 

@@ -18,7 +18,7 @@ from workers.kafka_io import KeyLookup, Producer, Record
 from workers.outbox import claim, result_from_row
 from workers.persister import Persister
 from workers.store import Terminal, finish, make_engine
-from workers.writes import CancelRequested, Concluded, Rejected, Republish
+from workers.writes import CancelRequested, Concluded, Rejected, Republish, Running
 
 pytestmark = pytest.mark.services
 
@@ -122,6 +122,23 @@ def test_a_row_postgres_refuses_is_split_off_and_the_rest_is_stored(env):
     results = results_by_job(dep, since, 2)
     assert [r.status for r in results[f"{base}-good"]] == ["succeeded"]
     assert [r.status for r in results[f"{base}-bad"]] == ["failed"]
+
+
+def test_running_marks_go_in_order_with_the_other_writes(env):
+    dep, db, producer = env
+    base = f"run-{uuid.uuid4().hex[:8]}"
+    ids = [f"{base}-{i}" for i in range(4)]
+    _admit(dep, db, "w-test", {job_id: 20 + i for i, job_id in enumerate(ids)})
+    at = [datetime.now(UTC) for _ in ids]
+    done = Terminal(ids[1], "succeeded", {"output_text": "x", "finish_reason": "stop", "finished_at": at[1]})
+    topic = dep.topics.jobs("normal")
+    # two starts, the end of the second (it stays terminal), then two more starts
+    items = [Running(ids[0], at[0]), Running(ids[1], at[1]), Concluded(done, ((topic, 0, 21),)),
+             Running(ids[2], at[2]), Running(ids[3], at[3]), Running(ids[1], at[1])]  # fmt: skip
+    _run(_persister(dep, db, producer), items)
+    rows = job_rows(db, ids)
+    assert [rows[job_id]["status"] for job_id in ids] == ["running", "succeeded", "running", "running"]
+    assert [rows[job_id]["started_at"] for job_id in ids] == at
 
 
 def test_outbox_republishes_only_what_never_went_out(env):
