@@ -188,7 +188,7 @@ class Dispatcher:
             return
         if out.started and job.started_at is None:
             job.started_at = step_started or utcnow()  # first scheduled: when its first step began
-            self.items.append(Running(job.job_id, job.started_at))
+            self.items.append(Running(job.job_id, job.started_at, job.attempt))
             job_event("started", job.job_id, job.priority, attempt=job.attempt,
                       queue_ms=_ms_between(job.created_at, job.started_at))  # fmt: skip
         if out.new_token_ids or out.text_delta:

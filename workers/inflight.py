@@ -99,6 +99,7 @@ class InFlightJob:
                 "e2e_ms": timings.e2e_ms,
                 "queue_ms": timings.queue_ms,
             },
+            attempt=self.attempt,
         )
         return row, timings
 

@@ -196,9 +196,11 @@ class Persister:
             unsure=stored.unsure,
         )
         self.written += len(items)
-        deferred = {id(item) for item in stored.deferred}
+        for item in stored.superseded:
+            log.info("%s: a later attempt owns the job now; this one is dropped", describe_item(item))
+        unacked = {id(item) for item in stored.deferred + stored.superseded}
         for item in items:
-            if id(item) not in deferred:
+            if id(item) not in unacked:
                 for source in item.sources:
                     self._done.put(source)
         if stored.deferred:  # another live worker publishes these: look again once its lease may lapse

@@ -75,6 +75,9 @@ class Terminal:
     job_id: str
     status: str
     values: dict[str, Any] = field(default_factory=dict)  # output_text, finish_reason, usage, timings, error
+    # the attempt that ended: its row is written only while no later attempt has re-queued the job (a
+    # fencing token); None for a job that never ran (cancelled before it started)
+    attempt: int | None = None
 
 
 def make_engine(database_url: str) -> Engine:
@@ -163,26 +166,48 @@ def _queued_values(r: Admission) -> dict[str, Any]:
     }
 
 
-def mark_running(conn: Connection, started: Sequence[tuple[str, datetime]]) -> None:
-    """One executemany for a step's worth of starts: per-row statements cost the worker's GIL time."""
+def mark_running(conn: Connection, started: Sequence[tuple[str, datetime, int]]) -> None:
+    """One executemany for a step's worth of starts (job_id, when, attempt): per-row statements cost the
+    worker's GIL time. A start of an attempt the job has moved past (re-queued elsewhere) writes nothing."""
     if not started:
         return
     stmt = (
         jobs.update()
-        .where(jobs.c.job_id == bindparam("started_id"), jobs.c.status == "queued")
+        .where(
+            jobs.c.job_id == bindparam("started_id"),
+            jobs.c.status == "queued",
+            jobs.c.attempts == bindparam("started_attempt"),
+        )
         .values(status="running", started_at=bindparam("start_time"), updated_at=bindparam("start_time"))
     )
-    conn.execute(stmt, [{"started_id": job_id, "start_time": at} for job_id, at in started])
+    rows = [{"started_id": j, "start_time": at, "started_attempt": n} for j, at, n in started]
+    conn.execute(stmt, rows)
+
+
+def _live(job_id: str, attempt: int | None):
+    """The job's row while it is not terminal and, for a known attempt, still that attempt's."""
+    where = (jobs.c.job_id == job_id) & jobs.c.status.not_in(TERMINAL_STATUSES)
+    return where if attempt is None else where & (jobs.c.attempts == attempt)
 
 
 def finish(conn: Connection, row: Terminal, now: datetime) -> Row | None:
-    """Write one terminal row; the written row, or None if it was terminal already (never overwritten)."""
+    """Write one terminal row; the written row, or None if it was terminal already (never overwritten)
+    or a later attempt owns the job now (a worker that lost the job's partition concluded it late)."""
     return conn.execute(
         jobs.update()
-        .where(jobs.c.job_id == row.job_id, jobs.c.status.not_in(TERMINAL_STATUSES))
+        .where(_live(row.job_id, row.attempt))
         .values(status=row.status, updated_at=now, **row.values)
         .returning(*jobs.c)
     ).first()
+
+
+def superseded(conn: Connection, job_id: str, attempt: int | None) -> bool:
+    """Whether a later attempt than `attempt` owns the job and has not ended yet."""
+    if attempt is None:
+        return False
+    query = select(jobs.c.attempts).where(_live(job_id, None))
+    current = conn.execute(query).scalar_one_or_none()
+    return current is not None and current != attempt
 
 
 def insert_terminal(conn: Connection, job_id: str, status: str, values: dict[str, Any]) -> Row | None:
@@ -241,11 +266,18 @@ def cancel_requested(conn: Connection, job_ids: Sequence[str]) -> set[str]:
     return set(conn.execute(query).scalars())
 
 
-def fail(conn: Connection, job_id: str, error: str, now: datetime, claim: dict[str, Any]) -> Row | None:
+def fail(
+    conn: Connection,
+    job_id: str,
+    error: str,
+    now: datetime,
+    claim: dict[str, Any],
+    attempt: int | None = None,
+) -> Row | None:
     """Make a job `failed` with a reason, writing nothing else (used when its real row cannot be stored)."""
     return conn.execute(
         jobs.update()
-        .where(jobs.c.job_id == job_id, jobs.c.status.not_in(TERMINAL_STATUSES))
+        .where(_live(job_id, attempt))
         .values(
             status="failed",
             finish_reason="error",

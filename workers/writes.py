@@ -17,7 +17,15 @@ from schemas.jobs import JobResult
 from workers.deliveries import Waitable
 from workers.kafka_io import Record
 from workers.outbox import claim, take_over
-from workers.store import Terminal, fail, finish, insert_terminal, mark_running, request_cancel
+from workers.store import (
+    Terminal,
+    fail,
+    finish,
+    insert_terminal,
+    mark_running,
+    request_cancel,
+    superseded,
+)
 
 Source = tuple[str, int, int]  # topic, partition, offset
 
@@ -35,12 +43,16 @@ class Stored:
     direct: list[JobResult] = field(default_factory=list)  # publish only (there is no row of ours)
     deferred: list[Any] = field(default_factory=list)  # items to try again later (not acked meanwhile)
     unsure: set[str] = field(default_factory=set)  # outbox job_ids whose result may be out already
+    # items of an attempt a later one replaced: nothing written, and their records are not acked (their
+    # offsets belong to the job's new owner, which may be this worker again after a rebalance)
+    superseded: list[Any] = field(default_factory=list)
 
     def __iadd__(self, other: Stored) -> Stored:
         self.outbox += other.outbox
         self.direct += other.direct
         self.deferred += other.deferred
         self.unsure |= other.unsure
+        self.superseded += other.superseded
         return self
 
 
@@ -66,10 +78,10 @@ class WriteItem(Protocol):
 def apply_all(conn: Connection, items: list[WriteItem], ctx: WriteContext) -> Stored:
     """Every item in order, in one transaction; consecutive `Running` marks go as one executemany."""
     out = Stored()
-    started: list[tuple[str, datetime]] = []
+    started: list[tuple[str, datetime, int]] = []
     for item in items:
         if isinstance(item, Running):
-            started.append((item.job_id, item.at))
+            started.append((item.job_id, item.at, item.attempt))
             continue
         mark_running(conn, started)
         started = []
@@ -93,10 +105,11 @@ def _outbox(row: Row | None) -> Stored:
 class Running(_NoFallback):
     job_id: str
     at: datetime
+    attempt: int
     sources: tuple[Source, ...] = ()
 
     def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
-        mark_running(conn, [(self.job_id, self.at)])
+        mark_running(conn, [(self.job_id, self.at, self.attempt)])
         return Stored()
 
 
@@ -111,12 +124,18 @@ class Concluded:
     stream_end: Waitable | None = None
 
     def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
-        row = Terminal(self.row.job_id, self.row.status, {**self.row.values, **ctx.claim})
-        return _outbox(finish(conn, row, ctx.now))
+        row = Terminal(self.row.job_id, self.row.status, {**self.row.values, **ctx.claim}, self.row.attempt)
+        return self._outcome(conn, finish(conn, row, ctx.now))
 
     def fallback(self, conn: Connection, ctx: WriteContext, error: str) -> Stored:
         reason = storable(f"result could not be stored: {error}")
-        return _outbox(fail(conn, self.row.job_id, reason, ctx.now, ctx.claim))
+        written = fail(conn, self.row.job_id, reason, ctx.now, ctx.claim, self.row.attempt)
+        return self._outcome(conn, written)
+
+    def _outcome(self, conn: Connection, written: Row | None) -> Stored:
+        if written is None and superseded(conn, self.row.job_id, self.row.attempt):
+            return Stored(superseded=[self])
+        return _outbox(written)
 
 
 @dataclass(frozen=True)

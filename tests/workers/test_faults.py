@@ -95,6 +95,7 @@ def test_service_killed_mid_generation_loses_nothing(private, deployment, servic
         rows = _assert_once(dep, db, ids, since)
         assert {r["worker_id"] for r in rows.values()} == {f"w-{service}"}
         assert all(r["completion_tokens"] == 120 for r in rows.values())
+        _assert_streams_complete(dep, rows, since)  # the outage cost no token event
         assert worker.proc.poll() is None, worker.output()[-3000:]
         # and it still takes new work afterwards
         later = _submit(client, f"{service}-after-{dep.topic_prefix}", 3, 4)
@@ -161,17 +162,23 @@ def test_soak_with_a_worker_killed_and_the_broker_restarted(private, deployment)
         private.cli("up")
         rows = _assert_once(dep, db, ids, since)
         assert set(rows) == set(ids)
-        events = token_events(read_topic(dep, dep.topics.tokens, since, _all_final(len(ids)), timeout_s=120))
-        for job_id, row in rows.items():
-            final = [e for e in events.get(job_id, []) if e.attempt == row["attempts"]]
-            assert [e.seq for e in final] == list(range(len(final))), job_id  # no gap, no duplicate
-            assert final and final[-1].finish_reason, job_id
-            assert "".join(e.text for e in final) == row["output_text"], job_id
+        _assert_streams_complete(dep, rows, since)
         for w in workers[1:]:
             assert w.proc.poll() is None, (w.worker_id, w.output()[-6000:])
     finally:
         for w in workers:
             w.stop(signal.SIGTERM)
+
+
+def _assert_streams_complete(dep, rows: dict[str, dict], since: int) -> None:
+    """Each job's final attempt streamed every delta once, in order, ending with its finish reason."""
+    records = read_topic(dep, dep.topics.tokens, since, _all_final(rows), timeout_s=120)
+    events = token_events(records)
+    for job_id, row in rows.items():
+        final = [e for e in events.get(job_id, []) if e.attempt == row["attempts"]]
+        assert [e.seq for e in final] == list(range(len(final))), (job_id, [e.seq for e in final])
+        assert final and final[-1].finish_reason, (job_id, row["attempts"], len(events.get(job_id, [])))
+        assert "".join(e.text for e in final) == row["output_text"], job_id
 
 
 def _terminal_count(db, ids: list[str]) -> int:
@@ -180,8 +187,8 @@ def _terminal_count(db, ids: list[str]) -> int:
         return conn.execute(query).scalar_one()
 
 
-def _all_final(n: int):
-    """Until every job's final token event is in (read incrementally: thousands of records)."""
+def _all_final(rows: dict[str, dict]):
+    """Until the last event of every job's final attempt is in (read incrementally: thousands of records)."""
     finished: set[str] = set()
     seen = 0
 
@@ -189,9 +196,10 @@ def _all_final(n: int):
         nonlocal seen
         for r in records[seen:]:
             event = json.loads(r.value)
-            if event["finish_reason"]:
+            row = rows.get(event["job_id"])
+            if event["finish_reason"] and row is not None and event["attempt"] == row["attempts"]:
                 finished.add(event["job_id"])
         seen = len(records)
-        return len(finished) >= n
+        return len(finished) >= len(rows)
 
     return until

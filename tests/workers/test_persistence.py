@@ -133,12 +133,44 @@ def test_running_marks_go_in_order_with_the_other_writes(env):
     done = Terminal(ids[1], "succeeded", {"output_text": "x", "finish_reason": "stop", "finished_at": at[1]})
     topic = dep.topics.jobs("normal")
     # two starts, the end of the second (it stays terminal), then two more starts
-    items = [Running(ids[0], at[0]), Running(ids[1], at[1]), Concluded(done, ((topic, 0, 21),)),
-             Running(ids[2], at[2]), Running(ids[3], at[3]), Running(ids[1], at[1])]  # fmt: skip
+    items = [Running(ids[0], at[0], 1), Running(ids[1], at[1], 1), Concluded(done, ((topic, 0, 21),)),
+             Running(ids[2], at[2], 1), Running(ids[3], at[3], 1), Running(ids[1], at[1], 1)]  # fmt: skip
     _run(_persister(dep, db, producer), items)
     rows = job_rows(db, ids)
     assert [rows[job_id]["status"] for job_id in ids] == ["running", "succeeded", "running", "running"]
     assert [rows[job_id]["started_at"] for job_id in ids] == at
+
+
+def test_an_attempt_a_later_one_replaced_writes_nothing_and_acks_nothing(env):
+    """Worker A lost the job's partition just as it concluded attempt 1; the new owner re-queued the job
+    (attempt 2) before A's write landed. A's row, start and result are dropped, its record not acked: the
+    row and its result are attempt 2's alone, so the result and the token stream agree on the attempt."""
+    dep, db, producer = env
+    since = now_ms()
+    job_id = f"fence-{uuid.uuid4().hex[:8]}"
+    _admit(dep, db, "w-a", {job_id: 60})
+    _admit(dep, db, "w-b", {job_id: 60})  # the new owner's admission: attempt 2
+    now = datetime.now(UTC)
+    values = {"output_text": "stale", "finish_reason": "stop", "finished_at": now}
+    topic = dep.topics.jobs("normal")
+    stale = [
+        Running(job_id, now, 1),
+        Concluded(Terminal(job_id, "succeeded", values, attempt=1), ((topic, 0, 60),)),
+    ]
+    assert _run(_persister(dep, db, producer), stale) == set()
+    row = job_rows(db, [job_id])[job_id]
+    assert (row["status"], row["attempts"], row["output_text"]) == ("queued", 2, None)
+    fresh = [
+        Running(job_id, now, 2),
+        Concluded(
+            Terminal(job_id, "succeeded", {**values, "output_text": "fresh"}, attempt=2), ((topic, 0, 60),)
+        ),
+    ]
+    assert _run(_persister(dep, db, producer), fresh) == {(topic, 0, 60)}
+    row = job_rows(db, [job_id])[job_id]
+    assert (row["status"], row["attempts"], row["output_text"]) == ("succeeded", 2, "fresh")
+    [result] = results_by_job(dep, since, 1, settle_s=2.0)[job_id]
+    assert (result.attempt, result.output_text) == (2, "fresh")
 
 
 def test_outbox_republishes_only_what_never_went_out(env):
