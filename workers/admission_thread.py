@@ -36,7 +36,7 @@ class AdmissionThread:
         tick_s: float = 0.05,
     ) -> None:
         self._admitter = admitter
-        self._is_held = is_held
+        self._held_by_loop = is_held
         self._ready = ready  # set when decisions are waiting: it wakes an idle engine loop
         self._tick_s = tick_s
         self._inbox: queue.Queue[list[Accepted] | set[Partition] | None] = queue.Queue()
@@ -45,6 +45,10 @@ class AdmissionThread:
         self._settled_cv = threading.Condition(self._lock)
         self._outstanding = 0  # records handed over and not yet decided (or dropped)
         self._urgent: set[tuple[str, int, int]] = set()  # high-priority records not decided yet
+        # jobs decided "start" whose decision the engine loop has not settled yet: until it has, a copy
+        # of the same job is held here, or it would be re-queued as a second attempt of a job that is
+        # about to run (whose first attempt's writes the attempt fence would then refuse)
+        self._starting: dict[str, str] = {}  # job_id -> tenant
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="inferq-admission", daemon=True)
 
@@ -83,6 +87,7 @@ class AdmissionThread:
         self._wake.set()
 
     def results(self) -> tuple[list[Decision], list[Rejected]]:
+        """Decisions made since the last call; call `settled` once the loop has acted on them."""
         decisions: list[Decision] = []
         rejected: list[Rejected] = []
         while True:
@@ -92,6 +97,13 @@ class AdmissionThread:
                 return decisions, rejected
             decisions += d
             rejected += r
+
+    def settled(self, decisions: list[Decision]) -> None:
+        """The loop acted on these decisions: a job started by one is now the loop's to hold."""
+        with self._lock:
+            for d in decisions:
+                if d.outcome.kind == "start":
+                    self._starting.pop(d.accepted.job_id, None)
 
     def close(self, timeout_s: float = 5.0) -> None:
         self._inbox.put(None)
@@ -125,10 +137,19 @@ class AdmissionThread:
                 time.sleep(1.0)
                 continue
             if decisions or rejected:
+                with self._lock:
+                    for d in decisions:
+                        if d.outcome.kind == "start":
+                            self._starting[d.accepted.job_id] = d.accepted.tenant
                 self._out.put((decisions, rejected))
                 keys = {_key(d.accepted.record) for d in decisions} | {_key(r.record) for r in rejected}
                 self._settled(len(decisions) + len(rejected), keys)
                 self._ready.set()
+
+    def _is_held(self, a: Accepted) -> bool:
+        with self._lock:
+            starting = self._starting.get(a.job_id) == a.tenant
+        return starting or self._held_by_loop(a)
 
     def _settled(self, n: int, keys: set[tuple[str, int, int]]) -> None:
         with self._settled_cv:

@@ -25,7 +25,7 @@ from workers.inflight import InFlightJob, utcnow
 from workers.intake import Accepted, Intake
 from workers.kafka_io import Record
 from workers.sampling import sampling_params
-from workers.store import Terminal
+from workers.store import Admitted, Terminal
 from workers.streaming import TokenStreamer
 from workers.writes import CancelRequested, Concluded, Rejected, Republish, Running, WriteItem, storable
 
@@ -77,9 +77,12 @@ class Dispatcher:
         for r in rejected:
             if r.record.source in owned:
                 self._reject(r)
-        for d in decisions:
-            if d.accepted.record.source in owned:
-                self._settle(d)
+        try:
+            for d in decisions:
+                if d.accepted.record.source in owned:
+                    self._settle(d)
+        finally:
+            self.admitter.settled(decisions)
 
     def _is_held(self, a: Accepted) -> bool:
         job = self.jobs.get(a.job_id)
@@ -88,10 +91,12 @@ class Dispatcher:
     def _settle(self, d: Decision) -> None:
         a, outcome = d.accepted, d.outcome
         source = _src(a.record)
-        if outcome.kind == "held" or (outcome.kind == "start" and a.job_id in self.jobs):
-            # a second copy while this worker runs the job (decided on the admission thread before the
-            # first copy started here): one run, acked with it
-            self.jobs[a.job_id].sources.append(source)
+        running = self.jobs.get(a.job_id) if self._is_held(a) else None
+        if outcome.kind in ("held", "start") and running is not None:
+            self._carried_again(running, a, outcome)
+        elif outcome.kind == "held":
+            # the copy it was held for has ended here (or never started): this record is decided afresh
+            self.admitter.add([a])
         elif outcome.kind == "done":  # a redelivery: never a second run, a result only if none went out
             if outcome.published:
                 self.w.offsets.ack(a.record.source, a.record.offset)
@@ -110,6 +115,18 @@ class Dispatcher:
             job_event("finished", a.job_id, a.priority, status="cancelled", finish_reason="abort")
         else:
             self._start(a, outcome.attempt)
+
+    def _carried_again(self, job: InFlightJob, a: Accepted, outcome: Admitted) -> None:
+        """Another copy of a job this worker runs: one run, and the copy is acked with it."""
+        job.sources.append(_src(a.record))
+        if outcome.kind == "start" and outcome.attempt > job.attempt:
+            # the copy re-queued the row as a later attempt: this run is that attempt now, or the
+            # attempt fence would refuse its writes and the row would stay queued
+            log.warning("job %s: a copy re-queued it as attempt %d while attempt %d ran here",
+                        a.job_id, outcome.attempt, job.attempt)  # fmt: skip
+            job.attempt = outcome.attempt
+            if job.started_at is not None:
+                self.items.append(Running(job.job_id, job.started_at, job.attempt))
 
     def _start(self, a: Accepted, attempt: int) -> None:
         created_at = a.record.posted_at(utcnow())

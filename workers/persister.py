@@ -196,13 +196,13 @@ class Persister:
             unsure=stored.unsure,
         )
         self.written += len(items)
-        for item in stored.superseded:
-            log.info("%s: a later attempt owns the job now; this one is dropped", describe_item(item))
-        unacked = {id(item) for item in stored.deferred + stored.superseded}
-        for item in items:
-            if id(item) not in unacked:
-                for source in item.sources:
-                    self._done.put(source)
+        for item, later in stored.superseded:
+            log.info("%s: attempt dropped, the job runs from %s now", describe_item(item), later)
+        unacked = {id(item) for item in stored.deferred} | {id(item) for item, _ in stored.superseded}
+        acks = [s for item in items if id(item) not in unacked for s in item.sources]
+        acks += [s for item, later in stored.superseded for s in item.sources if s != later]
+        for source in acks:
+            self._done.put(source)
         if stored.deferred:  # another live worker publishes these: look again once its lease may lapse
             self._later.append((time.monotonic() + LEASE_S / 2, stored.deferred))
 

@@ -201,13 +201,15 @@ def finish(conn: Connection, row: Terminal, now: datetime) -> Row | None:
     ).first()
 
 
-def superseded(conn: Connection, job_id: str, attempt: int | None) -> bool:
-    """Whether a later attempt than `attempt` owns the job and has not ended yet."""
+def superseded_by(conn: Connection, job_id: str, attempt: int | None) -> tuple[str, int, int] | None:
+    """The record of a later attempt than `attempt` that owns the job and has not ended yet, if any."""
     if attempt is None:
-        return False
-    query = select(jobs.c.attempts).where(_live(job_id, None))
-    current = conn.execute(query).scalar_one_or_none()
-    return current is not None and current != attempt
+        return None
+    query = select(jobs.c.attempts, jobs.c.source_topic, jobs.c.source_partition, jobs.c.source_offset)
+    current = conn.execute(query.where(_live(job_id, None))).first()
+    if current is None or current.attempts == attempt:
+        return None
+    return current.source_topic, current.source_partition, current.source_offset
 
 
 def insert_terminal(conn: Connection, job_id: str, status: str, values: dict[str, Any]) -> Row | None:

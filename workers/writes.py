@@ -24,7 +24,7 @@ from workers.store import (
     insert_terminal,
     mark_running,
     request_cancel,
-    superseded,
+    superseded_by,
 )
 
 Source = tuple[str, int, int]  # topic, partition, offset
@@ -43,9 +43,10 @@ class Stored:
     direct: list[JobResult] = field(default_factory=list)  # publish only (there is no row of ours)
     deferred: list[Any] = field(default_factory=list)  # items to try again later (not acked meanwhile)
     unsure: set[str] = field(default_factory=set)  # outbox job_ids whose result may be out already
-    # items of an attempt a later one replaced: nothing written, and their records are not acked (their
-    # offsets belong to the job's new owner, which may be this worker again after a rebalance)
-    superseded: list[Any] = field(default_factory=list)
+    # items of an attempt a later one replaced, each with the record that later attempt runs from:
+    # nothing is written; the item's other records are acked (that run concludes the job), but never
+    # that record (its offset belongs to the job's new owner, which may be this worker again)
+    superseded: list[tuple[Any, Source]] = field(default_factory=list)
 
     def __iadd__(self, other: Stored) -> Stored:
         self.outbox += other.outbox
@@ -133,8 +134,8 @@ class Concluded:
         return self._outcome(conn, written)
 
     def _outcome(self, conn: Connection, written: Row | None) -> Stored:
-        if written is None and superseded(conn, self.row.job_id, self.row.attempt):
-            return Stored(superseded=[self])
+        if written is None and (later := superseded_by(conn, self.row.job_id, self.row.attempt)):
+            return Stored(superseded=[(self, later)])
         return _outbox(written)
 
 

@@ -34,12 +34,14 @@ class GatedAdmitter:
         if not self.gate.is_set():
             return [], []
         decided, self._pending = self._pending, []
-        return [Decision(a, Admitted("start", 1)) for a in decided], []
+        return [Decision(a, Admitted("held") if is_held(a) else Admitted("start", 1)) for a in decided], []
 
 
 class FakeAccepted:
-    def __init__(self, priority: str, offset: int) -> None:
+    def __init__(self, priority: str, offset: int, job_id: str = "j", tenant: str = "t") -> None:
         self.priority = priority
+        self.job_id = job_id
+        self.tenant = tenant
         self.record = Record(f"inferq.jobs.{priority}", 0, offset, None, b"{}", 0)
 
 
@@ -76,3 +78,23 @@ def test_a_revoked_partition_releases_the_wait(admission):
     thread.add([FakeAccepted("high", 3)])
     thread.drop({("inferq.jobs.high", 0)})
     assert thread.wait_urgent(5.0)
+
+
+def _decide(thread: AdmissionThread, admitter: GatedAdmitter, a: FakeAccepted) -> Decision:
+    admitter.gate.set()
+    thread.add([a])
+    assert thread.wait_urgent(5.0)
+    [decision] = thread.results()[0]
+    return decision
+
+
+def test_a_copy_of_a_job_whose_start_is_not_settled_yet_is_held(admission):
+    """The loop has not acted on the first copy's start yet: a second copy must not be admitted (that
+    would re-queue the job as a second attempt and fence out the run the first copy starts)."""
+    thread, admitter = admission
+    first = _decide(thread, admitter, FakeAccepted("high", 1, "dup"))
+    assert first.outcome.kind == "start"
+    assert _decide(thread, admitter, FakeAccepted("high", 2, "dup")).outcome.kind == "held"
+    assert _decide(thread, admitter, FakeAccepted("high", 3, "dup", "other")).outcome.kind == "start"
+    thread.settled([first])  # from now on the loop says whether it holds the job (here: it does not)
+    assert _decide(thread, admitter, FakeAccepted("high", 4, "dup")).outcome.kind == "start"

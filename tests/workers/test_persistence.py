@@ -141,7 +141,7 @@ def test_running_marks_go_in_order_with_the_other_writes(env):
     assert [rows[job_id]["started_at"] for job_id in ids] == at
 
 
-def test_an_attempt_a_later_one_replaced_writes_nothing_and_acks_nothing(env):
+def test_an_attempt_a_later_one_replaced_writes_nothing_and_leaves_the_record_to_it(env):
     """Worker A lost the job's partition just as it concluded attempt 1; the new owner re-queued the job
     (attempt 2) before A's write landed. A's row, start and result are dropped, its record not acked: the
     row and its result are attempt 2's alone, so the result and the token stream agree on the attempt."""
@@ -171,6 +171,23 @@ def test_an_attempt_a_later_one_replaced_writes_nothing_and_acks_nothing(env):
     assert (row["status"], row["attempts"], row["output_text"]) == ("succeeded", 2, "fresh")
     [result] = results_by_job(dep, since, 1, settle_s=2.0)[job_id]
     assert (result.attempt, result.output_text) == (2, "fresh")
+
+
+def test_an_attempt_replaced_from_another_record_acks_its_own(env):
+    """A copy of the job on another record re-queued it (attempt 2) while attempt 1 ran: attempt 1 writes
+    nothing, but its record is acked, since attempt 2's record stays unacked until the job ends (a
+    record left pending forever would stop the partition's commits)."""
+    dep, db, producer = env
+    job_id = f"fence2-{uuid.uuid4().hex[:8]}"
+    _admit(dep, db, "w-a", {job_id: 70})
+    _admit(dep, db, "w-b", {job_id: 71})
+    now = datetime.now(UTC)
+    values = {"output_text": "stale", "finish_reason": "stop", "finished_at": now}
+    topic = dep.topics.jobs("normal")
+    stale = [Concluded(Terminal(job_id, "succeeded", values, attempt=1), ((topic, 0, 70),))]
+    assert _run(_persister(dep, db, producer), stale) == {(topic, 0, 70)}
+    row = job_rows(db, [job_id])[job_id]
+    assert (row["status"], row["attempts"], row["output_text"]) == ("queued", 2, None)
 
 
 def test_outbox_republishes_only_what_never_went_out(env):

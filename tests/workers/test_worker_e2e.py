@@ -21,6 +21,7 @@ from tests.workers.worker_factories import (
     token_events,
     wait_status,
     wait_terminal,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -172,7 +173,10 @@ def test_duplicates_and_redeliveries_yield_one_terminal_row_and_result(deploymen
     client.submit(job, "normal")
     client.submit(job, "high")  # same job on another class, in flight together
     client.flush()
-    rows = wait_terminal(db, [job["job_id"]])
+    wait_terminal(db, [job["job_id"]])
+    # the row is final once its result is out (published_at set after the publish)
+    wait_until(lambda: job_rows(db, [job["job_id"]])[job["job_id"]]["published_at"] is not None)
+    rows = job_rows(db, [job["job_id"]])
     client.submit(job, "low")  # a redelivery of a finished job
     probe = client.submit(
         {"job_id": f"probe-{dep.topic_prefix}", "prompt": "after", "max_tokens": 2}, "low"
