@@ -4,6 +4,8 @@ dashboards and alerts written for vLLM read them with the prefix changed."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from schemas.jobs import Timings
@@ -95,6 +97,9 @@ class WorkerMetrics:
         for per_model in (self.running, self.kv_usage, self.preemptions, self.prompt_tokens,
                           self.generation_tokens, self.prefix_queries, self.prefix_hits):  # fmt: skip
             per_model.labels(model_name)
+        # children looked up once: `labels()` costs more than the observation (called per job per step)
+        self._generated = self.generation_tokens.labels(model_name)
+        self._itl: dict[str, Any] = {}
         self._preemptions_seen = 0
         self._prefix_hits_seen = 0
         self._lag_labels: set[tuple[str, str]] = set()
@@ -111,9 +116,11 @@ class WorkerMetrics:
     def observe_tokens(self, priority: str, count: int, gap_s: float | None) -> None:
         """`count` new tokens of a job, `gap_s` after its previous ones (None for its first): every gap
         between consecutive tokens is one ITL observation, as vLLM observes them."""
-        self.generation_tokens.labels(self.model_name).inc(count)
+        self._generated.inc(count)
         if gap_s is not None and count:
-            itl = self.itl.labels(self.model_name, priority)
+            itl = self._itl.get(priority)
+            if itl is None:
+                itl = self._itl[priority] = self.itl.labels(self.model_name, priority)
             for _ in range(count):
                 itl.observe(gap_s / count)
 
