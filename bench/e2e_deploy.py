@@ -111,16 +111,21 @@ class WorkerProcess:
         return sum(pid_cpu_s(p) or 0.0 for p in (self.proc.pid, *(c.pid for c in children)))
 
     def loop_seconds(self) -> dict[str, float]:
-        """The worker's engine-loop seconds by phase so far (its `inferq:loop_seconds` metric)."""
+        """The worker's engine-loop seconds by phase so far (its `inferq:loop_seconds` metric), and its loop
+        thread's as `thread:cpu` and `thread:runqueue` (`inferq:loop_thread_seconds`)."""
         import urllib.request
 
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         text = urllib.request.urlopen(url, timeout=10).read().decode()
         out = {}
         for line in text.splitlines():
-            if line.startswith('inferq:loop_seconds_total{phase="'):
-                name, value = line.rsplit(" ", 1)
-                out[name.split('"')[1]] = float(value)
+            for metric, prefix in (
+                ("loop_seconds_total{phase", ""),
+                ("loop_thread_seconds_total{kind", "thread:"),
+            ):
+                if line.startswith(f'inferq:{metric}="'):
+                    name, value = line.rsplit(" ", 1)
+                    out[prefix + name.split('"')[1]] = float(value)
         return out
 
     def check_alive(self) -> None:
@@ -137,6 +142,9 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait(10)
+
+
+LOOP_METRICS = (("loop_seconds_total{phase", ""), ("loop_thread_seconds_total{kind", "thread:"))
 
 
 def _free_port() -> int:

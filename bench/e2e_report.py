@@ -69,12 +69,20 @@ def _threads(p: dict) -> str:
     )
     lines = []
     for t, r in by.items():
-        loop = r.get("worker_loop_s_per_rep") or {}
+        every = r.get("worker_loop_s_per_rep") or {}
+        loop = {k: v for k, v in every.items() if k != "idle" and not k.startswith("thread:")}
         total = sum(loop.values()) or 1.0
         ranked = sorted(loop.items(), key=lambda kv: -kv[1])
-        lines.append(f"worker loop per e2e rep, {t} thread(s): " + ", ".join(
+        lines.append(f"worker loop per e2e rep (busy), {t} thread(s): " + ", ".join(
             f"{phase} {s:.2f}s ({s / total:.0%})" for phase, s in ranked if s >= 0.005
         ))  # fmt: skip
+        cpu, runqueue = every.get("thread:cpu"), every.get("thread:runqueue")
+        if cpu is not None and runqueue is not None and loop:
+            blocked = max(0.0, total - cpu - runqueue)
+            lines.append(
+                f"  its thread: on a core {cpu:.2f}s ({cpu / total:.0%}), waiting for a core {runqueue:.2f}s "
+                f"({runqueue / total:.0%}), blocked (GIL, I/O) {blocked:.2f}s ({blocked / total:.0%})"
+            )
     return table + "\n" + "\n".join(lines)
 
 

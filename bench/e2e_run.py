@@ -39,6 +39,7 @@ from bench.report import median, ratio
 from bench.workload import WorkloadSpec, parse_range
 
 # the worker's engine defaults (`inferq worker` without options), so both sides run the same engine
+LOOP_METRICS_PERIOD_S = 1.2
 ENGINE_OPTIONS = {"max_num_seqs": 64, "max_num_batched_tokens": 1024}
 T = TypeVar("T")
 ITL_DEFINITION = "per job: (last - first event arrival) / tokens after the first event"
@@ -67,8 +68,9 @@ def run_e2e_bench(args: argparse.Namespace, worker_args: list[str]) -> tuple[dic
     recorder = client = None
     errors: list[str] = []  # a failed later phase still leaves the saturation numbers on file
     try:
-        engine = Engine.from_options(args.model, cache_dir=settings.cache_dir, **ENGINE_OPTIONS)
+        # one after the other: each measures its kernels at start, and must not do it while the other does
         wait_joined(settings, worker)
+        engine = Engine.from_options(args.model, cache_dir=settings.cache_dir, **ENGINE_OPTIONS)
         recorder = TokenRecorder(settings)
         client = JobClient(settings)
         session = Session(client, recorder, worker, args.timeout_s)
@@ -172,11 +174,12 @@ def saturation(
         kafka_cpu = pid_cpu_s(kafka_pid)
         loop_before = session.worker.loop_seconds()
         traces = session.burst(jobs)
-        loop_after = session.worker.loop_seconds()
-        sat["e2e_loop_s"].append({k: v - loop_before.get(k, 0.0) for k, v in loop_after.items()})
         sat["e2e_kafka_cpu_s"].append(_minus(pid_cpu_s(kafka_pid), kafka_cpu or 0.0) if kafka_cpu else None)
         cpu, worker_cpu = time.process_time() - cpu, session.worker.cpu_s() - worker_cpu
         sat["e2e_others_cpu_s"].append(_minus(busy.cpu_s(), cpu + worker_cpu))  # Kafka, Postgres included
+        time.sleep(LOOP_METRICS_PERIOD_S)  # the worker publishes its loop seconds once a second
+        loop_after = session.worker.loop_seconds()
+        sat["e2e_loop_s"].append({k: v - loop_before.get(k, 0.0) for k, v in loop_after.items()})
         sat["e2e_client_cpu_s"].append(cpu)
         sat["e2e_events"].append(sum(len(t.arrivals) for t in traces))
         _note(sat, "e2e", *throughput(traces), worker_cpu, label)

@@ -18,7 +18,7 @@ from workers.event_sender import Sent, TokenEventSender
 from workers.failpoints import step_error_if
 from workers.inflight import utcnow
 from workers.kafka_io import BroadcastReader, Delivery, GroupConsumer, KeyLookup, Partition, Producer
-from workers.loop_clock import LoopClock
+from workers.loop_clock import LoopClock, thread_seconds
 from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
 from workers.persister import Persister
@@ -135,6 +135,7 @@ class Worker:
         if not self.engine.has_unfinished():
             self.ready.wait(self.options.idle_wait_s)  # idle: sleep until records or decisions arrive
             self.ready.clear()
+            clock.lap("idle")
         if not self.stopping:
             self.dispatch.intake(self.pump.records())
         clock.lap("intake")
@@ -273,7 +274,7 @@ class Worker:
         self._next_intake_metrics = now + 1.0
         p = self.persister.stats()
         self.metrics.observe_intake(self.pump.lag, p.depth, p.oldest_age_s, p.unpublished)
-        self.metrics.observe_loop(self.clock.seconds)
+        self.metrics.observe_loop(self.clock.seconds, thread_seconds())
 
     def _shutdown(self) -> None:
         self.dispatch.admitter.close()  # records not admitted yet stay uncommitted: redelivered
@@ -290,6 +291,6 @@ class Worker:
         self.db.dispose()
         s = self.engine.stats()
         log.info(
-            "worker %s stopped: model %.1fs over %d steps; loop time by phase: %s",
+            "worker %s stopped: model %.1fs over %d steps; busy loop time by phase: %s",
             self.options.worker_id, s.forward_seconds, s.steps, self.clock.summary(),
         )  # fmt: skip

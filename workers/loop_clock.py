@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import time
 
-PHASES = ("rebalance", "intake", "admission", "control", "step", "outputs", "flush", "commit", "flow")
+# idle: waiting for records with nothing to run (kept apart, so the other phases add up to busy time)
+PHASES = ("rebalance", "idle", "intake", "admission", "control", "step", "outputs", "flush", "commit", "flow")
 
 
 class LoopClock:
@@ -26,6 +27,22 @@ class LoopClock:
         self._last = now
 
     def summary(self) -> str:
-        total = sum(self.seconds.values()) or 1.0
-        parts = sorted(self.seconds.items(), key=lambda kv: -kv[1])
-        return ", ".join(f"{name} {s:.1f}s ({s / total:.0%})" for name, s in parts if s >= 0.05)
+        busy = {name: s for name, s in self.seconds.items() if name != "idle"}
+        total = sum(busy.values()) or 1.0
+        parts = sorted(busy.items(), key=lambda kv: -kv[1])
+        shares = ", ".join(f"{name} {s:.1f}s ({s / total:.0%})" for name, s in parts if s >= 0.05)
+        return f"{shares}; idle {self.seconds['idle']:.1f}s"
+
+
+def thread_seconds() -> dict[str, float]:
+    """The calling thread's CPU seconds and, on Linux, its seconds runnable but waiting for a core.
+
+    Read on the engine loop's thread: busy loop time beyond the two is time blocked (mostly on the GIL,
+    which other threads hold while the loop's torch operations have released it)."""
+    out = {"cpu": time.thread_time()}
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            out["runqueue"] = int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        pass
+    return out

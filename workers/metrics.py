@@ -93,6 +93,12 @@ class WorkerMetrics:
             ["phase"],
             registry=r,
         )
+        self.loop_thread = Counter(
+            "inferq:loop_thread_seconds",
+            "The engine loop thread's seconds on a core (cpu) and runnable waiting for one (runqueue).",
+            ["kind"],
+            registry=r,
+        )
         # series that exist from the start (at 0), so rates and ratios have data before the first event
         for per_model in (self.running, self.kv_usage, self.preemptions, self.prompt_tokens,
                           self.generation_tokens, self.prefix_queries, self.prefix_hits):  # fmt: skip
@@ -150,12 +156,14 @@ class WorkerMetrics:
         self.persister_age.set(oldest_age_s)
         self.unpublished.set(unpublished)
 
-    def observe_loop(self, seconds: dict[str, float]) -> None:
-        for phase, total in seconds.items():
-            delta = total - self._loop_seen.get(phase, 0.0)
-            if delta > 0:
-                self.loop_seconds.labels(phase).inc(delta)
-                self._loop_seen[phase] = total
+    def observe_loop(self, seconds: dict[str, float], thread: dict[str, float]) -> None:
+        """Cumulative loop seconds by phase, and the loop thread's own (`cpu`, `runqueue`) seconds."""
+        for counter, totals, prefix in ((self.loop_seconds, seconds, ""), (self.loop_thread, thread, "t:")):
+            for name, total in totals.items():
+                delta = total - self._loop_seen.get(prefix + name, 0.0)
+                if delta > 0:
+                    counter.labels(name).inc(delta)
+                    self._loop_seen[prefix + name] = total
 
     def observe_engine(
         self,
