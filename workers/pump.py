@@ -28,8 +28,8 @@ class IntakePump:
         consumer: GroupConsumer,
         control: BroadcastReader,
         ready: threading.Event,
-        poll_s: float = 0.05,
-        control_poll_s: float = 0.05,
+        poll_s: float = 0.2,
+        control_poll_s: float = 0.1,
     ) -> None:
         self.consumer = consumer  # touched by this thread only, until stop()
         self._control = control
