@@ -40,6 +40,10 @@ def delete_private_topics(settings: Settings) -> None:
             admin.delete_topics(ours)
 
 
+# the worker's loop counters bench e2e reads, each with the prefix its names get here
+LOOP_METRICS = (("loop_seconds_total{phase", ""), ("loop_thread_seconds_total{kind", "thread:"))
+
+
 def pid_cpu_s(pid: int | None) -> float | None:
     """CPU seconds a process has used so far (all its threads), from /proc; None where unavailable."""
     if pid is None:
@@ -119,10 +123,7 @@ class WorkerProcess:
         text = urllib.request.urlopen(url, timeout=10).read().decode()
         out = {}
         for line in text.splitlines():
-            for metric, prefix in (
-                ("loop_seconds_total{phase", ""),
-                ("loop_thread_seconds_total{kind", "thread:"),
-            ):
+            for metric, prefix in LOOP_METRICS:
                 if line.startswith(f'inferq:{metric}="'):
                     name, value = line.rsplit(" ", 1)
                     out[prefix + name.split('"')[1]] = float(value)
@@ -142,9 +143,6 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait(10)
-
-
-LOOP_METRICS = (("loop_seconds_total{phase", ""), ("loop_thread_seconds_total{kind", "thread:"))
 
 
 def _free_port() -> int:
