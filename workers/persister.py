@@ -183,6 +183,7 @@ class Persister:
             "dead-lettered records",
             {_name(r, n): lambda r=r: self._dead_letter(r) for n, r in enumerate(rejected)},
         )
+        claimed = time.monotonic()  # every lease the store writes runs at least LEASE_S from here
         stored = self._store(items)
         self._crash_if("crash-before-publish", stored)
         deliver("results", {r.job_id: lambda r=r: self._send_result(r) for r in stored.direct})
@@ -190,7 +191,7 @@ class Persister:
         deliver(
             "results",
             {job_id: lambda r=r: self._send_result(r) for job_id, r in results.items()},
-            keep=lambda ids: self._retry("renewing publish leases", lambda: self._in_tx(self._renew(ids))),
+            keep=lambda ids: self._keep(ids, claimed),
             delivered=lambda ids: self._mark_published(ids, stored),
             landed=lambda ids: published_already(self._published, self._topics.results, ids, results),
             unsure=stored.unsure,
@@ -206,8 +207,14 @@ class Persister:
         if stored.deferred:  # another live worker publishes these: look again once its lease may lapse
             self._later.append((time.monotonic() + LEASE_S / 2, stored.deferred))
 
-    def _renew(self, ids: list[str]):
-        return lambda conn: renew(conn, ids, self._worker_id, utcnow())
+    def _keep(self, ids: list[str], claimed: float) -> set[str]:
+        """The results still this worker's to publish, their leases renewed. Leases written moments ago
+        are ours without asking (nobody takes a row over before its lease lapses): a round trip saved
+        per batch, and its GIL time."""
+        if time.monotonic() - claimed < LEASE_S / 3:
+            return set(ids)
+        renewing = lambda conn: renew(conn, ids, self._worker_id, utcnow())  # noqa: E731
+        return self._retry("renewing publish leases", lambda: self._in_tx(renewing))
 
     def _mark_published(self, ids: list[str], stored: Stored) -> None:
         self._crash_if("crash-after-publish", stored)

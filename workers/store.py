@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine, Row, bindparam, create_engine, select
+from sqlalchemy import Connection, Engine, Row, Update, bindparam, create_engine, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.engine import make_url
 
@@ -193,12 +194,22 @@ def _live(job_id: str, attempt: int | None):
 def finish(conn: Connection, row: Terminal, now: datetime) -> Row | None:
     """Write one terminal row; the written row, or None if it was terminal already (never overwritten)
     or a later attempt owns the job now (a worker that lost the job's partition concluded it late)."""
-    return conn.execute(
-        jobs.update()
-        .where(_live(row.job_id, row.attempt))
-        .values(status=row.status, updated_at=now, **row.values)
-        .returning(*jobs.c)
-    ).first()
+    stmt = _finish_statement(tuple(sorted(row.values)), row.attempt is not None)
+    params = {f"v_{k}": v for k, v in row.values.items()}
+    params.update(finish_id=row.job_id, finish_attempt=row.attempt, finish_status=row.status, finish_now=now)
+    return conn.execute(stmt, params).first()
+
+
+@lru_cache(maxsize=32)
+def _finish_statement(columns: tuple[str, ...], fenced: bool) -> Update:
+    """One prepared statement per set of columns: building and cache-keying a fresh UPDATE for every
+    job cost the persister ~0.75 ms of GIL time a job, time the engine thread waited for."""
+    where = (jobs.c.job_id == bindparam("finish_id")) & jobs.c.status.not_in(TERMINAL_STATUSES)
+    if fenced:
+        where &= jobs.c.attempts == bindparam("finish_attempt")
+    values = {c: bindparam(f"v_{c}") for c in columns}
+    values.update(status=bindparam("finish_status"), updated_at=bindparam("finish_now"))
+    return jobs.update().where(where).values(values).returning(*jobs.c)
 
 
 def superseded_by(conn: Connection, job_id: str, attempt: int | None) -> tuple[str, int, int] | None:

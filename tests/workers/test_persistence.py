@@ -15,7 +15,7 @@ from tests.workers.worker_factories import job_rows, make_deployment, now_ms, re
 from workers.admission import Admitter
 from workers.intake import Accepted
 from workers.kafka_io import KeyLookup, Producer, Record
-from workers.outbox import claim, result_from_row
+from workers.outbox import LEASE_S, claim, result_from_row
 from workers.persister import Persister
 from workers.store import Terminal, finish, make_engine
 from workers.writes import CancelRequested, Concluded, Rejected, Republish, Running
@@ -289,3 +289,24 @@ def test_a_result_its_dead_publisher_got_out_is_not_published_again(env):
     results = results_by_job(dep, since, 3, settle_s=2.0)
     assert [r.tenant for r in results[f"{base}-1"]] == ["t-a"]
     assert [(r.tenant, r.status) for r in results[f"{base}-2"]] == [("t-b", "rejected"), ("t-a", "succeeded")]
+
+
+def test_a_lease_written_moments_ago_is_kept_without_asking_and_an_older_one_is_renewed(env):
+    dep, db, producer = env
+    base = f"keep-{uuid.uuid4().hex[:8]}"
+    ids = [f"{base}-1", f"{base}-2"]
+    _admit(dep, db, "w-test", {ids[0]: 60, ids[1]: 61})
+    now = datetime.now(UTC)
+    values = {"output_text": "out", "finish_reason": "stop", "finished_at": now, **claim("w-test", now)}
+    with db.begin() as conn:
+        for job_id in ids:
+            finish(conn, Terminal(job_id, "succeeded", values), now)
+        # job 2's lease lapsed at some point and another worker took the row over
+        conn.execute(jobs.update().where(jobs.c.job_id == ids[1]).values(publisher="w-other"))
+    persister = Persister(db, producer, dep.topics, "w-test", dead_letter=None, published=None)
+    # moments after this worker wrote the leases, nobody can have taken a row over: no round trip
+    assert persister._keep(ids, claimed=time.monotonic()) == set(ids)
+    assert job_rows(db, ids)[ids[0]]["publish_lease_until"] == values["publish_lease_until"]
+    # later the table decides: job 1's lease is extended, job 2 is no longer this worker's to publish
+    assert persister._keep(ids, claimed=time.monotonic() - LEASE_S) == {ids[0]}
+    assert job_rows(db, ids)[ids[0]]["publish_lease_until"] > values["publish_lease_until"]
