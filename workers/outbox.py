@@ -1,13 +1,14 @@
 """The result outbox: a terminal row is the durable record of its result until `published_at` is set.
 
 The worker that wrote a terminal row holds a lease on publishing its result (`publisher`,
-`publish_lease_until`) and renews it before every try, so however long the broker is away, nobody else
-publishes that result while the writer lives; a worker that re-reads the job takes it over only once the
-lease has lapsed (the writer died). A result that may be out already (a take-over: the writer may have
-died after the broker took it, before `published_at` was committed; or a send that failed after it left)
-is looked for in the results topic first, from its row's `finished_at`, and sent only if it is not there.
-Results are always built from the stored row, so in the one window left (a lookup that misses a send
-the broker writes only afterwards) a second copy is byte-for-byte the same message.
+`publish_lease_until`) and renews it before every try (one written moments ago needs no renewing), so
+however long the broker is away, nobody else publishes that result while the writer lives; a worker
+that re-reads the job takes it over only once the lease has lapsed (the writer died). A result that may
+be out already (a take-over: the writer may have died after the broker took it, before `published_at`
+was committed; or a send that failed after it left) is looked for in the results topic first, from its
+row's `finished_at`, and sent only if it is not there. Results are always built from the stored row, so
+in the one window left (a lookup that misses a send the broker writes only afterwards) a second copy is
+byte-for-byte the same message.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, Row, func, select
+from sqlalchemy import Connection, Row, bindparam, func, select
 
 from schemas.jobs import JobResult, Timings, Usage
 from schemas.tables import TERMINAL_STATUSES, jobs
@@ -70,13 +71,20 @@ def renew(conn: Connection, job_ids: Sequence[str], worker_id: str, now: datetim
     """Extend this worker's leases; the job_ids it still publishes (not taken over, not published)."""
     if not job_ids:
         return set()
-    stmt = (
-        jobs.update()
-        .where(jobs.c.job_id.in_(list(job_ids)), jobs.c.publisher == worker_id, jobs.c.published_at.is_(None))
-        .values(publish_lease_until=now + timedelta(seconds=LEASE_S))
-        .returning(jobs.c.job_id)
-    )
-    return set(conn.execute(stmt).scalars())
+    params = {"ids": list(job_ids), "worker": worker_id, "until": now + timedelta(seconds=LEASE_S)}
+    return set(conn.execute(_RENEW, params).scalars())
+
+
+# Built once (an IN list of any length binds as one expanding parameter): building them per batch cost
+# the persister GIL time that the engine thread waited for.
+_MINE = (jobs.c.job_id.in_(bindparam("ids", expanding=True)), jobs.c.publisher == bindparam("worker"))
+_RENEW = (
+    jobs.update()
+    .where(*_MINE, jobs.c.published_at.is_(None))
+    .values(publish_lease_until=bindparam("until"))
+    .returning(jobs.c.job_id)
+)
+_MARK_PUBLISHED = jobs.update().where(*_MINE).values(published_at=bindparam("at"), publish_lease_until=None)
 
 
 def take_over(conn: Connection, job_id: str, worker_id: str, now: datetime) -> tuple[str, Row | None]:
@@ -104,8 +112,7 @@ def take_over(conn: Connection, job_id: str, worker_id: str, now: datetime) -> t
 
 def mark_published(conn: Connection, job_ids: Sequence[str], worker_id: str, now: datetime) -> None:
     if job_ids:
-        stmt = jobs.update().where(jobs.c.job_id.in_(list(job_ids)), jobs.c.publisher == worker_id)
-        conn.execute(stmt.values(published_at=now, publish_lease_until=None))
+        conn.execute(_MARK_PUBLISHED, {"ids": list(job_ids), "worker": worker_id, "at": now})
 
 
 def count_unpublished(conn: Connection) -> int:
