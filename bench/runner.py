@@ -60,6 +60,7 @@ def run_engine_bench(args: argparse.Namespace, only: tuple[str, ...]) -> tuple[d
         _progress("inferq step time at batch 16/32/64")
         step_times = measure_step_times(args.model, _inferq_options(args), vocab_size)
 
+    gaps = _divergence_gaps(args.model, requests, runs)
     raw = EngineBenchRaw(
         spec=spec,
         requests=requests,
@@ -68,12 +69,31 @@ def run_engine_bench(args: argparse.Namespace, only: tuple[str, ...]) -> tuple[d
         runs=runs,
         flops_per_s=flops_per_s,
         step_times=step_times,
+        logit_gaps=gaps,
     )
     payload = summarize(raw, machine_info(), args.model)
     payload["options"] = {
         k: (str(v) if v is not None else None) for k, v in vars(args).items() if k != "func"
     }
     return payload, render(payload)
+
+
+def _divergence_gaps(model: str | None, requests, runs: dict[str, list]) -> dict[str, dict[str, float]]:
+    """Per contender, the reference's logit gap where its first repetition's greedy tokens left static's."""
+    from bench.near_ties import logit_gaps
+    from bench.workload import compare_tokens
+
+    reference = runs.get("static")
+    if not reference:
+        return {}
+    gaps = {}
+    for name, results in runs.items():
+        if name != "static" and results:
+            found = compare_tokens(requests, reference[0].tokens, results[0].tokens)["first_divergence"]
+            if found:
+                _progress(f"{name}: {len(found)} requests left static's tokens; measuring the logit gaps")
+            gaps[name] = logit_gaps(model, requests, reference[0].tokens, results[0].tokens, found)
+    return gaps
 
 
 def _build(args: argparse.Namespace, only: tuple[str, ...]) -> list[Contender]:

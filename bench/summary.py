@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from bench.contenders import RunResult
 from bench.flops import ModelShape
+from bench.near_ties import near_ties
 from bench.report import format_table, median, ratio
 from bench.workload import BenchRequest, WorkloadSpec, check_lengths, compare_tokens
 
@@ -33,6 +34,8 @@ class EngineBenchRaw:
     runs: dict[str, list[RunResult]]  # contender -> one result per repetition, in run order
     flops_per_s: list[float] = field(default_factory=list)  # the `limit` measurement, one per repetition
     step_times: dict[str, dict[str, float]] = field(default_factory=dict)  # batch size -> numbers
+    # contender -> request_id -> the reference's relative logit gap where its tokens left static's
+    logit_gaps: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def useful_tokens_of(requests: tuple[BenchRequest, ...], result: RunResult) -> int:
@@ -126,7 +129,20 @@ def _correctness(raw: EngineBenchRaw) -> dict[str, object]:
         for name, results in raw.runs.items()
         if reference and name != "static" and results
     }
+    for name, compared in greedy.items():
+        gaps = raw.logit_gaps.get(name, {})
+        compared["logit_gap_at_divergence"] = gaps
+        compared["near_ties"] = near_ties(gaps)
     return {"length_errors": length_errors, "greedy_vs_static": greedy}
+
+
+def _greedy_cell(greedy: dict | None) -> str:
+    """'63/64', and how many of the others left at a near-tie ('+1 tie'): see bench/near_ties.py."""
+    if greedy is None:
+        return "-"
+    cell = f"{greedy['identical']}/{greedy['compared']}"
+    ties = greedy.get("near_ties", 0)
+    return f"{cell} +{ties} tie" if ties else cell
 
 
 def render(payload: dict[str, object]) -> str:
@@ -152,7 +168,7 @@ def render(payload: dict[str, object]) -> str:
                 ratio(median_tok_s, payload["static_tok_s"]),
                 ratio(median_tok_s, payload["hf_cb_tok_s"]),
                 "-" if errors is None else ("ok" if not errors else f"{len(errors)} bad"),
-                "-" if greedy is None else f"{greedy['identical']}/{greedy['compared']}",
+                _greedy_cell(greedy),
             ]
         )
     headers = [
