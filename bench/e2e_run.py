@@ -39,8 +39,8 @@ from bench.report import median, ratio
 from bench.workload import WorkloadSpec, parse_range
 
 # the worker's engine defaults (`inferq worker` without options), so both sides run the same engine
-LOOP_METRICS_PERIOD_S = 1.2
 ENGINE_OPTIONS = {"max_num_seqs": 64, "max_num_batched_tokens": 1024}
+LOOP_METRICS_PERIOD_S = 1.2  # a little over how often the worker publishes its loop counters (1 s)
 T = TypeVar("T")
 ITL_DEFINITION = "per job: (last - first event arrival) / tokens after the first event"
 

@@ -262,8 +262,8 @@ class JobClient:
         from sqlalchemy import select
 
         from schemas.tables import jobs
+        from workers.database import make_engine
         from workers.outbox import result_from_row
-        from workers.store import make_engine
 
         if self._db is None:
             self._db = make_engine(self.database_url)

@@ -12,6 +12,7 @@ from gpu.engine import Engine, EngineStats, RequestOutput
 from schemas.jobs import TokenEvent
 from schemas.validation import Limits
 from workers import logs
+from workers.database import make_engine
 from workers.dead_letter import dead_letter_message
 from workers.dispatch import Dispatcher
 from workers.event_sender import Sent, TokenEventSender
@@ -25,7 +26,6 @@ from workers.persister import Persister
 from workers.pump import IntakePump
 from workers.retry import describe_error, until_available
 from workers.settings import Settings
-from workers.store import make_engine
 from workers.writes import Rejected
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,8 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine, Row, Update, bindparam, create_engine, select
+from sqlalchemy import BindParameter, Connection, Row, Update, bindparam, select
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.engine import make_url
 
 from schemas.tables import TERMINAL_STATUSES, jobs
 
@@ -31,12 +30,6 @@ SUMMARY_COLUMNS = (
     jobs.c.mean_itl_ms,
     jobs.c.e2e_ms,
 )
-
-# Bounds on every database call, so an unreachable or wedged server surfaces as an error to retry
-# instead of a thread blocked forever. The URL's own query (sslmode, options, ...) wins where it sets one.
-CONNECT_TIMEOUT_S = 5
-STATEMENT_TIMEOUT_MS = 15_000
-LOCK_TIMEOUT_MS = 5_000
 
 
 @dataclass(frozen=True)
@@ -79,31 +72,6 @@ class Terminal:
     # the attempt that ended: its row is written only while no later attempt has re-queued the job (a
     # fencing token); None for a job that never ran (cancelled before it started)
     attempt: int | None = None
-
-
-def make_engine(database_url: str) -> Engine:
-    url = make_url(database_url)
-    connect_args: dict[str, Any] = {
-        "connect_timeout": CONNECT_TIMEOUT_S,
-        # TCP keepalives: a server that vanished (host down, network cut) is noticed within ~30 s
-        "keepalives": 1,
-        "keepalives_idle": 10,
-        "keepalives_interval": 5,
-        "keepalives_count": 3,
-    }
-    if "options" not in url.query:
-        connect_args["options"] = (
-            f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={LOCK_TIMEOUT_MS}"
-        )
-    connect_args = {k: v for k, v in connect_args.items() if k not in url.query}
-    return create_engine(
-        url,
-        pool_pre_ping=True,
-        pool_size=4,
-        pool_timeout=CONNECT_TIMEOUT_S,
-        hide_parameters=True,  # prompts and outputs never reach the logs through error messages
-        connect_args=connect_args,
-    )
 
 
 def admit(conn: Connection, rows: Sequence[Admission]) -> dict[str, Admitted]:
@@ -185,7 +153,7 @@ def mark_running(conn: Connection, started: Sequence[tuple[str, datetime, int]])
     conn.execute(stmt, rows)
 
 
-def _live(job_id: str, attempt: int | None):
+def _live(job_id: str | BindParameter, attempt: int | BindParameter | None):
     """The job's row while it is not terminal and, for a known attempt, still that attempt's."""
     where = (jobs.c.job_id == job_id) & jobs.c.status.not_in(TERMINAL_STATUSES)
     return where if attempt is None else where & (jobs.c.attempts == attempt)
@@ -204,9 +172,7 @@ def finish(conn: Connection, row: Terminal, now: datetime) -> Row | None:
 def _finish_statement(columns: tuple[str, ...], fenced: bool) -> Update:
     """One prepared statement per set of columns: building and cache-keying a fresh UPDATE for every
     job cost the persister ~0.75 ms of GIL time a job, time the engine thread waited for."""
-    where = (jobs.c.job_id == bindparam("finish_id")) & jobs.c.status.not_in(TERMINAL_STATUSES)
-    if fenced:
-        where &= jobs.c.attempts == bindparam("finish_attempt")
+    where = _live(bindparam("finish_id"), bindparam("finish_attempt") if fenced else None)
     values = {c: bindparam(f"v_{c}") for c in columns}
     values.update(status=bindparam("finish_status"), updated_at=bindparam("finish_now"))
     return jobs.update().where(where).values(values).returning(*jobs.c)

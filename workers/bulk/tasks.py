@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 
 def register(app: Celery, settings: Settings) -> None:
-    from workers.store import make_engine
+    from workers.database import make_engine
 
     engine = make_engine(settings.database_url)  # connects lazily; shared by the worker's threads
     model_name = settings.served_model_name or None  # echoed in Batch responses

@@ -65,8 +65,8 @@ def _err(message: str) -> int:
 
 
 def _engine():
+    from workers.database import make_engine
     from workers.settings import Settings
-    from workers.store import make_engine
 
     settings = Settings.from_env()
     return settings, make_engine(settings.database_url)

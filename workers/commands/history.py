@@ -105,8 +105,8 @@ def _purge(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
     from workers import history, retention
+    from workers.database import make_engine
     from workers.settings import Settings
-    from workers.store import make_engine
 
     settings = Settings.from_env()
     try:

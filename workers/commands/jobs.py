@@ -186,7 +186,7 @@ def tail(args: argparse.Namespace) -> int:
 
     from schemas.tables import jobs
     from workers.client import JobClient
-    from workers.store import make_engine
+    from workers.database import make_engine
 
     with JobClient() as client:
         db = make_engine(client.settings.database_url)
@@ -201,8 +201,9 @@ def list_jobs(args: argparse.Namespace) -> int:
     from sqlalchemy import select
 
     from schemas.tables import jobs
+    from workers.database import make_engine
     from workers.settings import Settings
-    from workers.store import SUMMARY_COLUMNS, make_engine
+    from workers.store import SUMMARY_COLUMNS
 
     cols = [*SUMMARY_COLUMNS, jobs.c.created_at, jobs.c.output_text, jobs.c.error]
     query = select(*cols).order_by(jobs.c.created_at.desc()).limit(args.limit)

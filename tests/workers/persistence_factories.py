@@ -1,0 +1,61 @@
+"""Shared by the persistence and outbox tests: a deployment, its database and producer, and helpers that
+admit jobs and run a persister over write items, as the worker does."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from tests.workers.worker_factories import make_deployment, now_ms
+from workers.admission import Admitter
+from workers.database import make_engine
+from workers.intake import Accepted
+from workers.kafka_io import KeyLookup, Producer, Record
+from workers.persister import Persister
+from workers.writes import Rejected
+
+
+@contextmanager
+def persistence_env(settings) -> Iterator[tuple]:
+    """(deployment, database engine, producer) on the test services."""
+    dep = make_deployment(settings)
+    db = make_engine(dep.database_url)
+    producer = Producer(dep.kafka_connection, "inferq-test-persistence")
+    try:
+        yield dep, db, producer
+    finally:
+        producer.close()
+        db.dispose()
+
+
+def accepted(dep, job_id: str, tenant: str = "t-a", offset: int = 0, prompt: str = "hello") -> Accepted:
+    from schemas.jobs import JobRequest
+
+    record = Record(dep.topics.jobs("normal"), 0, offset, job_id.encode(), b"{}", now_ms())
+    job = JobRequest(job_id=job_id, tenant=tenant, prompt=prompt)
+    return Accepted(record, job_id, "normal", job, prompt, (1, 2, 3), 8)
+
+
+def admit_jobs(dep, db, worker_id: str, jobs: dict[str, int]) -> None:
+    """Admit jobs (job_id -> source offset) as `worker_id` would: their rows are then queued."""
+    admitter = Admitter(db, worker_id)
+    admitter.add([accepted(dep, job_id, offset=offset) for job_id, offset in jobs.items()])
+    admitter.run(lambda a: False)
+
+
+def start_persister(dep, db, producer) -> Persister:
+    def dead_letter(r: Rejected):
+        return producer.send(
+            dep.topics.dlq, r.record.key, r.record.value or b"", [("reason", r.reason.encode())]
+        )
+
+    published = KeyLookup(dep.kafka_connection, "inferq-test-lookup")
+    p = Persister(db, producer, dep.topics, "w-test", dead_letter=dead_letter, published=published)
+    p.start()
+    return p
+
+
+def run_items(persister: Persister, items) -> set:
+    persister.submit(list(items))
+    persister.close()
+    return set(persister.acked())
