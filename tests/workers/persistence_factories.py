@@ -1,31 +1,14 @@
-"""Shared by the persistence and outbox tests: a deployment, its database and producer, and helpers that
-admit jobs and run a persister over write items, as the worker does."""
+"""Shared by the persistence and outbox tests: helpers that admit jobs and run a persister over write
+items, as the worker does (their `env` fixture is in conftest.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-from tests.workers.worker_factories import make_deployment, now_ms
+from tests.workers.worker_factories import now_ms
 from workers.admission import Admitter
-from workers.database import make_engine
 from workers.intake import Accepted
-from workers.kafka_io import KeyLookup, Producer, Record
+from workers.kafka_io import KeyLookup, Record
 from workers.persister import Persister
 from workers.writes import Rejected
-
-
-@contextmanager
-def persistence_env(settings) -> Iterator[tuple]:
-    """(deployment, database engine, producer) on the test services."""
-    dep = make_deployment(settings)
-    db = make_engine(dep.database_url)
-    producer = Producer(dep.kafka_connection, "inferq-test-persistence")
-    try:
-        yield dep, db, producer
-    finally:
-        producer.close()
-        db.dispose()
 
 
 def accepted(dep, job_id: str, tenant: str = "t-a", offset: int = 0, prompt: str = "hello") -> Accepted:

@@ -14,7 +14,6 @@ from schemas.tables import jobs
 from tests.workers.persistence_factories import (
     accepted,
     admit_jobs,
-    persistence_env,
     run_items,
     start_persister,
 )
@@ -27,12 +26,6 @@ from workers.store import Terminal, finish
 from workers.writes import Rejected, Republish
 
 pytestmark = pytest.mark.services
-
-
-@pytest.fixture(scope="module")
-def env(settings):
-    with persistence_env(settings) as env:
-        yield env
 
 
 def test_outbox_republishes_only_what_never_went_out(env):

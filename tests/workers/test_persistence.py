@@ -12,7 +12,6 @@ from sqlalchemy import create_engine
 from tests.workers.persistence_factories import (
     accepted,
     admit_jobs,
-    persistence_env,
     run_items,
     start_persister,
 )
@@ -23,12 +22,6 @@ from workers.store import Terminal
 from workers.writes import CancelRequested, Concluded, Rejected, Running
 
 pytestmark = pytest.mark.services
-
-
-@pytest.fixture(scope="module")
-def env(settings):
-    with persistence_env(settings) as env:
-        yield env
 
 
 def test_admission_keeps_ids_per_tenant_and_honours_cancels(env):
