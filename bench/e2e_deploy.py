@@ -155,7 +155,7 @@ def wait_joined(settings: Settings, worker: WorkerProcess, timeout_s: float = 30
     """Until the deployment's consumer group is stable with one member: the worker is serving."""
     from kafka.admin import KafkaAdminClient
 
-    from workers.loop import group_id
+    from workers.serving.loop import group_id
 
     group = group_id(settings.topic_prefix)
     deadline = time.monotonic() + timeout_s

@@ -7,7 +7,7 @@ from sqlalchemy import create_engine, inspect
 
 from schemas.tables import metadata
 from tests.services.factories import run_cli
-from workers.services import migrate
+from workers.db import migrate
 
 pytestmark = pytest.mark.services
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.workers.worker_factories import make_deployment
-from workers.database import make_engine
+from workers.db.connect import make_engine
 from workers.kafka_io import Producer
 
 

@@ -80,7 +80,7 @@ def insert_synthetic_history(
 
 def migrated_engine(url: str) -> Engine:
     """An engine on `url` after `alembic upgrade head` (the same path `inferq db upgrade` takes)."""
-    from workers.services.migrate import upgrade
+    from workers.db.migrate import upgrade
 
     upgrade(url)
     return create_engine(url)

@@ -4,11 +4,11 @@ items, as the worker does (their `env` fixture is in conftest.py)."""
 from __future__ import annotations
 
 from tests.workers.worker_factories import now_ms
-from workers.admission import Admitter
-from workers.intake import Accepted
 from workers.kafka_io import KeyLookup, Record
-from workers.persister import Persister
-from workers.writes import Rejected
+from workers.serving.admission import Admitter
+from workers.serving.intake import Accepted
+from workers.serving.persister import Persister
+from workers.serving.writes import Rejected
 
 
 def accepted(dep, job_id: str, tenant: str = "t-a", offset: int = 0, prompt: str = "hello") -> Accepted:

@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from workers.admission import Decision
-from workers.admission_thread import AdmissionThread
+from workers.db.jobs import Admitted
 from workers.kafka_io.records import Record
-from workers.store import Admitted
+from workers.serving.admission import Decision
+from workers.serving.admission_thread import AdmissionThread
 
 
 class GatedAdmitter:

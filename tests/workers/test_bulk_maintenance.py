@@ -10,9 +10,10 @@ from sqlalchemy import select, text
 from schemas.tables import jobs
 from tests.workers.bulk_factories import numbered_batch
 from tests.workers.history_factories import insert_jobs, make_job, migrated_engine
-from workers.bulk import advance, maintenance, store
+from workers.bulk import advance, maintenance
 from workers.bulk.batch_format import job_id_for
 from workers.bulk.produce import produce
+from workers.db import bulk_jobs as store
 
 pytestmark = pytest.mark.services
 
@@ -57,7 +58,7 @@ def test_live_workers_are_read_from_client_ids():
 
 
 def test_worker_group_matches_the_worker_loop():
-    from workers.loop import group_id
+    from workers.serving.loop import group_id
 
     assert maintenance.worker_group("inferq") == group_id("inferq") == "inferq-workers"
     assert maintenance.worker_group("t9") == group_id("t9")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from workers.bulk.progress import bar, eta_s, progress_line, status_text
+from workers.bulk.status_text import bar, eta_s, progress_line, status_text
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 

@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 from kafka.errors import KafkaConnectionError, MessageSizeTooLargeError, TopicAuthorizationFailedError
 
-import workers.deliveries as deliveries
-from workers.deliveries import deliver
+import workers.serving.delivery as deliveries
+from workers.serving.delivery import deliver
 
 
 class Settled:

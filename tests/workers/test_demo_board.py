@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 
 from schemas.jobs import TokenEvent, Usage
-from workers.commands.demo import _verdict
-from workers.demo_board import DemoBoard, DemoJob, render_live, render_plain
+from workers.cli.demo import _verdict
+from workers.demo.board import DemoBoard, DemoJob, render_live, render_plain
 
 JOBS = [
     DemoJob("j-high", "high", "acme", "What is the capital of France?", submitted_s=100.0),

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tests.workers.history_factories import insert_jobs, make_job, migrated_engine
-from workers.demo_queries import HISTORY_QUERIES, run_history_queries
+from workers.demo.queries import HISTORY_QUERIES, run_history_queries
 
 pytestmark = pytest.mark.services
 

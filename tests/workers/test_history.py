@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import text
 
 from tests.workers.history_factories import T0, insert_jobs, make_job, migrated_engine, percentile
-from workers import history
 from workers.cli import main
+from workers.db import history
 
 pytestmark = pytest.mark.services
 

@@ -7,8 +7,8 @@ import json
 from gpu.tokenizer import ByteTokenizer
 from schemas.topics import Topics
 from schemas.validation import Limits
-from workers.intake import Accepted, Intake, Rejected
 from workers.kafka_io import Record
+from workers.serving.intake import Accepted, Intake, Rejected
 
 TOPICS = Topics("inferq")
 

@@ -10,7 +10,7 @@ from prometheus_client import generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
 from schemas.jobs import Timings
-from workers.metrics import WorkerMetrics
+from workers.serving.metrics import WorkerMetrics
 from workers.settings import REPO_ROOT
 
 DASHBOARD = REPO_ROOT / "docs" / "grafana-inferq.json"

@@ -7,7 +7,7 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workers.offsets import OffsetTracker
+from workers.serving.offsets import OffsetTracker
 
 P = ("inferq.jobs.normal", 0)
 

@@ -18,12 +18,12 @@ from tests.workers.persistence_factories import (
     start_persister,
 )
 from tests.workers.worker_factories import job_rows, now_ms, results_by_job, wait_until
-from workers.admission import Admitter
+from workers.db.jobs import Terminal, finish
+from workers.db.outbox import LEASE_S, claim, result_from_row
 from workers.kafka_io import Record
-from workers.outbox import LEASE_S, claim, result_from_row
-from workers.persister import Persister
-from workers.store import Terminal, finish
-from workers.writes import Rejected, Republish
+from workers.serving.admission import Admitter
+from workers.serving.persister import Persister
+from workers.serving.writes import Rejected, Republish
 
 pytestmark = pytest.mark.services
 

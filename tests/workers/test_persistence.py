@@ -16,10 +16,10 @@ from tests.workers.persistence_factories import (
     start_persister,
 )
 from tests.workers.worker_factories import job_rows, now_ms, results_by_job
-from workers.admission import Admitter
+from workers.db.jobs import Terminal
 from workers.kafka_io import Record
-from workers.store import Terminal
-from workers.writes import CancelRequested, Concluded, Rejected, Running
+from workers.serving.admission import Admitter
+from workers.serving.writes import CancelRequested, Concluded, Rejected, Running
 
 pytestmark = pytest.mark.services
 

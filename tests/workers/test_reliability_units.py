@@ -9,10 +9,10 @@ import pytest
 from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError, NodeNotReadyError
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError, StatementError
 
-from workers import cancels
 from workers.kafka_io.codec import DecompressedTooLarge, _bounded_gzip_decode
-from workers.offsets import OffsetTracker
-from workers.retry import Backoff, is_transient
+from workers.serving import cancels
+from workers.serving.offsets import OffsetTracker
+from workers.serving.retry import Backoff, is_transient
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ from sqlalchemy import select
 from schemas.tables import bulk_jobs, jobs
 from tests.services.factories import run_cli
 from tests.workers.history_factories import insert_jobs, make_job, migrated_engine
-from workers import retention
 from workers.bulk.tasks import maintain
+from workers.db import retention
 
 pytestmark = pytest.mark.services
 

@@ -8,7 +8,7 @@ from tests.gpu.factories import make_engine
 from tests.services.factories import run_cli
 from tests.workers.bulk_factories import CHAT, batch_line, write_batch
 from workers.bulk.batch_format import read_batch
-from workers.run_batch import BatchRunner, Tally
+from workers.bulk.run_batch import BatchRunner, Tally
 
 # Fields OpenAI and vLLM clients send that change nothing here: the file must run as it is.
 NEUTRAL = {"n": 1, "logprobs": False, "user": "u", "presence_penalty": 0, "stream": False,

@@ -23,8 +23,8 @@ from schemas.jobs import JobResult, TokenEvent
 from schemas.tables import TERMINAL_STATUSES, jobs
 from workers.client import JobClient
 from workers.kafka_io import TopicReader, group_members
-from workers.loop import group_id
 from workers.services.kafka import ensure_topics
+from workers.serving.loop import group_id
 from workers.settings import Settings
 
 

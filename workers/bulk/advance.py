@@ -15,9 +15,9 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from schemas.tables import TERMINAL_STATUSES
-from workers.bulk import store
 from workers.bulk.batch_format import BatchLine, job_id_for, read_batch
 from workers.bulk.finalize import FinalCounts, write_results
+from workers.db import bulk_jobs as store
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from schemas.tables import TERMINAL_STATUSES
-from workers.bulk import store
 from workers.bulk.batch_format import BatchLine, job_id_for, read_batch
+from workers.db import bulk_jobs as store
 
 CANCELLABLE = ("validating", "submitting", "running")
 

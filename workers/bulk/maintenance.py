@@ -1,5 +1,5 @@
 """Periodic upkeep of the database: release jobs of dead workers, drop the Celery broker's delivered
-messages. (Purging job history is workers/retention.py, and only when configured.)
+messages. (Purging job history is workers/db/retention.py, and only when configured.)
 
 Every statement is conditional on the state it changes, so it never races a worker's own writes: a worker
 that finishes a job first wins, and a row we reset is one no live worker owns.
@@ -18,13 +18,13 @@ PURGE_BATCH = 10_000
 
 
 def worker_group(topic_prefix: str) -> str:
-    """workers.loop.group_id, repeated so maintenance does not import the engine (torch); a test keeps
+    """workers.serving.loop.group_id, repeated so maintenance does not import the engine (torch); a test keeps
     them equal."""
     return f"{topic_prefix}-workers"
 
 
 def live_worker_ids(client_ids: set[str]) -> set[str]:
-    """Workers join the group with client_id `inferq-<worker_id>` (workers/loop.py)."""
+    """Workers join the group with client_id `inferq-<worker_id>` (workers/serving/loop.py)."""
     return {c.removeprefix("inferq-") for c in client_ids if c.startswith("inferq-")}
 
 

@@ -16,8 +16,8 @@ from typing import Protocol
 from sqlalchemy import Engine
 
 from schemas.jobs import JobRequest
-from workers.bulk import store
 from workers.bulk.batch_format import BatchLine, read_batch, to_job
+from workers.db import bulk_jobs as store
 
 log = logging.getLogger(__name__)
 

@@ -9,17 +9,18 @@ from datetime import UTC, datetime, timedelta
 from celery import Celery
 from sqlalchemy import Engine
 
-from workers import retention
-from workers.bulk import advance, maintenance, store
+from workers.bulk import advance, maintenance
 from workers.bulk.celery_app import MAINTENANCE, PRODUCE, TICK
 from workers.bulk.produce import produce
+from workers.db import bulk_jobs as store
+from workers.db import retention
 from workers.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
 def register(app: Celery, settings: Settings) -> None:
-    from workers.database import make_engine
+    from workers.db.connect import make_engine
 
     engine = make_engine(settings.database_url)  # connects lazily; shared by the worker's threads
     model_name = settings.served_model_name or None  # echoed in Batch responses

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 
-from workers.services import kafka, kafka_jars, migrate, postgres, process, tools
+from workers.db import migrate
+from workers.services import kafka, kafka_jars, postgres, process, tools
 from workers.services.paths import ServicePaths
 from workers.services.process import ServiceError
 from workers.settings import Settings

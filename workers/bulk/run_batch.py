@@ -19,9 +19,9 @@ from schemas.topics import Topics
 from schemas.validation import InvalidMessage, Limits
 from workers.bulk.batch_format import BatchLine, LineError, job_id_for, to_job
 from workers.bulk.output import error_line, failed_line, invalid_line, success_line
-from workers.inflight import STATUS_OF_FINISH
-from workers.intake import Intake
-from workers.sampling import sampling_params
+from workers.serving.inflight import STATUS_OF_FINISH
+from workers.serving.intake import Intake
+from workers.serving.sampling import sampling_params
 
 Answer = tuple[dict[str, Any], bool]  # (the output line, whether it succeeded)
 

@@ -104,8 +104,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _purge(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
-    from workers import history, retention
-    from workers.database import make_engine
+    from workers.db import history, retention
+    from workers.db.connect import make_engine
     from workers.settings import Settings
 
     settings = Settings.from_env()
@@ -141,7 +141,7 @@ def _purge(args: argparse.Namespace) -> int:
 def _history(args: argparse.Namespace) -> int:
     from sqlalchemy import create_engine
 
-    from workers import history
+    from workers.db import history
     from workers.settings import Settings
 
     now = datetime.now(UTC)

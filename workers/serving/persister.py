@@ -23,11 +23,8 @@ from sqlalchemy import Engine
 
 from schemas.jobs import JobResult
 from schemas.topics import Topics
-from workers.deliveries import await_stream_ends, deliver, describe_item
-from workers.failpoints import crash_if
-from workers.inflight import utcnow
-from workers.kafka_io import Delivery, KeyLookup, Producer
-from workers.outbox import (
+from workers.db.jobs import cancel_requested
+from workers.db.outbox import (
     LEASE_S,
     count_unpublished,
     mark_published,
@@ -36,9 +33,12 @@ from workers.outbox import (
     result_from_row,
     result_message,
 )
-from workers.retry import Backoff, describe_error, retry_transient
-from workers.store import cancel_requested
-from workers.writes import Rejected, Source, Stored, WriteContext, WriteItem, apply_all
+from workers.kafka_io import Delivery, KeyLookup, Producer
+from workers.serving.delivery import await_stream_ends, deliver, describe_item
+from workers.serving.failpoints import crash_if
+from workers.serving.inflight import utcnow
+from workers.serving.retry import Backoff, describe_error, retry_transient
+from workers.serving.writes import Rejected, Source, Stored, WriteContext, WriteItem, apply_all
 
 log = logging.getLogger(__name__)
 

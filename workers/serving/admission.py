@@ -16,12 +16,12 @@ from datetime import datetime
 
 from sqlalchemy import Engine
 
-from workers.inflight import utcnow
-from workers.intake import Accepted, rejection
+from workers.db.jobs import Admission, Admitted, admit
 from workers.kafka_io import Partition
-from workers.retry import Backoff, describe_error, is_transient
-from workers.store import Admission, Admitted, admit
-from workers.writes import Rejected
+from workers.serving.inflight import utcnow
+from workers.serving.intake import Accepted, rejection
+from workers.serving.retry import Backoff, describe_error, is_transient
+from workers.serving.writes import Rejected
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Token events handed to the relay process (workers/event_relay.py), which sends them to Kafka.
+"""Token events handed to the relay process (workers/serving/token_relay.py), which sends them to Kafka.
 
 The engine loop only queues an event. A writer thread encodes queued events and writes them to the relay's
 stdin in one write per burst (the write releases the GIL); a reader thread settles the handles of tracked
@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable
 
 from schemas.jobs import TokenEvent
-from workers import event_relay
-from workers.event_relay import DELIVERED, DROPPED, ENV_CONNECTION
-from workers.retry import Backoff, describe_error
+from workers.serving import token_relay as event_relay
+from workers.serving.retry import Backoff, describe_error
+from workers.serving.token_relay import DELIVERED, DROPPED, ENV_CONNECTION
 from workers.settings import KafkaConnection
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class TokenEventSender:
         log_config: tuple[str, str, str] = ("worker", "INFO", "text"),  # worker_id, level, format
         max_queued: int = MAX_QUEUED,
     ) -> None:
-        self._argv = [sys.executable, "-m", "workers.event_relay", topic, client_id, *log_config]
+        self._argv = [sys.executable, "-m", "workers.serving.token_relay", topic, client_id, *log_config]
         self._env = {**os.environ, ENV_CONNECTION: event_relay.connection_json(conn)}
         self._on_drop = on_drop
         self._max_queued = max_queued

@@ -12,11 +12,11 @@ from sqlalchemy import select
 
 from schemas.jobs import TokenEvent
 from schemas.tables import TERMINAL_STATUSES, jobs
-from workers.database import make_engine
-from workers.demo_board import DemoBoard, render_live, render_plain
+from workers.db.connect import make_engine
+from workers.db.jobs import SUMMARY_COLUMNS
+from workers.demo.board import DemoBoard, render_live, render_plain
 from workers.kafka_io import TopicReader
 from workers.settings import Settings
-from workers.store import SUMMARY_COLUMNS
 
 
 def follow_tokens(

@@ -12,21 +12,21 @@ from gpu.engine import Engine, EngineStats, RequestOutput
 from schemas.jobs import TokenEvent
 from schemas.validation import Limits
 from workers import logs
-from workers.database import make_engine
-from workers.dead_letter import dead_letter_message
-from workers.dispatch import Dispatcher
-from workers.event_sender import Sent, TokenEventSender
-from workers.failpoints import step_error_if
-from workers.inflight import utcnow
+from workers.db.connect import make_engine
 from workers.kafka_io import BroadcastReader, Delivery, GroupConsumer, KeyLookup, Partition, Producer
-from workers.loop_clock import LoopClock, thread_seconds
-from workers.metrics import WorkerMetrics
-from workers.offsets import OffsetTracker
-from workers.persister import Persister
-from workers.pump import IntakePump
-from workers.retry import describe_error, until_available
+from workers.serving.dead_letter import dead_letter_message
+from workers.serving.failpoints import step_error_if
+from workers.serving.inflight import utcnow
+from workers.serving.intake_thread import IntakePump
+from workers.serving.job_lifecycle import Dispatcher
+from workers.serving.loop_clock import LoopClock, thread_seconds
+from workers.serving.metrics import WorkerMetrics
+from workers.serving.offsets import OffsetTracker
+from workers.serving.persister import Persister
+from workers.serving.retry import describe_error, until_available
+from workers.serving.token_sender import Sent, TokenEventSender
+from workers.serving.writes import Rejected
 from workers.settings import Settings
-from workers.writes import Rejected
 
 log = logging.getLogger(__name__)
 

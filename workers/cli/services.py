@@ -134,7 +134,7 @@ def _db_downgrade(args: argparse.Namespace) -> int:
 
 
 def _migrate(direction: str, revision: str) -> int:
-    from workers.services import migrate
+    from workers.db import migrate
     from workers.settings import Settings
 
     url = Settings.from_env().database_url
@@ -145,7 +145,7 @@ def _migrate(direction: str, revision: str) -> int:
 
 @_guarded
 def _db_current(args: argparse.Namespace) -> int:
-    from workers.services import migrate
+    from workers.db import migrate
     from workers.settings import Settings
 
     print(migrate.current(Settings.from_env().database_url) or "(none)")

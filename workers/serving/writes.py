@@ -14,10 +14,7 @@ from typing import Any, Protocol
 from sqlalchemy import Connection, Row
 
 from schemas.jobs import JobResult
-from workers.deliveries import Waitable
-from workers.kafka_io import Record
-from workers.outbox import claim, take_over
-from workers.store import (
+from workers.db.jobs import (
     Terminal,
     fail,
     finish,
@@ -26,6 +23,9 @@ from workers.store import (
     request_cancel,
     superseded_by,
 )
+from workers.db.outbox import claim, take_over
+from workers.kafka_io import Record
+from workers.serving.delivery import Waitable
 
 Source = tuple[str, int, int]  # topic, partition, offset
 

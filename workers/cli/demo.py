@@ -45,7 +45,7 @@ def _start_worker(args: argparse.Namespace, log_path) -> subprocess.Popen:
 def _wait_until_serving(settings, worker: subprocess.Popen, timeout_s: float) -> None:
     """Post only once the worker has joined its group, so the timings shown are the engine's, not start-up."""
     from workers.kafka_io import group_members
-    from workers.loop import group_id
+    from workers.serving.loop import group_id
 
     deadline = time.monotonic() + timeout_s
     while group_members(settings.kafka_connection, group_id(settings.topic_prefix)) < 1:
@@ -59,11 +59,11 @@ def _wait_until_serving(settings, worker: subprocess.Popen, timeout_s: float) ->
 def run(args: argparse.Namespace) -> int:
     import uuid
 
+    from workers.cli.jobs import print_rows
     from workers.client import JobClient
-    from workers.commands.jobs import print_rows
-    from workers.demo_board import DemoBoard, DemoJob
-    from workers.demo_queries import run_history_queries
-    from workers.demo_view import follow_tokens, wait_for_rows
+    from workers.demo.board import DemoBoard, DemoJob
+    from workers.demo.queries import run_history_queries
+    from workers.demo.view import follow_tokens, wait_for_rows
     from workers.settings import Settings
 
     settings = Settings.from_env()

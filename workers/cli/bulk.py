@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from schemas.topics import PRIORITY_CLASSES
-from workers.commands.options import add_log_options, add_timeout_option
+from workers.cli.options import add_log_options, add_timeout_option
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -65,7 +65,7 @@ def _err(message: str) -> int:
 
 
 def _engine():
-    from workers.database import make_engine
+    from workers.db.connect import make_engine
     from workers.settings import Settings
 
     settings = Settings.from_env()
@@ -73,9 +73,9 @@ def _engine():
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from workers.bulk import store
     from workers.bulk.batch_format import summarize
     from workers.bulk.celery_app import PRODUCE, make_app
+    from workers.db import bulk_jobs as store
 
     if not args.file.is_file():
         return _err(f"no such file: {args.file}")
@@ -111,8 +111,8 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from workers.bulk import store
-    from workers.bulk.progress import status_text
+    from workers.bulk.status_text import status_text
+    from workers.db import bulk_jobs as store
 
     _, engine = _engine()
     with engine.connect() as conn:
@@ -128,8 +128,8 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _wait(args: argparse.Namespace) -> int:
-    from workers.bulk import store
-    from workers.bulk.progress import FINISHED, progress_line
+    from workers.bulk.status_text import FINISHED, progress_line
+    from workers.db import bulk_jobs as store
 
     _, engine = _engine()
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
@@ -164,7 +164,7 @@ def _wait(args: argparse.Namespace) -> int:
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    from workers.bulk import store
+    from workers.db import bulk_jobs as store
 
     _, engine = _engine()
     with engine.connect() as conn:

@@ -13,10 +13,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from workers.admission import Admitter, Decision
-from workers.intake import Accepted
 from workers.kafka_io import Partition, Record
-from workers.writes import Rejected
+from workers.serving.admission import Admitter, Decision
+from workers.serving.intake import Accepted
+from workers.serving.writes import Rejected
 
 log = logging.getLogger(__name__)
 

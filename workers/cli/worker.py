@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from workers.commands.options import HIDDEN, add_log_options
+from workers.cli.options import HIDDEN, add_log_options
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def convert_model(spec: str, cache_dir: Path | None, show_progress: bool) -> Non
     the cache entry); nothing for other models or an entry already converted."""
     from gpu.gguf_cache import DEFAULT_CACHE_DIR, cached_checkpoint
     from gpu.model_source import SourceKind, resolve_model
-    from workers import progress
+    from workers.cli import progress_bars as progress
 
     source = resolve_model(spec)
     if source.kind is SourceKind.GGUF and source.path is not None:
@@ -177,13 +177,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from workers import logs, progress
+    from workers import logs
+    from workers.cli import progress_bars as progress
     from workers.settings import Settings
 
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     logs.configure(args.log_level, args.log_format, worker_id)
-    from workers.loop import Worker, WorkerOptions
-    from workers.metrics import WorkerMetrics
+    from workers.serving.loop import Worker, WorkerOptions
+    from workers.serving.metrics import WorkerMetrics
 
     settings = Settings.from_env()
     sys.setswitchinterval(settings.switch_interval_s)

@@ -16,21 +16,29 @@ from gpu.engine import EngineRequest, RequestOutput
 from scheduler.types import Priority
 from schemas.jobs import TokenEvent
 from schemas.topics import Topics
-from workers import cancels
-from workers.admission import Admitter, Decision
-from workers.admission_thread import AdmissionThread
-from workers.deliveries import Waitable
-from workers.events import job_event
-from workers.inflight import InFlightJob, utcnow
-from workers.intake import Accepted, Intake
+from workers.db.jobs import Admitted, Terminal
 from workers.kafka_io import Record
-from workers.sampling import sampling_params
-from workers.store import Admitted, Terminal
-from workers.streaming import TokenStreamer
-from workers.writes import CancelRequested, Concluded, Rejected, Republish, Running, WriteItem, storable
+from workers.serving import cancels
+from workers.serving.admission import Admitter, Decision
+from workers.serving.admission_thread import AdmissionThread
+from workers.serving.delivery import Waitable
+from workers.serving.inflight import InFlightJob, utcnow
+from workers.serving.intake import Accepted, Intake
+from workers.serving.job_log import job_event
+from workers.serving.sampling import sampling_params
+from workers.serving.token_stream import TokenStreamer
+from workers.serving.writes import (
+    CancelRequested,
+    Concluded,
+    Rejected,
+    Republish,
+    Running,
+    WriteItem,
+    storable,
+)
 
 if TYPE_CHECKING:
-    from workers.loop import Worker
+    from workers.serving.loop import Worker
 
 log = logging.getLogger(__name__)
 

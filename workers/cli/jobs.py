@@ -9,7 +9,7 @@ from pathlib import Path
 
 from schemas.statuses import JOB_STATUSES
 from schemas.topics import PRIORITY_CLASSES
-from workers.commands.options import HIDDEN, add_timeout_option
+from workers.cli.options import HIDDEN, add_timeout_option
 
 SCHEMA_NAMES = ("JobRequest", "CancelRequest", "TokenEvent", "JobResult", "Rejection")
 
@@ -132,7 +132,7 @@ def _job_line(line: str, number: int, overrides: dict):
 
 
 def submit(args: argparse.Namespace) -> int:
-    from workers import progress
+    from workers.cli import progress_bars as progress
     from workers.client import DeliveryFailed, JobClient
 
     jobs = _jobs_from_args(args)
@@ -186,7 +186,7 @@ def tail(args: argparse.Namespace) -> int:
 
     from schemas.tables import jobs
     from workers.client import JobClient
-    from workers.database import make_engine
+    from workers.db.connect import make_engine
 
     with JobClient() as client:
         db = make_engine(client.settings.database_url)
@@ -201,9 +201,9 @@ def list_jobs(args: argparse.Namespace) -> int:
     from sqlalchemy import select
 
     from schemas.tables import jobs
-    from workers.database import make_engine
+    from workers.db.connect import make_engine
+    from workers.db.jobs import SUMMARY_COLUMNS
     from workers.settings import Settings
-    from workers.store import SUMMARY_COLUMNS
 
     cols = [*SUMMARY_COLUMNS, jobs.c.created_at, jobs.c.output_text, jobs.c.error]
     query = select(*cols).order_by(jobs.c.created_at.desc()).limit(args.limit)

@@ -1,4 +1,4 @@
-"""`inferq` — the one command-line entry point. Each verb lives in a module of workers/commands/."""
+"""`inferq` — the one command-line entry point. Each verb lives in a module of workers/cli/."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from importlib.metadata import PackageNotFoundError, version
 # Each module defines `register(subparsers)`, adding its verbs with `set_defaults(func=...)`.
 # Heavy imports (torch, Kafka, SQL) happen inside the verbs, so `inferq --help` stays fast.
 COMMAND_MODULES = (
-    "workers.commands.services",  # up, down, status, db
-    "workers.commands.worker",  # worker
-    "workers.commands.jobs",  # submit, cancel, tail, jobs, schema
-    "workers.commands.demo",  # demo
-    "workers.commands.bench",  # bench engine
-    "workers.commands.history",  # history
-    "workers.commands.bulk",  # bulk submit|status|wait|fetch|cancel, bulk-worker
-    "workers.commands.run_batch",  # run-batch
+    "workers.cli.services",  # up, down, status, db
+    "workers.cli.worker",  # worker
+    "workers.cli.jobs",  # submit, cancel, tail, jobs, schema
+    "workers.cli.demo",  # demo
+    "workers.cli.bench",  # bench engine
+    "workers.cli.history",  # history
+    "workers.cli.bulk",  # bulk submit|status|wait|fetch|cancel, bulk-worker
+    "workers.cli.run_batch",  # run-batch
 )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-from workers.database import make_engine
+from workers.db.connect import make_engine
 
 HISTORY_QUERIES: tuple[tuple[str, str], ...] = (
     (

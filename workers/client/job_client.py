@@ -10,9 +10,10 @@ with JobClient() as client:
         print(event.text, end="", flush=True)
     print(client.wait(sent).status)
 
-One consumer serves all the jobs a client follows (workers/watch.py), however many streams and waits run
-at once, from any number of threads. With `database_url`, `wait` falls back to the job's row in PostgreSQL
-when the results topic no longer has its result (retention, or a result published before the wait began).
+One consumer serves all the jobs a client follows (workers/client/stream_hub.py), however many streams
+and waits run at once, from any number of threads. With `database_url`, `wait` falls back to the job's
+row in PostgreSQL when the results topic no longer has its result (retention, or a result published
+before the wait began).
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from schemas.jobs import JobRequest, JobResult, TokenEvent
+from workers.client.stream_hub import CaughtUp, Failed, Follower, StreamHub
 from workers.kafka_io import PartitionReader, Producer
 from workers.settings import Settings
-from workers.watch import CaughtUp, Failed, Follower, StreamHub
 
 DELIVERY_TIMEOUT_S = 30.0  # connecting, metadata, and the broker's acknowledgement of a message
 WAIT_TIMEOUT_S = 300.0  # stream() and wait(): how long a job may take to produce its final event
@@ -262,8 +263,8 @@ class JobClient:
         from sqlalchemy import select
 
         from schemas.tables import jobs
-        from workers.database import make_engine
-        from workers.outbox import result_from_row
+        from workers.db.connect import make_engine
+        from workers.db.outbox import result_from_row
 
         if self._db is None:
             self._db = make_engine(self.database_url)

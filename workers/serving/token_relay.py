@@ -8,7 +8,7 @@ Protocol (pipes, both ways length-prefixed): the worker writes `frame(track, key
 relay answers on stdout for every tracked event (delivered, failed or dropped) and with a count of the
 untracked events it dropped. It exits when stdin closes, after a bounded flush, or at once when the worker
 is gone (a thread watches the parent pid); it ignores SIGINT and SIGTERM, which are the worker's to act on.
-Run by the worker as `python -m workers.event_relay`.
+Run by the worker as `python -m workers.serving.token_relay`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ _LENGTH = struct.Struct(">I")
 _EVENT = struct.Struct(">QH")  # track id (0: untracked), key length
 _REPLY = struct.Struct(">QBH")  # track id, outcome, message length
 
-log = logging.getLogger("workers.event_relay")
+log = logging.getLogger("workers.serving.token_relay")
 
 
 def frame(payload: bytes) -> bytes:
@@ -129,7 +129,7 @@ class _Drops:
 
 def relay(topic: str, client_id: str, conn, source: BinaryIO, replies: _Replies) -> None:
     from workers.kafka_io import Producer
-    from workers.retry import describe_error, until_available
+    from workers.serving.retry import describe_error, until_available
 
     where = f"Kafka at {conn.bootstrap}"
     producer = until_available(lambda: Producer(conn, client_id, max_block_s=0.5), where)

@@ -15,7 +15,7 @@ from schemas.jobs import JobRequest
 from schemas.topics import Topics
 from schemas.validation import InvalidMessage, Limits, parse_job, peek_job_id, peek_tenant
 from workers.kafka_io import Record
-from workers.writes import Rejected
+from workers.serving.writes import Rejected
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from schemas.jobs import JobRequest, Timings, Usage
-from workers.store import Terminal
+from workers.db.jobs import Terminal
 
 # Engine finish reasons → job status and the finish_reason stored and published.
 STATUS_OF_FINISH = {
