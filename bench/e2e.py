@@ -14,7 +14,6 @@ import os
 import shlex
 import signal
 import sys
-import time
 from pathlib import Path
 
 from bench.report import RESULTS_DIR
@@ -77,10 +76,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _exit_cleanly(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
-
-
-def progress(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

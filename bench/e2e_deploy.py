@@ -32,12 +32,9 @@ def make_private_settings(base: Settings) -> Settings:
 
 def delete_private_topics(settings: Settings) -> None:
     """Remove the run's own topics (names under its unique prefix only), so runs do not pile up."""
-    from kafka.admin import KafkaAdminClient
+    from workers.services.kafka import delete_topics
 
-    with KafkaAdminClient(**settings.kafka_connection.client_options(), client_id="inferq-bench") as admin:
-        ours = [t for t in admin.list_topics() if t.startswith(settings.topic_prefix + ".")]
-        if ours:
-            admin.delete_topics(ours)
+    delete_topics(settings.kafka_connection, settings.topic_prefix)
 
 
 # the worker's loop counters bench e2e reads, each with the prefix its names get here
@@ -153,36 +150,20 @@ def _free_port() -> int:
 
 def wait_joined(settings: Settings, worker: WorkerProcess, timeout_s: float = 300.0) -> None:
     """Until the deployment's consumer group is stable with one member: the worker is serving."""
-    from kafka.admin import KafkaAdminClient
+    from workers.services.kafka import wait_for_workers
 
-    from workers.serving.loop import group_id
-
-    group = group_id(settings.topic_prefix)
-    deadline = time.monotonic() + timeout_s
-    with KafkaAdminClient(**settings.kafka_connection.client_options(), client_id="inferq-bench") as admin:
-        while True:
-            worker.check_alive()
-            info = admin.describe_groups([group]).get(group, {})
-            state = info.get("group_state") or info.get("state")
-            if state == "Stable" and len(info.get("members", [])) == 1:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"worker never joined group {group} within {timeout_s:.0f}s")
-            time.sleep(0.5)
+    wait_for_workers(settings, 1, timeout_s, worker.check_alive)
 
 
 class TokenRecorder:
     """Reads the deployment's tokens topic on a thread and notes when each job's events arrive."""
 
     def __init__(self, settings: Settings) -> None:
-        from workers.kafka_io import TopicReader
+        from workers.client.token_events import TokenEventReader
 
         since_ms = int(time.time() * 1000) - 60_000  # a fresh topic: everything on it is ours
-        self._reader = TopicReader(
-            settings.kafka_connection, settings.topics.tokens, since_ms, "inferq-bench"
-        )
+        self._reader = TokenEventReader(settings, since_ms, "inferq-bench")
         self._arrivals: dict[str, list[Arrival]] = {}
-        self._seen: set[tuple[str, int, int]] = set()
         self._finished: set[str] = set()
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -191,7 +172,6 @@ class TokenRecorder:
         self._thread.start()
 
     def _run(self) -> None:
-        from schemas.jobs import TokenEvent
 
         try:
             while not self._stop.is_set():
@@ -200,12 +180,7 @@ class TokenRecorder:
                 if not records:
                     continue
                 with self._cond:
-                    for record in records:
-                        event = TokenEvent.model_validate_json(record.value or b"{}")
-                        key = (event.job_id, event.attempt, event.seq)
-                        if key in self._seen:  # a producer retry: count each event once
-                            continue
-                        self._seen.add(key)
+                    for event in records:  # each (job, attempt, seq) once, producer retries aside
                         final = event.finish_reason is not None
                         usage = event.usage.completion_tokens if event.usage else None
                         arrival = Arrival(now, len(event.token_ids), final, usage)

@@ -12,7 +12,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bench.e2e import progress
 from bench.e2e_deploy import (
     MachineBusy,
     TokenRecorder,
@@ -35,7 +34,7 @@ from bench.e2e_phases import (
 from bench.e2e_report import BAR_E2E_VS_ENGINE, BAR_HIGH_TTFT_RATIO, render
 from bench.e2e_rows import ttft_breakdown
 from bench.e2e_stats import per_job, percentile, throughput
-from bench.report import median, ratio
+from bench.report import median, progress, ratio
 from bench.workload import WorkloadSpec, parse_range
 
 # the worker's engine defaults (`inferq worker` without options), so both sides run the same engine

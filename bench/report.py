@@ -5,11 +5,17 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"  # ignored by git
+
+
+def progress(message: str) -> None:
+    """A timestamped line on stderr: where a long benchmark has got to."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def median(values: Iterable[float]) -> float | None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+Partition = tuple[str, int]  # topic, partition
+Coordinates = tuple[str, int, int]  # topic, partition, offset: where one record is
+
 PRIORITY_CLASSES = ("high", "normal", "low")
 
 

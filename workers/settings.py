@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from schemas.topics import Topics
 
@@ -71,16 +72,18 @@ def database_url_for(url: str | None, state_dir: Path) -> str:
     A loopback URL without a password is taken to mean that cluster, so it gets the password `inferq up`
     generated into the state dir (none before the first up). The URL's query (sslmode, ...) is kept.
     """
-    from sqlalchemy.engine import make_url
-
-    parsed = make_url(url or f"postgresql+psycopg2://postgres@127.0.0.1:{POSTGRES_PORT}/inferq")
-    if parsed.password or parsed.host not in ("127.0.0.1", "localhost"):
-        return url or parsed.render_as_string(hide_password=False)
+    url = url or f"postgresql+psycopg2://postgres@127.0.0.1:{POSTGRES_PORT}/inferq"
+    parts = urlsplit(url)
+    if parts.password is not None or parts.hostname not in ("127.0.0.1", "localhost"):
+        return url
     try:
         password = (state_dir / POSTGRES_PASSWORD_FILE).read_text().strip()
     except OSError:
         password = ""
-    return parsed.set(password=password or None).render_as_string(hide_password=False)
+    if not password:
+        return url
+    user, _, host = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{user}:{quote(password, safe='')}@{host}"))
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,12 @@ from sqlalchemy import select, text
 from schemas.tables import jobs
 from tests.workers.bulk_factories import numbered_batch
 from tests.workers.history_factories import insert_jobs, make_job, migrated_engine
-from workers.bulk import advance, maintenance
+from workers import naming
+from workers.bulk import advance
 from workers.bulk.batch_format import job_id_for
 from workers.bulk.produce import produce
 from workers.db import bulk_jobs as store
+from workers.db import maintenance
 
 pytestmark = pytest.mark.services
 
@@ -54,14 +56,7 @@ def test_only_jobs_of_dead_workers_of_this_deployment_are_released(db):
 
 
 def test_live_workers_are_read_from_client_ids():
-    assert maintenance.live_worker_ids({"inferq-w1", "inferq-host-42", "something-else"}) == {"w1", "host-42"}
-
-
-def test_worker_group_matches_the_worker_loop():
-    from workers.serving.loop import group_id
-
-    assert maintenance.worker_group("inferq") == group_id("inferq") == "inferq-workers"
-    assert maintenance.worker_group("t9") == group_id("t9")
+    assert naming.live_worker_ids({"inferq-w1", "inferq-host-42", "something-else"}) == {"w1", "host-42"}
 
 
 class CrashingSubmitter:

@@ -22,9 +22,8 @@ from sqlalchemy import Engine, create_engine, select
 from schemas.jobs import JobResult, TokenEvent
 from schemas.tables import TERMINAL_STATUSES, jobs
 from workers.client import JobClient
-from workers.kafka_io import TopicReader, group_members
-from workers.services.kafka import ensure_topics
-from workers.serving.loop import group_id
+from workers.kafka_io import TopicReader
+from workers.services.kafka import ensure_topics, wait_for_workers
 from workers.settings import Settings
 
 
@@ -151,12 +150,7 @@ def now_ms() -> int:
 
 def wait_group_members(settings: Settings, count: int, timeout_s: float = 120) -> None:
     """Until the deployment's consumer group is stable with `count` members (workers have joined)."""
-    group = group_id(settings.topic_prefix)
-    deadline = time.monotonic() + timeout_s
-    while group_members(settings.kafka_connection, group) != count:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"group {group} never had {count} stable members")
-        time.sleep(0.5)
+    wait_for_workers(settings, count, timeout_s)
 
 
 def wait_until(condition, timeout_s: float = 120) -> None:

@@ -8,15 +8,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from itertools import islice
 from pathlib import Path
-
-from sqlalchemy import Engine
 
 from schemas.tables import TERMINAL_STATUSES
 from workers.bulk.batch_format import BatchLine, job_id_for, read_batch
 from workers.bulk.finalize import FinalCounts, write_results
+from workers.clock import utcnow
+from workers.db import Engine
 from workers.db import bulk_jobs as store
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def write_files(engine: Engine, row: store.Row, model_name: str | None = None) -
         )
     with engine.begin() as conn:
         store.set_files(conn, bulk_id, str(output), str(errors), dataclasses.asdict(counts))
-        store.transition(conn, bulk_id, ("finalizing",), "completed", finished_at=datetime.now(UTC))
+        store.transition(conn, bulk_id, ("finalizing",), "completed", finished_at=utcnow())
     log.info("bulk %s: files written: %s", bulk_id, counts)
     return counts
 
@@ -72,7 +72,7 @@ def maybe_finalize(
 ) -> FinalCounts | None:
     """Write the files if the bulk job is ready; the caller holds the bulk job's lock. `model_name`: the
     served model's, echoed in the responses (INFERQ_SERVED_MODEL_NAME)."""
-    now = now or datetime.now(UTC)
+    now = now or utcnow()
     with engine.connect() as conn:
         row = store.get(conn, bulk_id)
     if row is None:

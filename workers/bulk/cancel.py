@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
 
-from sqlalchemy import Engine
-
+from schemas.statuses import BULK_OPEN_STATUSES
 from schemas.tables import TERMINAL_STATUSES
 from workers.bulk.batch_format import BatchLine, job_id_for, read_batch
+from workers.clock import utcnow
+from workers.db import Engine
 from workers.db import bulk_jobs as store
 
-CANCELLABLE = ("validating", "submitting", "running")
+CANCELLABLE = tuple(
+    s for s in BULK_OPEN_STATUSES if s != "finalizing"
+)  # finalizing: its files are being written
 
 
 def cancel(engine: Engine, bulk_id: str, send_cancel: Callable[[str, str], None]) -> int | None:
@@ -23,7 +25,7 @@ def cancel(engine: Engine, bulk_id: str, send_cancel: Callable[[str, str], None]
     that arrives before its job). Returns the number of cancels sent, None if not cancellable.
     """
     with engine.begin() as conn:
-        if not store.transition(conn, bulk_id, CANCELLABLE, "cancelled", finished_at=datetime.now(UTC)):
+        if not store.transition(conn, bulk_id, CANCELLABLE, "cancelled", finished_at=utcnow()):
             return None
         row = store.get(conn, bulk_id)
     # Only after the transition is read again: the producer checks the status at each checkpoint and

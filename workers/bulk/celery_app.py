@@ -26,8 +26,8 @@ def result_backend(settings: Settings) -> str:
     return "db+" + settings.database_url
 
 
-def make_app(settings: Settings | None = None, *, with_tasks: bool = True) -> Celery:
-    """with_tasks=False gives a client-side app (send_task only), without importing the task code."""
+def make_app(settings: Settings | None = None) -> Celery:
+    """The app as a client sees it (send_task only); a bulk worker adds the tasks with tasks.register."""
     settings = settings or Settings.from_env()
     app = Celery("inferq", broker=settings.celery_broker_url, backend=result_backend(settings))
     app.conf.update(
@@ -48,8 +48,4 @@ def make_app(settings: Settings | None = None, *, with_tasks: bool = True) -> Ce
             },
         },
     )
-    if with_tasks:
-        from workers.bulk.tasks import register
-
-        register(app, settings)
     return app

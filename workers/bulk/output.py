@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from workers.bulk.batch_format import BatchLine, LineError
-
-Row = Mapping[str, Any]  # a jobs row (job_id, status, output_text, finish_reason, tokens, error, ...)
+from workers.db.bulk_jobs import Row
 
 
 def _created(row: Row) -> int:

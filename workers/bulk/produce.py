@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
-from sqlalchemy import Engine
-
 from schemas.jobs import JobRequest
 from workers.bulk.batch_format import BatchLine, read_batch, to_job
+from workers.clock import utcnow
+from workers.db import Engine
 from workers.db import bulk_jobs as store
 
 log = logging.getLogger(__name__)
@@ -40,13 +39,11 @@ def produce(engine: Engine, bulk_id: str, client: Submitter, checkpoint: int = C
             return row["status"] if row else "missing"
         if not Path(row["input_path"]).is_file():  # e.g. the state dir is not shared with this machine
             error = f"input file {row['input_path']} is not readable by this bulk worker"
-            store.transition(
-                conn, bulk_id, ("submitting",), "failed", error=error, finished_at=datetime.now(UTC)
-            )
+            store.transition(conn, bulk_id, ("submitting",), "failed", error=error, finished_at=utcnow())
             log.error("bulk %s: %s", bulk_id, error)
             return "failed"
         if row["started_at"] is None:
-            store.transition(conn, bulk_id, ("submitting",), "submitting", started_at=datetime.now(UTC))
+            store.transition(conn, bulk_id, ("submitting",), "submitting", started_at=utcnow())
     start, done = row["submitted_lines"], row["submitted_lines"]
     log.info("bulk %s: producing from line item %d", bulk_id, start)
     chunk: list[JobRequest] = []

@@ -11,15 +11,15 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from gpu.engine import Engine, EngineRequest, RequestOutput
+from schemas.statuses import STATUS_OF_FINISH
 from schemas.topics import Topics
 from schemas.validation import InvalidMessage, Limits
 from workers.bulk.batch_format import BatchLine, LineError, job_id_for, to_job
 from workers.bulk.output import error_line, failed_line, invalid_line, success_line
-from workers.serving.inflight import STATUS_OF_FINISH
+from workers.clock import utcnow
 from workers.serving.intake import Intake
 from workers.serving.sampling import sampling_params
 
@@ -106,7 +106,7 @@ class BatchRunner:
             "finish_reason": finish,
             "prompt_tokens": job.prompt_tokens,
             "completion_tokens": job.completion_tokens,
-            "finished_at": datetime.now(UTC),
+            "finished_at": utcnow(),
             "error": out.detail or None,
         }
         if row["status"] == "succeeded":

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-FINISHED = ("completed", "cancelled", "failed")
+from schemas.statuses import BULK_FINISHED_STATUSES
+from workers.clock import utcnow
 
 
 def eta_s(done: int, expected: int, elapsed_s: float) -> float | None:
@@ -17,7 +18,7 @@ def eta_s(done: int, expected: int, elapsed_s: float) -> float | None:
 
 def _elapsed(p: dict[str, Any], now: datetime) -> float:
     start = p.get("first_started_at") or p.get("started_at")
-    end = p.get("last_finished_at") if p.get("status") in FINISHED else now
+    end = p.get("last_finished_at") if p.get("status") in BULK_FINISHED_STATUSES else now
     return max(0.0, (end - start).total_seconds()) if start and end else 0.0
 
 
@@ -37,7 +38,7 @@ def bar(done: int, total: int, width: int = 30) -> str:
 
 def progress_line(p: dict[str, Any], now: datetime | None = None) -> str:
     """One line for `bulk wait`: bar, failures, tokens/s, ETA."""
-    now = now or datetime.now(UTC)
+    now = now or utcnow()
     elapsed = _elapsed(p, now)
     rate = p["completion_tokens"] / elapsed if elapsed > 0 else 0.0
     bad = p["failed"] + p["expired"] + p["cancelled"] + p["rejected"]
@@ -49,7 +50,7 @@ def progress_line(p: dict[str, Any], now: datetime | None = None) -> str:
 
 def status_text(p: dict[str, Any], now: datetime | None = None, final: dict[str, int] | None = None) -> str:
     """The report of `bulk status`; `final`: the line counts of the written files, once there are some."""
-    now = now or datetime.now(UTC)
+    now = now or utcnow()
     elapsed = _elapsed(p, now)
     rate = p["completion_tokens"] / elapsed if elapsed > 0 else 0.0
     lines = [
@@ -69,7 +70,7 @@ def status_text(p: dict[str, Any], now: datetime | None = None, final: dict[str,
             f"files       {final['succeeded']} lines in output; errors: {final['failed']} failed, "
             f"{final['invalid']} invalid, {final['unfinished']} never finished"
         )
-    if p["status"] not in FINISHED:
+    if p["status"] not in BULK_FINISHED_STATUSES:
         lines.append(f"ETA         {_duration(eta_s(p['done'], p['expected_jobs'], elapsed))}")
     lines.append(f"progress    {bar(p['done'], p['expected_jobs'])}")
     return "\n".join(lines)

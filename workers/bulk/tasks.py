@@ -4,16 +4,17 @@
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from celery import Celery
-from sqlalchemy import Engine
 
-from workers.bulk import advance, maintenance
+from workers.bulk import advance
 from workers.bulk.celery_app import MAINTENANCE, PRODUCE, TICK
 from workers.bulk.produce import produce
+from workers.clock import utcnow
+from workers.db import Engine, maintenance, retention
 from workers.db import bulk_jobs as store
-from workers.db import retention
+from workers.naming import live_worker_ids, worker_group
 from workers.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ def register(app: Celery, settings: Settings) -> None:
 
     @app.task(name=MAINTENANCE)
     def maintenance_task() -> None:
-        maintain(engine, settings, datetime.now(UTC))
+        maintain(engine, settings, utcnow())
 
 
 def maintain(engine: Engine, settings: Settings, now: datetime) -> None:
@@ -60,8 +61,8 @@ def maintain(engine: Engine, settings: Settings, now: datetime) -> None:
 
     with engine.connect() as conn:
         try:
-            live = maintenance.live_worker_ids(
-                group_client_ids(settings.kafka_connection, maintenance.worker_group(settings.topic_prefix))
+            live = live_worker_ids(
+                group_client_ids(settings.kafka_connection, worker_group(settings.topic_prefix))
             )
         except Exception as exc:  # Kafka unreachable: cannot tell who is dead, so release nobody
             log.warning("maintenance: no consumer group view (%s); not releasing jobs", exc)

@@ -100,7 +100,7 @@ def _submit(args: argparse.Namespace) -> int:
                       "topic_prefix": settings.topic_prefix},
         )  # fmt: skip
     try:
-        make_app(settings, with_tasks=False).send_task(PRODUCE, args=[bulk_id])
+        make_app(settings).send_task(PRODUCE, args=[bulk_id])
     except Exception as exc:  # recorded already: a bulk worker's periodic tick starts it anyway
         print(f"inferq bulk: could not reach the Celery broker ({exc}); a running `inferq bulk-worker` "
               "will start the bulk job within seconds", file=sys.stderr)  # fmt: skip
@@ -128,7 +128,8 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _wait(args: argparse.Namespace) -> int:
-    from workers.bulk.status_text import FINISHED, progress_line
+    from schemas.statuses import BULK_FINISHED_STATUSES
+    from workers.bulk.status_text import progress_line
     from workers.db import bulk_jobs as store
 
     _, engine = _engine()
@@ -141,7 +142,7 @@ def _wait(args: argparse.Namespace) -> int:
             row = store.get(conn, args.bulk_id)
         if p is None:
             return _err(f"no bulk job {args.bulk_id}")
-        finished = p["status"] in FINISHED and (row["output_path"] or p["status"] == "failed")
+        finished = p["status"] in BULK_FINISHED_STATUSES and (row["output_path"] or p["status"] == "failed")
         if tty:  # one line, redrawn
             print(
                 "\r" + progress_line(p) + "\x1b[K", end="\n" if finished else "", file=sys.stderr, flush=True
@@ -214,6 +215,7 @@ def _bulk_worker(args: argparse.Namespace) -> int:
 
     from workers import logs
     from workers.bulk.celery_app import make_app, queue
+    from workers.bulk.tasks import register
     from workers.settings import Settings
 
     settings = Settings.from_env()
@@ -232,5 +234,7 @@ def _bulk_worker(args: argparse.Namespace) -> int:
             "--hostname", hostname, "--without-mingle", "--without-gossip"]  # fmt: skip
     if not args.no_beat:
         argv += ["--beat", "--schedule", str(settings.state_dir / f"celerybeat-{settings.topic_prefix}")]
-    make_app(settings).worker_main(argv)
+    app = make_app(settings)
+    register(app, settings)
+    app.worker_main(argv)
     return 0

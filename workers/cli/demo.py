@@ -44,16 +44,20 @@ def _start_worker(args: argparse.Namespace, log_path) -> subprocess.Popen:
 
 def _wait_until_serving(settings, worker: subprocess.Popen, timeout_s: float) -> None:
     """Post only once the worker has joined its group, so the timings shown are the engine's, not start-up."""
-    from workers.kafka_io import group_members
-    from workers.serving.loop import group_id
+    from workers.kafka_io.admin import wait_for_members
+    from workers.naming import worker_group
 
-    deadline = time.monotonic() + timeout_s
-    while group_members(settings.kafka_connection, group_id(settings.topic_prefix)) < 1:
+    def alive() -> None:
         if worker.poll() is not None:
             raise SystemExit(f"inferq demo: the worker exited with code {worker.returncode}; see its log")
-        if time.monotonic() > deadline:
-            raise SystemExit("inferq demo: the worker did not join its consumer group in time; see its log")
-        time.sleep(0.5)
+
+    group = worker_group(settings.topic_prefix)
+    try:
+        wait_for_members(settings.kafka_connection, group, 1, timeout_s, alive, at_least=True)
+    except TimeoutError:
+        raise SystemExit(
+            "inferq demo: the worker did not join its consumer group in time; see its log"
+        ) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,6 +9,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from workers.clock import utcnow
+
 REPORTS = ("jobs", "workers", "bulk")
 
 # What the terminal table shows (all columns go to --json and --csv): (column, header).
@@ -119,7 +121,7 @@ def _purge(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"inferq history purge: {exc}", file=sys.stderr)
         return 2
-    cutoff = datetime.now(UTC) - age
+    cutoff = utcnow() - age
     engine = make_engine(settings.database_url)
     try:
         with engine.connect() as conn:
@@ -139,12 +141,11 @@ def _purge(args: argparse.Namespace) -> int:
 
 
 def _history(args: argparse.Namespace) -> int:
-    from sqlalchemy import create_engine
-
     from workers.db import history
+    from workers.db.connect import make_engine
     from workers.settings import Settings
 
-    now = datetime.now(UTC)
+    now = utcnow()
     try:
         since = history.parse_time(args.since, now)
         until = history.parse_time(args.until, now) if args.until else now
@@ -156,7 +157,8 @@ def _history(args: argparse.Namespace) -> int:
         return 2
     names = REPORTS if args.report == "all" else (args.report,)
     window = history.Window(since, until, args.by)
-    engine = create_engine(Settings.from_env().database_url)
+    # history over a long window may take its time: no statement timeout
+    engine = make_engine(Settings.from_env().database_url, statement_timeout_ms=0)
     try:
         with engine.connect() as conn:
             queries = {

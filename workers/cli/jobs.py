@@ -182,41 +182,32 @@ def cancel(args: argparse.Namespace) -> int:
 
 
 def tail(args: argparse.Namespace) -> int:
-    from sqlalchemy import select
-
-    from schemas.tables import jobs
     from workers.client import JobClient
     from workers.db.connect import make_engine
+    from workers.db.job_queries import created_at
 
     with JobClient() as client:
         db = make_engine(client.settings.database_url)
         with db.connect() as conn:
-            row = conn.execute(select(jobs.c.created_at).where(jobs.c.job_id == args.job_id)).first()
-        since = int(row.created_at.timestamp() * 1000) - 1000 if row else 0
+            posted = created_at(conn, args.job_id)
+        since = int(posted.timestamp() * 1000) - 1000 if posted else 0
         _print_stream(client, args.job_id, args.timeout, since)
     return 0
 
 
 def list_jobs(args: argparse.Namespace) -> int:
-    from sqlalchemy import select
-
-    from schemas.tables import jobs
     from workers.db.connect import make_engine
-    from workers.db.jobs import SUMMARY_COLUMNS
+    from workers.db.job_queries import recent
     from workers.settings import Settings
 
-    cols = [*SUMMARY_COLUMNS, jobs.c.created_at, jobs.c.output_text, jobs.c.error]
-    query = select(*cols).order_by(jobs.c.created_at.desc()).limit(args.limit)
-    for col, value in (
-        (jobs.c.status, args.status),
-        (jobs.c.priority, args.priority),
-        (jobs.c.tenant, args.tenant),
-        (jobs.c.bulk_id, args.bulk_id),
-    ):
-        if value is not None:
-            query = query.where(col == value)
+    filters = {
+        "status": args.status,
+        "priority": args.priority,
+        "tenant": args.tenant,
+        "bulk_id": args.bulk_id,
+    }
     with make_engine(Settings.from_env().database_url).connect() as conn:
-        rows = [dict(r._mapping) for r in conn.execute(query)]
+        rows = recent(conn, args.limit, ("created_at", "output_text", "error"), **filters)
     if args.json:
         for r in rows:
             print(json.dumps(r, default=str))

@@ -260,16 +260,14 @@ class JobClient:
         and published; None without a database URL, a row of this tenant, or a published result."""
         if self.database_url is None:
             return None
-        from sqlalchemy import select
-
-        from schemas.tables import jobs
         from workers.db.connect import make_engine
+        from workers.db.job_queries import job_row
         from workers.db.outbox import result_from_row
 
         if self._db is None:
             self._db = make_engine(self.database_url)
         with self._db.connect() as conn:
-            row = conn.execute(select(*jobs.c).where(jobs.c.job_id == job_id)).first()
+            row = job_row(conn, job_id)
         if row is None or row.tenant != tenant or row.published_at is None:
             return None
         return result_from_row(row)

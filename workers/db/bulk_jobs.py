@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, func, literal, select, text
 from sqlalchemy.dialects.postgresql import JSONB
 
+from schemas.statuses import BULK_OPEN_STATUSES
 from schemas.tables import TERMINAL_STATUSES, bulk_jobs, jobs
-from workers.bulk.output import Row
+from workers.clock import utcnow
 
+Row = Mapping[str, Any]  # a row as a mapping of column names (a bulk_jobs row, or a jobs row)
 # Bulk jobs that still need a task: resumed when a bulk worker starts, and by the periodic sweep.
-OPEN_STATUSES = ("submitting", "running", "finalizing")
+OPEN_STATUSES = tuple(s for s in BULK_OPEN_STATUSES if s != "validating")  # submitted: ticks advance them
 
 
 def new_bulk_id(now: datetime | None = None) -> str:
-    now = now or datetime.now(UTC)
+    now = now or utcnow()
     return f"bulk-{now:%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
 
 

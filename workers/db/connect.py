@@ -14,7 +14,7 @@ STATEMENT_TIMEOUT_MS = 15_000
 LOCK_TIMEOUT_MS = 5_000
 
 
-def make_engine(database_url: str) -> Engine:
+def make_engine(database_url: str, statement_timeout_ms: int = STATEMENT_TIMEOUT_MS) -> Engine:
     url = make_url(database_url)
     connect_args: dict[str, Any] = {
         "connect_timeout": CONNECT_TIMEOUT_S,
@@ -26,7 +26,7 @@ def make_engine(database_url: str) -> Engine:
     }
     if "options" not in url.query:
         connect_args["options"] = (
-            f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={LOCK_TIMEOUT_MS}"
+            f"-c statement_timeout={statement_timeout_ms} -c lock_timeout={LOCK_TIMEOUT_MS}"
         )
     connect_args = {k: v for k, v in connect_args.items() if k not in url.query}
     return create_engine(

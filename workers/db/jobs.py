@@ -16,6 +16,7 @@ from sqlalchemy import BindParameter, Connection, Row, Update, bindparam, select
 from sqlalchemy.dialects.postgresql import insert
 
 from schemas.tables import TERMINAL_STATUSES, jobs
+from schemas.topics import Coordinates
 
 # What a person listing jobs wants to see first (`inferq jobs`, the demo).
 SUMMARY_COLUMNS = (
@@ -45,7 +46,7 @@ class Admission:
     created_at: datetime
     queued_at: datetime
     worker_id: str
-    source: tuple[str, int, int]  # topic, partition, offset
+    source: Coordinates
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ def _finish_statement(columns: tuple[str, ...], fenced: bool) -> Update:
     return jobs.update().where(where).values(values).returning(*jobs.c)
 
 
-def superseded_by(conn: Connection, job_id: str, attempt: int | None) -> tuple[str, int, int] | None:
+def superseded_by(conn: Connection, job_id: str, attempt: int | None) -> Coordinates | None:
     """The record of a later attempt than `attempt` that owns the job and has not ended yet, if any."""
     if attempt is None:
         return None

@@ -20,7 +20,6 @@ from sqlalchemy import Connection, Row, bindparam, func, select
 
 from schemas.jobs import JobResult, Timings, Usage
 from schemas.tables import TERMINAL_STATUSES, jobs
-from workers.kafka_io import KeyLookup
 
 # Engine finish reasons that are not in the contract's FinishReasonName map to these.
 _FINISH_REASONS = {"stop", "length", "abort", "expired", "rejected", "error"}
@@ -58,7 +57,6 @@ def result_from_row(row: Row) -> JobResult:
     )
 
 
-LOOK_SLACK_MS = 60_000  # a result's Kafka timestamp may precede its row's finished_at by clock skew
 LEASE_S = 30.0  # longer than one publish round (5 s) plus the backoff between rounds (at most 5 s)
 
 
@@ -118,28 +116,3 @@ def mark_published(conn: Connection, job_ids: Sequence[str], worker_id: str, now
 def count_unpublished(conn: Connection) -> int:
     query = select(func.count()).where(jobs.c.status.in_(TERMINAL_STATUSES), jobs.c.published_at.is_(None))
     return int(conn.execute(query).scalar_one())
-
-
-def result_message(result: JobResult) -> bytes:
-    """A result's message: the same bytes every time for the same row (what a lookup compares)."""
-    return result.model_dump_json().encode()
-
-
-def published_already(
-    lookup: KeyLookup, topic: str, ids: list[str], results: dict[str, JobResult]
-) -> set[str]:
-    """Which of these results are in the topic already (raises when the broker cannot say)."""
-    finished = {job_id: results[job_id].timings.finished_at for job_id in ids}
-    wanted = {job_id: (since, result_message(results[job_id])) for job_id, since in look_since_ms(finished)}
-    return lookup.present(topic, wanted)
-
-
-def look_since_ms(finished: dict[str, datetime | None]) -> list[tuple[str, int]]:
-    """From when to look for each job's result: its row's finish (the result was sent after it), less a
-    minute for the clocks of the worker that wrote the row and of the one that sent the result. A row
-    without `finished_at` has no bound to look from: it is not looked for (its result is sent)."""
-    out = []
-    for job_id, at in finished.items():
-        if at is not None:
-            out.append((job_id, max(0, int(at.timestamp() * 1000) - LOOK_SLACK_MS)))
-    return out

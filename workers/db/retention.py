@@ -14,11 +14,11 @@ from pathlib import Path
 
 from sqlalchemy import Connection, text
 
-from schemas.statuses import TERMINAL_STATUSES
+from schemas.statuses import BULK_FINISHED_STATUSES, BULK_OPEN_STATUSES, TERMINAL_STATUSES
 
 PURGE_BATCH = 10_000
-_OPEN_BULK = "('validating', 'submitting', 'running', 'finalizing')"
-_DONE_BULK = "('completed', 'cancelled', 'failed')"
+_OPEN_BULK = repr(BULK_OPEN_STATUSES)
+_DONE_BULK = repr(BULK_FINISHED_STATUSES)
 _JOBS_WHERE = (
     f"finished_at < :cutoff AND status IN {TERMINAL_STATUSES!r} AND NOT EXISTS (SELECT 1 FROM bulk_jobs b "
     f"WHERE b.bulk_id = j.bulk_id AND b.status IN {_OPEN_BULK})"
@@ -33,6 +33,19 @@ class Purged:
     dry_run: bool
 
 
+def delete_in_batches(conn: Connection, sql: str, params: dict) -> int:
+    """Run a DELETE bounded by `LIMIT :batch` until it deletes less than a batch; return the rows deleted.
+
+    Each batch commits on its own: deleting millions of rows never holds locks for long."""
+    total = 0
+    while True:
+        n = conn.execute(text(sql), {**params, "batch": PURGE_BATCH}).rowcount
+        conn.commit()
+        total += n
+        if n < PURGE_BATCH:
+            return total
+
+
 def purge(conn: Connection, cutoff: datetime, state_dir: Path | None = None, dry_run: bool = False) -> Purged:
     """Delete (or with `dry_run`, count) what finished before `cutoff`; commits in short batches so a purge
     of millions of rows never holds locks for long."""
@@ -41,14 +54,8 @@ def purge(conn: Connection, cutoff: datetime, state_dir: Path | None = None, dry
         jobs = conn.execute(text(f"SELECT count(*) FROM jobs j WHERE {_JOBS_WHERE}"), params).scalar_one()
         bulk = conn.execute(text(f"SELECT count(*) FROM bulk_jobs WHERE {_BULK_WHERE}"), params).scalar_one()
         return Purged(int(jobs), int(bulk), True)
-    jobs = 0
-    while True:
-        sql = f"DELETE FROM jobs WHERE job_id IN (SELECT job_id FROM jobs j WHERE {_JOBS_WHERE} LIMIT :batch)"
-        n = conn.execute(text(sql), {**params, "batch": PURGE_BATCH}).rowcount
-        conn.commit()
-        jobs += n
-        if n < PURGE_BATCH:
-            break
+    sql = f"DELETE FROM jobs WHERE job_id IN (SELECT job_id FROM jobs j WHERE {_JOBS_WHERE} LIMIT :batch)"
+    jobs = delete_in_batches(conn, sql, params)
     gone = conn.execute(
         text(f"DELETE FROM bulk_jobs WHERE {_BULK_WHERE} RETURNING bulk_id"), params
     ).scalars().all()  # fmt: skip

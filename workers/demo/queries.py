@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from sqlalchemy import text
-
 from workers.db.connect import make_engine
+from workers.db.job_queries import run_sql
 
 HISTORY_QUERIES: tuple[tuple[str, str], ...] = (
     (
@@ -42,9 +41,6 @@ def run_history_queries(database_url: str) -> list[tuple[str, str, list[dict]]]:
     db = make_engine(database_url)
     try:
         with db.connect() as conn:
-            return [
-                (title, sql, [dict(r._mapping) for r in conn.execute(text(sql))])
-                for title, sql in HISTORY_QUERIES
-            ]
+            return [(title, sql, run_sql(conn, sql)) for title, sql in HISTORY_QUERIES]
     finally:
         db.dispose()

@@ -8,14 +8,12 @@ import time
 
 from rich.console import Console
 from rich.live import Live
-from sqlalchemy import select
 
-from schemas.jobs import TokenEvent
-from schemas.tables import TERMINAL_STATUSES, jobs
+from schemas.statuses import TERMINAL_STATUSES
+from workers.client.token_events import TokenEventReader
 from workers.db.connect import make_engine
-from workers.db.jobs import SUMMARY_COLUMNS
+from workers.db.job_queries import summaries
 from workers.demo.board import DemoBoard, render_live, render_plain
-from workers.kafka_io import TopicReader
 from workers.settings import Settings
 
 
@@ -31,7 +29,7 @@ def follow_tokens(
     In a terminal each job's panel grows in place (rich Live); otherwise each job's final text is printed
     once, as a plain block, when it ends.
     """
-    reader = TopicReader(settings.kafka_connection, settings.topics.tokens, since_ms, "inferq-demo")
+    reader = TokenEventReader(settings, since_ms, "inferq-demo")
     console = Console()
     live = Live(render_live(board), console=console, refresh_per_second=8, transient=True)
     deadline = time.monotonic() + timeout_s
@@ -41,8 +39,7 @@ def follow_tokens(
         while not board.done and time.monotonic() < deadline:
             if worker is not None and worker.poll() is not None:
                 raise RuntimeError(f"the worker exited with code {worker.returncode}; see its log")
-            for record in reader.poll(0.1):
-                event = TokenEvent.model_validate_json(record.value or b"{}")
+            for event in reader.poll(0.1):
                 stream = board.apply(event, time.monotonic())
                 if stream is not None and stream.done and not console.is_terminal:
                     print(render_plain(stream), flush=True)
@@ -61,14 +58,11 @@ def follow_tokens(
 def wait_for_rows(settings: Settings, job_ids: list[str], timeout_s: float) -> list[dict]:
     """The jobs' rows once all are terminal (results are published only after the rows commit)."""
     db = make_engine(settings.database_url)
-    cols = [*SUMMARY_COLUMNS, jobs.c.attempts, jobs.c.output_text]
     deadline = time.monotonic() + timeout_s
     try:
         while True:
             with db.connect() as conn:
-                rows = [
-                    dict(r._mapping) for r in conn.execute(select(*cols).where(jobs.c.job_id.in_(job_ids)))
-                ]
+                rows = summaries(conn, job_ids, "attempts", "output_text")
             if (len(rows) == len(job_ids) and all(r["status"] in TERMINAL_STATUSES for r in rows)) or (
                 time.monotonic() > deadline
             ):

@@ -10,10 +10,11 @@ from workers.kafka_io.consumer import GroupConsumer, RebalanceEvent
 from workers.kafka_io.lookup import KeyLookup
 from workers.kafka_io.producer import Delivery, Placed, Producer
 from workers.kafka_io.readers import BroadcastReader, PartitionReader, TopicReader
-from workers.kafka_io.records import Partition, Record, partition_for_key
+from workers.kafka_io.records import Coordinates, Partition, Record, partition_for_key
 
 __all__ = [
     "BroadcastReader",
+    "Coordinates",
     "Delivery",
     "GroupConsumer",
     "KeyLookup",

@@ -1,6 +1,10 @@
-"""Consumer-group look-ups through the admin client."""
+"""The admin client: broker health, topics, and consumer-group look-ups."""
 
 from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
 
 from kafka import KafkaAdminClient
 from kafka.errors import KafkaError
@@ -29,3 +33,85 @@ def group_members(conn: KafkaConnection, group: str) -> int:
             return 0
     state = info.get("group_state") or info.get("state")
     return len(info.get("members", [])) if state == "Stable" else 0
+
+
+def ping(conn: KafkaConnection, timeout_ms: int = 2000) -> bool:
+    """True when the broker answers a metadata request with itself registered."""
+    if not _port_open(conn.bootstrap):
+        return False  # refused at once: skip the client's bootstrap timeout
+    try:
+        options = conn.client_options() | {"reconnect_backoff_max_ms": 200}
+        admin = KafkaAdminClient(
+            **options, bootstrap_timeout_ms=timeout_ms, request_timeout_ms=timeout_ms, client_id="inferq-ping"
+        )
+    except Exception:
+        return False
+    try:
+        return bool(admin.describe_cluster().get("brokers"))
+    except Exception:
+        return False
+    finally:
+        admin.close()
+
+
+def ensure_topics(
+    conn: KafkaConnection, partitions: dict[str, int], replication_factor: int = 1
+) -> list[str]:
+    """Create missing topics and grow under-partitioned ones; return what changed, for the log."""
+    with KafkaAdminClient(**conn.client_options(), client_id="inferq-up") as admin:
+        existing = {t["name"]: len(t["partitions"]) for t in admin.describe_topics()}
+        missing = {t: n for t, n in partitions.items() if t not in existing}
+        grow = {t: n for t, n in partitions.items() if t in existing and existing[t] < n}
+        if missing:
+            spec = {
+                t: {"num_partitions": n, "replication_factor": replication_factor} for t, n in missing.items()
+            }
+            admin.create_topics(spec, wait_for_metadata=True)
+        if grow:
+            admin.create_partitions(grow)
+    return [f"created {t} ({n} partitions)" for t, n in missing.items()] + [
+        f"grew {t} to {n} partitions" for t, n in grow.items()
+    ]
+
+
+def delete_topics(conn: KafkaConnection, prefix: str) -> list[str]:
+    """Delete the topics of one deployment (named `<prefix>.…`), e.g. a benchmark's private ones."""
+    with KafkaAdminClient(**conn.client_options(), client_id="inferq-admin") as admin:
+        ours = [t for t in admin.list_topics() if t.startswith(prefix + ".")]
+        if ours:
+            admin.delete_topics(ours)
+    return ours
+
+
+def wait_for_members(
+    conn: KafkaConnection,
+    group: str,
+    count: int,
+    timeout_s: float,
+    alive: Callable[[], None] | None = None,
+    at_least: bool = False,
+) -> None:
+    """Until the group is stable with `count` members (or at least that many), polling every 0.5 s.
+
+    `alive` is called between polls and may raise, e.g. when the worker being waited for has exited.
+    Raises TimeoutError when the group does not get there in time.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        members = group_members(conn, group)
+        if members == count or (at_least and members >= count):
+            return
+        if alive is not None:
+            alive()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"group {group} did not have {count} stable members within {timeout_s:.0f}s")
+        time.sleep(0.5)
+
+
+def _port_open(bootstrap: str) -> bool:
+    host, _, port = bootstrap.split(",")[0].strip().rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=2).close()
+    except (OSError, ValueError):
+        return False
+    return True

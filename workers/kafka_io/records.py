@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 from kafka.partitioner.default import murmur2
 
-Partition = tuple[str, int]
+from schemas.topics import Coordinates, Partition
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,10 @@ class Record:
     @property
     def source(self) -> Partition:
         return (self.topic, self.partition)
+
+    @property
+    def coordinates(self) -> Coordinates:
+        return (self.topic, self.partition, self.offset)
 
     def posted_at(self, default: datetime) -> datetime:
         """When the producer posted it (the Kafka timestamp), or `default` for a record without one."""

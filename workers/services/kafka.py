@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import base64
-import socket
 import subprocess
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
+from workers.kafka_io.admin import delete_topics as delete_topics  # noqa: F401 - a deployment's own topics
+from workers.kafka_io.admin import ensure_topics as ensure_topics  # noqa: F401 - `inferq up` makes topics
+from workers.kafka_io.admin import ping as ping  # noqa: F401 - health of the broker it starts
+from workers.kafka_io.admin import wait_for_members
+from workers.naming import worker_group
 from workers.services import process, tools
 from workers.services.paths import ServicePaths
-from workers.settings import KafkaConnection
+from workers.settings import Settings
 
 # A dev broker on a shared 2-core machine: small heap; C1 only and the serial GC start the JVM about twice
 # as fast (CI starts it every run), and a dev broker's load needs no peak JIT throughput.
@@ -104,56 +109,11 @@ def start(paths: ServicePaths, jars: Path, port: int) -> int:
     return process.spawn([*java, "kafka.Kafka", str(config)], paths.log("kafka"), cwd=paths.kafka_dir)
 
 
-def ping(conn: KafkaConnection, timeout_ms: int = 2000) -> bool:
-    """True when the broker answers a metadata request with itself registered."""
-    from kafka.admin import KafkaAdminClient
-
-    if not _port_open(conn.bootstrap):
-        return False  # refused at once: skip the client's bootstrap timeout
-    try:
-        options = conn.client_options() | {"reconnect_backoff_max_ms": 200}
-        admin = KafkaAdminClient(
-            **options, bootstrap_timeout_ms=timeout_ms, request_timeout_ms=timeout_ms, client_id="inferq-ping"
-        )
-    except Exception:
-        return False
-    try:
-        return bool(admin.describe_cluster().get("brokers"))
-    except Exception:
-        return False
-    finally:
-        admin.close()
-
-
-def ensure_topics(
-    conn: KafkaConnection, partitions: dict[str, int], replication_factor: int = 1
-) -> list[str]:
-    """Create missing topics and grow under-partitioned ones; return what changed, for the log."""
-    from kafka.admin import KafkaAdminClient
-
-    with KafkaAdminClient(**conn.client_options(), client_id="inferq-up") as admin:
-        existing = {t["name"]: len(t["partitions"]) for t in admin.describe_topics()}
-        missing = {t: n for t, n in partitions.items() if t not in existing}
-        grow = {t: n for t, n in partitions.items() if t in existing and existing[t] < n}
-        if missing:
-            spec = {
-                t: {"num_partitions": n, "replication_factor": replication_factor} for t, n in missing.items()
-            }
-            admin.create_topics(spec, wait_for_metadata=True)
-        if grow:
-            admin.create_partitions(grow)
-    return [f"created {t} ({n} partitions)" for t, n in missing.items()] + [
-        f"grew {t} to {n} partitions" for t, n in grow.items()
-    ]
-
-
-def _port_open(bootstrap: str) -> bool:
-    host, _, port = bootstrap.split(",")[0].strip().rpartition(":")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=2).close()
-    except (OSError, ValueError):
-        return False
-    return True
+def wait_for_workers(
+    settings: Settings, count: int, timeout_s: float, alive: Callable[[], None] | None = None
+) -> None:
+    """Until `count` workers of the deployment have joined its consumer group (TimeoutError if not)."""
+    wait_for_members(settings.kafka_connection, worker_group(settings.topic_prefix), count, timeout_s, alive)
 
 
 def _write_config(paths: ServicePaths, port: int) -> Path:

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 
 from workers.db import migrate
+from workers.db.server import without_password
 from workers.services import kafka, kafka_jars, postgres, process, tools
 from workers.services.paths import ServicePaths
 from workers.services.process import ServiceError
@@ -123,7 +124,7 @@ def status(settings: Settings) -> list[ServiceStatus]:
         ),
         ServiceStatus(
             name="postgres",
-            address=_without_password(settings.database_url),
+            address=without_password(settings.database_url),
             managed=pg_managed,
             pid=process.live_pid(paths.pid_file("postgres"), _marker(paths, "postgres"))
             if pg_managed
@@ -180,12 +181,6 @@ def _locked(paths: ServicePaths) -> Iterator[None]:
     with open(paths.lock, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
-
-
-def _without_password(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)
 
 
 def _marker(paths: ServicePaths, service: str) -> str:

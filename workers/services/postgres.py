@@ -9,6 +9,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from workers.db import server
+from workers.db.server import ensure_database as ensure_database  # noqa: F401 - part of `inferq up`
+from workers.db.server import loopback_url as loopback_url  # noqa: F401
+from workers.db.server import ping as ping  # noqa: F401
+from workers.db.server import with_password as with_password  # noqa: F401
 from workers.services import process
 from workers.services.paths import ServicePaths
 from workers.services.process import ServiceError
@@ -32,26 +37,6 @@ def ensure_password(path: Path) -> str:
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_urlsafe(24))
     return path.read_text().strip()
-
-
-def with_password(url: str, password: str) -> str:
-    """The URL with this password, unless it names one itself."""
-    from sqlalchemy.engine import make_url
-
-    parsed = make_url(url)
-    if parsed.password:
-        return url
-    return parsed.set(password=password).render_as_string(hide_password=False)
-
-
-def loopback_url(url: str):
-    """The parsed SQLAlchemy URL if it points at this machine (a cluster `inferq up` manages), else None."""
-    from sqlalchemy.engine import make_url
-
-    parsed = make_url(url)
-    if parsed.host not in ("127.0.0.1", "localhost") or parsed.port is None:
-        return None
-    return parsed
 
 
 def prepare(paths: ServicePaths, bindir: Path, password: str) -> None:
@@ -117,15 +102,9 @@ def require_password(paths: ServicePaths, url: str, password: str) -> bool:
     hba = paths.postgres_data / "pg_hba.conf"
     if hba.read_text() == PG_HBA:
         return False
-    conn = _connect(url, "postgres", 5)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute("ALTER ROLE postgres PASSWORD %s", (password,))
-            hba.write_text(PG_HBA)
-            cur.execute("SELECT pg_reload_conf()")
-    finally:
-        conn.close()
+    server.set_password(url, password)
+    hba.write_text(PG_HBA)
+    server.reload_config(url)  # over a connection opened while the old rules still trusted it
     return True
 
 
@@ -144,60 +123,9 @@ def start(paths: ServicePaths, bindir: Path, port: int) -> int:
     return process.spawn(argv, paths.log("postgres"), user=_run_as(), cwd=paths.postgres_home)
 
 
-def ping(url: str, database: str | None = None, timeout_s: int = 2) -> bool:
-    """True when `SELECT 1` succeeds (in `database` if given, else the URL's own)."""
-    import psycopg2
-
-    try:
-        conn = _connect(url, database, timeout_s)
-    except psycopg2.Error:
-        return False
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT 1")
-            return cur.fetchone() == (1,)
-    except psycopg2.Error:
-        return False
-    finally:
-        conn.close()
-
-
-def ensure_database(url: str) -> bool:
-    """Create the URL's database if missing; True if it was created."""
-    from sqlalchemy.engine import make_url
-
-    name = make_url(url).database
-    conn = _connect(url, "postgres", 5)
-    conn.autocommit = True  # CREATE DATABASE cannot run in a transaction
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
-            if cur.fetchone():
-                return False
-            cur.execute(f'CREATE DATABASE "{name}"')
-            return True
-    finally:
-        conn.close()
-
-
 def purge(paths: ServicePaths) -> None:
     shutil.rmtree(paths.postgres_home, ignore_errors=True)
     paths.postgres_link.unlink(missing_ok=True)
-
-
-def _connect(url: str, database: str | None, timeout_s: int):
-    import psycopg2
-    from sqlalchemy.engine import make_url
-
-    u = make_url(url)
-    return psycopg2.connect(
-        host=u.host,
-        port=u.port,
-        user=u.username,
-        password=u.password,
-        dbname=database or u.database,
-        connect_timeout=timeout_s,
-    )
 
 
 def _run_as() -> str | None:

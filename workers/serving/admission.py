@@ -14,11 +14,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Engine
-
+from workers.clock import utcnow
+from workers.db import Engine
 from workers.db.jobs import Admission, Admitted, admit
 from workers.kafka_io import Partition
-from workers.serving.inflight import utcnow
 from workers.serving.intake import Accepted, rejection
 from workers.serving.retry import Backoff, describe_error, is_transient
 from workers.serving.writes import Rejected

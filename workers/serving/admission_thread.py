@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from workers.kafka_io import Partition, Record
+from workers.kafka_io import Coordinates, Partition
 from workers.serving.admission import Admitter, Decision
 from workers.serving.intake import Accepted
 from workers.serving.writes import Rejected
@@ -21,10 +21,6 @@ from workers.serving.writes import Rejected
 log = logging.getLogger(__name__)
 
 URGENT = "high"  # the class whose decisions the engine loop waits for (briefly) before a step
-
-
-def _key(record: Record) -> tuple[str, int, int]:
-    return record.topic, record.partition, record.offset
 
 
 class AdmissionThread:
@@ -44,7 +40,7 @@ class AdmissionThread:
         self._lock = threading.Lock()
         self._settled_cv = threading.Condition(self._lock)
         self._outstanding = 0  # records handed over and not yet decided (or dropped)
-        self._urgent: set[tuple[str, int, int]] = set()  # high-priority records not decided yet
+        self._urgent: set[Coordinates] = set()  # high-priority records not decided yet
         # jobs decided "start" whose decision the engine loop has not settled yet: until it has, a copy
         # of the same job is held here, or it would be re-queued as a second attempt of a job that is
         # about to run (whose first attempt's writes the attempt fence would then refuse)
@@ -68,7 +64,7 @@ class AdmissionThread:
         if accepted:
             with self._lock:
                 self._outstanding += len(accepted)
-                self._urgent.update(_key(a.record) for a in accepted if a.priority == URGENT)
+                self._urgent.update(a.record.coordinates for a in accepted if a.priority == URGENT)
             self._inbox.put(list(accepted))
             self._wake.set()
 
@@ -142,7 +138,9 @@ class AdmissionThread:
                         if d.outcome.kind == "start":
                             self._starting[d.accepted.job_id] = d.accepted.tenant
                 self._out.put((decisions, rejected))
-                keys = {_key(d.accepted.record) for d in decisions} | {_key(r.record) for r in rejected}
+                keys = {d.accepted.record.coordinates for d in decisions} | {
+                    r.record.coordinates for r in rejected
+                }
                 self._settled(len(decisions) + len(rejected), keys)
                 self._ready.set()
 
@@ -151,7 +149,7 @@ class AdmissionThread:
             starting = self._starting.get(a.job_id) == a.tenant
         return starting or self._held_by_loop(a)
 
-    def _settled(self, n: int, keys: set[tuple[str, int, int]]) -> None:
+    def _settled(self, n: int, keys: set[Coordinates]) -> None:
         with self._settled_cv:
             self._outstanding -= n
             self._urgent -= keys

@@ -4,23 +4,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from schemas.jobs import JobRequest, Timings, Usage
+from schemas.statuses import STATUS_OF_FINISH
+from workers.clock import utcnow
 from workers.db.jobs import Terminal
-
-# Engine finish reasons → job status and the finish_reason stored and published.
-STATUS_OF_FINISH = {
-    "stop": "succeeded",
-    "length": "succeeded",
-    "abort": "cancelled",
-    "expired": "expired",
-    "rejected": "rejected",
-}
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
+from workers.kafka_io import Coordinates
 
 
 @dataclass
@@ -30,7 +20,7 @@ class InFlightJob:
     priority: str
     request: JobRequest
     created_at: datetime  # the Kafka timestamp: when the producer posted it
-    sources: list[tuple[str, int, int]]  # (topic, partition, offset) of every message carrying this job
+    sources: list[Coordinates]  # every message carrying this job
     prompt_tokens: int = 0
     queued_mono: float = field(default_factory=time.monotonic)
     queued_at: datetime = field(default_factory=utcnow)

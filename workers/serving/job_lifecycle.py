@@ -7,24 +7,29 @@ admitter (synchronous, guarded) and write items handed to the persister (asynchr
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
-from gpu.engine import EngineRequest, RequestOutput
+from gpu.engine import Engine, EngineRequest, RequestOutput
 from scheduler.types import Priority
 from schemas.jobs import TokenEvent
 from schemas.topics import Topics
+from schemas.validation import Limits
+from workers.clock import utcnow
+from workers.db import Engine as Database
 from workers.db.jobs import Admitted, Terminal
-from workers.kafka_io import Record
+from workers.kafka_io import Partition, Record
 from workers.serving import cancels
 from workers.serving.admission import Admitter, Decision
 from workers.serving.admission_thread import AdmissionThread
 from workers.serving.delivery import Waitable
-from workers.serving.inflight import InFlightJob, utcnow
+from workers.serving.inflight import InFlightJob
 from workers.serving.intake import Accepted, Intake
 from workers.serving.job_log import job_event
+from workers.serving.metrics import WorkerMetrics
+from workers.serving.offsets import OffsetTracker
 from workers.serving.sampling import sampling_params
 from workers.serving.token_stream import TokenStreamer
 from workers.serving.writes import (
@@ -37,38 +42,51 @@ from workers.serving.writes import (
     storable,
 )
 
-if TYPE_CHECKING:
-    from workers.serving.loop import Worker
-
 log = logging.getLogger(__name__)
 
 PRIORITIES = {"high": Priority.HIGH, "normal": Priority.NORMAL, "low": Priority.LOW}
 
 
-def _src(record: Record) -> tuple[str, int, int]:
-    return (record.topic, record.partition, record.offset)
+class JobLifecycle:
+    """Every job of this worker from its record to its terminal row; what it needs is handed in."""
 
-
-class Dispatcher:
-    def __init__(self, worker: Worker, topics: Topics) -> None:
-        self.w = worker
+    def __init__(
+        self,
+        engine: Engine,
+        topics: Topics,
+        *,
+        worker_id: str,
+        limits: Limits,
+        coalesce_s: float,
+        database: Database,
+        ready: threading.Event,
+        offsets: OffsetTracker,
+        owned: Callable[[], set[Partition]],
+        metrics: WorkerMetrics,
+        write: Callable[[list[WriteItem]], None],
+        send_event: Callable[[TokenEvent], Waitable | None],
+    ) -> None:
+        self.engine = engine
         self.topics = topics
+        self.worker_id = worker_id
+        self.limits = limits
+        self.offsets = offsets
+        self.owned = owned  # the partitions this worker owns now
+        self.metrics = metrics
+        self.write = write  # hands row writes to the persister
         self.jobs: dict[str, InFlightJob] = {}
-        engine = worker.engine
         max_model_len = engine.scheduler.config.max_model_len
-        self.intake_rules = Intake(topics, worker.options.limits, engine.tokenizer, max_model_len)
-        self.admitter = AdmissionThread(
-            Admitter(worker.db, worker.options.worker_id), self._is_held, worker.ready
-        )
+        self.intake_rules = Intake(topics, limits, engine.tokenizer, max_model_len)
+        self.admitter = AdmissionThread(Admitter(database, worker_id), self._is_held, ready)
         self.recent_cancels = cancels.RecentCancels()
-        self.streamer = TokenStreamer(self._send_token_event, worker.options.coalesce_ms / 1000)
+        self.streamer = TokenStreamer(send_event, coalesce_s)
         self.items: list[WriteItem] = []
 
     # ---- intake ----------------------------------------------------------------------------
     def intake(self, records: list[Record]) -> None:
         accepted = []
         for record in records:
-            self.w.offsets.track(record.source, record.offset)
+            self.offsets.track(record.source, record.offset)
             if record.topic == self.topics.control:
                 self._control_record(record)
                 continue
@@ -81,7 +99,7 @@ class Dispatcher:
 
     def admit_pending(self) -> None:
         decisions, rejected = self.admitter.results()
-        owned = self.w.pump.assignment  # decided after a revocation: the new owner reads them again
+        owned = self.owned()  # decided after a revocation: the new owner reads them again
         for r in rejected:
             if r.record.source in owned:
                 self._reject(r)
@@ -98,7 +116,7 @@ class Dispatcher:
 
     def _settle(self, d: Decision) -> None:
         a, outcome = d.accepted, d.outcome
-        source = _src(a.record)
+        source = a.record.coordinates
         running = self.jobs.get(a.job_id) if self._is_held(a) else None
         if outcome.kind in ("held", "start") and running is not None:
             self._carried_again(running, a, outcome)
@@ -107,7 +125,7 @@ class Dispatcher:
             self.admitter.add([a])
         elif outcome.kind == "done":  # a redelivery: never a second run, a result only if none went out
             if outcome.published:
-                self.w.offsets.ack(a.record.source, a.record.offset)
+                self.offsets.ack(a.record.source, a.record.offset)
             else:
                 self.items.append(Republish(a.job_id, (source,)))
         elif outcome.kind == "foreign":
@@ -116,17 +134,15 @@ class Dispatcher:
                 Rejected(a.record, a.job_id, a.tenant, a.priority, error, "foreign_tenant", store_row=False)
             )
         elif outcome.kind == "cancelled" or (a.job_id, a.tenant) in self.recent_cancels:
-            self.items.append(
-                Concluded(_cancelled_before_start(a.job_id, self.w.options.worker_id), (source,))
-            )
-            self.w.metrics.observe_finished("cancelled", "abort")
+            self.items.append(Concluded(_cancelled_before_start(a.job_id, self.worker_id), (source,)))
+            self.metrics.observe_finished("cancelled", "abort")
             job_event("finished", a.job_id, a.priority, status="cancelled", finish_reason="abort")
         else:
             self._start(a, outcome.attempt)
 
     def _carried_again(self, job: InFlightJob, a: Accepted, outcome: Admitted) -> None:
         """Another copy of a job this worker runs: one run, and the copy is acked with it."""
-        job.sources.append(_src(a.record))
+        job.sources.append(a.record.coordinates)
         if outcome.kind == "start" and outcome.attempt > job.attempt:
             # the copy re-queued the row as a later attempt: this run is that attempt now, or the
             # attempt fence would refuse its writes and the row would stay queued
@@ -144,7 +160,7 @@ class Dispatcher:
             priority=a.priority,
             request=a.job,
             created_at=created_at,
-            sources=[_src(a.record)],
+            sources=[a.record.coordinates],
             prompt_tokens=len(a.prompt_token_ids),
         )
         deadline = None
@@ -153,12 +169,12 @@ class Dispatcher:
             deadline = time.monotonic() + remaining
         self.jobs[a.job_id] = job
         self.streamer.start(a.job_id, attempt)
-        self.w.metrics.observe_admitted(job.prompt_tokens)
-        self.w.engine.add_request(
+        self.metrics.observe_admitted(job.prompt_tokens)
+        self.engine.add_request(
             EngineRequest(
                 request_id=a.job_id,
                 prompt_token_ids=a.prompt_token_ids,
-                sampling=sampling_params(a.job, a.max_tokens, self.w.engine),
+                sampling=sampling_params(a.job, a.max_tokens, self.engine),
                 stop=tuple(a.job.stop),
                 priority=PRIORITIES[a.priority],
                 tenant=a.job.tenant,
@@ -169,7 +185,7 @@ class Dispatcher:
                   prompt_tokens=job.prompt_tokens, max_tokens=a.max_tokens)  # fmt: skip
 
     def _reject(self, r: Rejected) -> None:
-        self.w.metrics.rejected.labels(r.reason).inc()
+        self.metrics.rejected.labels(r.reason).inc()
         rec = r.record
         job_event("rejected", r.job_id, r.priority, tenant=r.tenant, reason=r.reason, error=r.error,
                   topic=rec.topic, partition=rec.partition, offset=rec.offset)  # fmt: skip
@@ -178,20 +194,20 @@ class Dispatcher:
     # ---- cancels ---------------------------------------------------------------------------
     def _control_record(self, record: Record) -> None:
         """A control record this worker owns in the group: record the cancel durably (then ack)."""
-        cancel = cancels.parse(record, self.w.options.limits)
+        cancel = cancels.parse(record, self.limits)
         if cancel is None:
             error = record.undecodable or "not a valid control message"
             self._reject(Rejected(record, "", "default", "control", error, "invalid_control", False, False))
             return
         at = record.posted_at(utcnow())
-        self.items.append(CancelRequested(cancel.job_id, cancel.tenant, at, (_src(record),)))
+        self.items.append(CancelRequested(cancel.job_id, cancel.tenant, at, (record.coordinates,)))
         self.recent_cancels.add(cancel.job_id, cancel.tenant)  # its job may be in this very poll
         self.cancel(cancel.job_id, cancel.tenant)
 
     def broadcast(self, records: list[Record]) -> None:
         """Control records every worker reads: remember them, abort the job if it runs here."""
         for record in records:
-            cancel = cancels.parse(record, self.w.options.limits)
+            cancel = cancels.parse(record, self.limits)
             if cancel is not None:
                 self.recent_cancels.add(cancel.job_id, cancel.tenant)
                 self.cancel(cancel.job_id, cancel.tenant)
@@ -201,7 +217,7 @@ class Dispatcher:
         job = self.jobs.get(job_id)
         if job is None or (tenant is not None and job.request.tenant != tenant):
             return
-        out = self.w.engine.abort_request(job_id)
+        out = self.engine.abort_request(job_id)
         if out is not None:
             self.on_output(out)
 
@@ -221,7 +237,7 @@ class Dispatcher:
             first = job.first_token_mono is None and bool(out.new_token_ids)
             gap_s = job.on_tokens(len(out.new_token_ids), text)
             self.streamer.add(job.job_id, text, out.new_token_ids)
-            self.w.metrics.observe_tokens(job.priority, len(out.new_token_ids), gap_s)
+            self.metrics.observe_tokens(job.priority, len(out.new_token_ids), gap_s)
             if first:
                 job_event("first_token", job.job_id, job.priority, attempt=job.attempt,
                           ttft_ms=_ms_between(job.created_at, job.first_token_at))  # fmt: skip
@@ -230,10 +246,10 @@ class Dispatcher:
 
     def _conclude(self, job: InFlightJob, finish: str, detail: str | None) -> None:
         del self.jobs[job.job_id]
-        row, timings = job.conclude(finish, self.w.options.worker_id, error=detail)
+        row, timings = job.conclude(finish, self.worker_id, error=detail)
         stream_end = self.streamer.finish(job.job_id, finish, job.usage)
         self.items.append(Concluded(row, tuple(job.sources), stream_end))
-        self.w.metrics.observe_job(row.status, finish, job.priority, timings)
+        self.metrics.observe_job(row.status, finish, job.priority, timings)
         ms = timings.model_dump(include={"queue_ms", "ttft_ms", "mean_itl_ms", "e2e_ms"})
         job_event("finished", job.job_id, job.priority, status=row.status, finish_reason=finish,
                   attempt=job.attempt, **job.usage.model_dump(), **ms, error=detail)  # fmt: skip
@@ -244,7 +260,7 @@ class Dispatcher:
         if job is None:
             return
         try:
-            self.w.engine.abort_request(job_id)  # frees its KV blocks; its own output is not wanted now
+            self.engine.abort_request(job_id)  # frees its KV blocks; its own output is not wanted now
         except Exception:  # noqa: BLE001
             log.exception("job %s: the engine could not abort it", job_id)
         try:
@@ -265,7 +281,7 @@ class Dispatcher:
         """Stop a job without a terminal row: whoever consumes its message next redoes it (attempt + 1)."""
         self.jobs.pop(job_id, None)
         self.streamer.drop(job_id)
-        self.w.engine.abort_request(job_id)
+        self.engine.abort_request(job_id)
 
     def abort_all(self) -> None:
         for job_id in list(self.jobs):
@@ -274,10 +290,7 @@ class Dispatcher:
     def flush(self, force: bool) -> None:
         self.streamer.flush_due(force)
         items, self.items = self.items, []
-        self.w.persister.submit(items)
-
-    def _send_token_event(self, event: TokenEvent) -> Waitable | None:
-        return self.w.send_token_event(event)
+        self.write(items)
 
 
 def _ms_between(earlier: datetime, later: datetime | None) -> float | None:

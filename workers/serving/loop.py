@@ -12,13 +12,14 @@ from gpu.engine import Engine, EngineStats, RequestOutput
 from schemas.jobs import TokenEvent
 from schemas.validation import Limits
 from workers import logs
+from workers.clock import utcnow
 from workers.db.connect import make_engine
 from workers.kafka_io import BroadcastReader, Delivery, GroupConsumer, KeyLookup, Partition, Producer
+from workers.naming import worker_client_id, worker_group
 from workers.serving.dead_letter import dead_letter_message
 from workers.serving.failpoints import step_error_if
-from workers.serving.inflight import utcnow
 from workers.serving.intake_thread import IntakePump
-from workers.serving.job_lifecycle import Dispatcher
+from workers.serving.job_lifecycle import JobLifecycle
 from workers.serving.loop_clock import LoopClock, thread_seconds
 from workers.serving.metrics import WorkerMetrics
 from workers.serving.offsets import OffsetTracker
@@ -32,11 +33,6 @@ log = logging.getLogger(__name__)
 
 REASSIGN_WINDOW_S = 60.0  # a partition handed back this soon after its revocation resumes where we left it
 URGENT_ADMISSION_WAIT_S = 0.05  # before a step, the longest wait for a high-priority job's admission
-
-
-def group_id(topic_prefix: str) -> str:
-    """`inferq-workers` for the default prefix: each deployment (prefix) has its own consumer group."""
-    return f"{topic_prefix}-workers"
 
 
 @dataclass(frozen=True)
@@ -67,11 +63,11 @@ class Worker:
         self.options = options
         self.metrics = metrics or WorkerMetrics()
         topics, conn = settings.topics, settings.kafka_connection
-        cid = f"inferq-{options.worker_id}"
+        cid = worker_client_id(options.worker_id)
         self.group_topics = (*topics.all_jobs, topics.control)
         where = f"Kafka at {settings.kafka}"
         self.consumer = until_available(
-            lambda: GroupConsumer(conn, group_id(settings.topic_prefix), self.group_topics, cid), where
+            lambda: GroupConsumer(conn, worker_group(settings.topic_prefix), self.group_topics, cid), where
         )
         self.control = until_available(lambda: BroadcastReader(conn, topics.control, cid + "-control"), where)
         self.ready = threading.Event()  # records or admission decisions are waiting for the loop
@@ -93,7 +89,20 @@ class Worker:
             in_flight=lambda: self._in_flight,
             failpoint=settings.failpoint,
         )
-        self.dispatch = Dispatcher(self, topics)
+        self.lifecycle = JobLifecycle(
+            engine,
+            topics,
+            worker_id=options.worker_id,
+            limits=options.limits,
+            coalesce_s=options.coalesce_ms / 1000,
+            database=self.db,
+            ready=self.ready,
+            offsets=self.offsets,
+            owned=lambda: self.pump.assignment,
+            metrics=self.metrics,
+            write=self.persister.submit,
+            send_event=self.send_token_event,
+        )
         self._stop_at: float | None = None
         self._last_commit = 0.0
         self._paused: set[str] = set()
@@ -107,7 +116,7 @@ class Worker:
         if self._stop_at is None:
             self._stop_at = time.monotonic() + self.options.grace_s
             self.pump.stop_intake()
-            in_flight, grace = len(self.dispatch.jobs), self.options.grace_s
+            in_flight, grace = len(self.lifecycle.jobs), self.options.grace_s
             log.info("stopping: no new jobs; %d in flight get %.0fs", in_flight, grace)
 
     @property
@@ -116,7 +125,7 @@ class Worker:
 
     def run(self) -> None:
         self.persister.start()
-        self.dispatch.admitter.start()
+        self.lifecycle.admitter.start()
         self.pump.start()
         log.info("worker %s serving %s", self.options.worker_id, ", ".join(self.group_topics))
         try:
@@ -128,7 +137,7 @@ class Worker:
     def _done(self) -> bool:
         if self._stop_at is None:
             return False
-        return not self.dispatch.jobs or time.monotonic() >= self._stop_at
+        return not self.lifecycle.jobs or time.monotonic() >= self._stop_at
 
     def run_once(self) -> None:
         """One iteration: intake, admission, cancels, one engine step, emit, commit, flow control."""
@@ -141,21 +150,21 @@ class Worker:
             self.ready.clear()
             clock.lap("idle")
         if not self.stopping:
-            self.dispatch.intake(self.pump.records())
+            self.lifecycle.intake(self.pump.records())
         clock.lap("intake")
-        if not self.dispatch.admitter.blocked:  # (while the database is away nobody waits for it)
-            self.dispatch.admitter.wait_urgent(URGENT_ADMISSION_WAIT_S)
-        self.dispatch.admit_pending()
+        if not self.lifecycle.admitter.blocked:  # (while the database is away nobody waits for it)
+            self.lifecycle.admitter.wait_urgent(URGENT_ADMISSION_WAIT_S)
+        self.lifecycle.admit_pending()
         clock.lap("admission")
-        self.dispatch.broadcast(self.pump.broadcast_records())
+        self.lifecycle.broadcast(self.pump.broadcast_records())
         for job_id in self.persister.cancelled():
-            self.dispatch.cancel(job_id)
-        self._in_flight = tuple(self.dispatch.jobs)
+            self.lifecycle.cancel(job_id)
+        self._in_flight = tuple(self.lifecycle.jobs)
         clock.lap("control")
         if self.engine.has_unfinished():
             step_started = utcnow()
             try:
-                step_error_if(self.settings.failpoint, (j.request for j in self.dispatch.jobs.values()))
+                step_error_if(self.settings.failpoint, (j.request for j in self.lifecycle.jobs.values()))
                 outputs = self.engine.step()
             except Exception as exc:  # noqa: BLE001 - one bad step must not stop the worker (or the group)
                 outputs = []
@@ -163,7 +172,7 @@ class Worker:
             clock.lap("step")
             self.handle_outputs(outputs, step_started)
             clock.lap("outputs")
-        self.dispatch.flush(force=False)
+        self.lifecycle.flush(force=False)
         clock.lap("flush")
         self._commit(force=False)
         clock.lap("commit")
@@ -177,19 +186,19 @@ class Worker:
     def handle_outputs(self, outputs: list[RequestOutput], step_started: datetime) -> None:
         for out in outputs:
             try:
-                self.dispatch.on_output(out, step_started)
+                self.lifecycle.on_output(out, step_started)
             except Exception as exc:  # noqa: BLE001 - e.g. detokenizing: that job fails, the others go on
                 log.exception("job %s: its output could not be handled", out.request_id)
-                self.dispatch.fail(out.request_id, f"output handling failed: {describe_error(exc)}")
+                self.lifecycle.fail(out.request_id, f"output handling failed: {describe_error(exc)}")
 
     def _step_failed(self, exc: Exception) -> None:
         """Which sequence broke the step is unknown: every job in the engine ends `failed` with the reason
         (as vLLM and TGI fail the batch). Re-running them could crash-loop every worker of the group."""
-        log.exception("engine step failed; failing the %d jobs in the engine", len(self.dispatch.jobs))
+        log.exception("engine step failed; failing the %d jobs in the engine", len(self.lifecycle.jobs))
         self.metrics.engine_step_failures.inc()
         detail = f"engine step failed: {describe_error(exc)}"
-        for job_id in list(self.dispatch.jobs):
-            self.dispatch.fail(job_id, detail)
+        for job_id in list(self.lifecycle.jobs):
+            self.lifecycle.fail(job_id, detail)
 
     # ---- Kafka out -------------------------------------------------------------------------
     def send_token_event(self, event: TokenEvent) -> Sent | None:
@@ -211,7 +220,7 @@ class Worker:
                     position = self.offsets.position(p)
                     if position is not None:
                         self._revoked[p] = (now, position)
-                self.dispatch.revoke(parts)
+                self.lifecycle.revoke(parts)
                 self.offsets.forget(parts)
                 log.info("partitions %s: %s", event.kind, sorted(parts))
                 continue
@@ -232,7 +241,7 @@ class Worker:
         then normal, partitions when the local queue is full (high keeps flowing)."""
         waiting, limit = self._waiting, self.options.max_waiting
         topics = self.settings.topics
-        if self.dispatch.admitter.blocked or self.persister.depth >= self.options.max_pending_writes:
+        if self.lifecycle.admitter.blocked or self.persister.depth >= self.options.max_pending_writes:
             wanted = set(self.group_topics)
         else:
             wanted = {t for t in self._paused if t in (topics.jobs("low"), topics.jobs("normal"))}
@@ -281,9 +290,9 @@ class Worker:
         self.metrics.observe_loop(self.clock.seconds, thread_seconds())
 
     def _shutdown(self) -> None:
-        self.dispatch.admitter.close()  # records not admitted yet stay uncommitted: redelivered
-        self.dispatch.abort_all()  # past the grace period: no terminal row, the group redoes them
-        self.dispatch.flush(force=True)
+        self.lifecycle.admitter.close()  # records not admitted yet stay uncommitted: redelivered
+        self.lifecycle.abort_all()  # past the grace period: no terminal row, the group redoes them
+        self.lifecycle.flush(force=True)
         self.events.close()
         self.persister.close()
         self.pump.stop()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-Partition = tuple[str, int]
+from workers.kafka_io import Partition
 
 
 class OffsetTracker:

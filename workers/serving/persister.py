@@ -19,24 +19,22 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Engine
-
 from schemas.jobs import JobResult
 from schemas.topics import Topics
+from workers.clock import utcnow
+from workers.db import Engine
 from workers.db.jobs import cancel_requested
 from workers.db.outbox import (
     LEASE_S,
     count_unpublished,
     mark_published,
-    published_already,
     renew,
     result_from_row,
-    result_message,
 )
 from workers.kafka_io import Delivery, KeyLookup, Producer
 from workers.serving.delivery import await_stream_ends, deliver, describe_item
 from workers.serving.failpoints import crash_if
-from workers.serving.inflight import utcnow
+from workers.serving.result_lookup import published_already, result_message
 from workers.serving.retry import Backoff, describe_error, retry_transient
 from workers.serving.writes import Rejected, Source, Stored, WriteContext, WriteItem, apply_all
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from workers.db.errors import db_transient
 from workers.kafka_io.errors import kafka_transient
 
 log = logging.getLogger(__name__)
@@ -21,14 +22,7 @@ T = TypeVar("T")
 
 
 def is_transient(exc: BaseException) -> bool:
-    from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-    from sqlalchemy.exc import TimeoutError as PoolTimeout
-
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-        return True
-    # psycopg2 reports lost connections, statement/lock timeouts, serialization failures (40001) and
-    # deadlocks (40P01) as OperationalError subclasses.
-    if isinstance(exc, OperationalError | InterfaceError | PoolTimeout):
+    if db_transient(exc):
         return True
     kafka = kafka_transient(exc)
     if kafka is not None:

@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, Row
-
 from schemas.jobs import JobResult
+from workers.db import Connection, Row
 from workers.db.jobs import (
     Terminal,
     fail,
@@ -24,10 +23,10 @@ from workers.db.jobs import (
     superseded_by,
 )
 from workers.db.outbox import claim, take_over
-from workers.kafka_io import Record
+from workers.kafka_io import Coordinates, Record
 from workers.serving.delivery import Waitable
 
-Source = tuple[str, int, int]  # topic, partition, offset
+Source = Coordinates  # the record a write settles
 
 
 def storable(text: str) -> str:

@@ -1,5 +1,5 @@
 """Periodic upkeep of the database: release jobs of dead workers, drop the Celery broker's delivered
-messages. (Purging job history is workers/db/retention.py, and only when configured.)
+messages. (Purging job history is retention.py, and only when configured.)
 
 Every statement is conditional on the state it changes, so it never races a worker's own writes: a worker
 that finishes a job first wins, and a row we reset is one no live worker owns.
@@ -11,21 +11,11 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, inspect, text
 
+from workers.db.retention import delete_in_batches
+
 # How long a job of a worker that left the consumer group may sit before it is released: covers the
 # moments of a rebalance, when a live worker is briefly not a member.
 DEAD_WORKER_GRACE_S = 60.0
-PURGE_BATCH = 10_000
-
-
-def worker_group(topic_prefix: str) -> str:
-    """workers.serving.loop.group_id, repeated so maintenance does not import the engine (torch); a test keeps
-    them equal."""
-    return f"{topic_prefix}-workers"
-
-
-def live_worker_ids(client_ids: set[str]) -> set[str]:
-    """Workers join the group with client_id `inferq-<worker_id>` (workers/serving/loop.py)."""
-    return {c.removeprefix("inferq-") for c in client_ids if c.startswith("inferq-")}
 
 
 def release_dead_workers(conn: Connection, topic_prefix: str, live: set[str], now: datetime,
@@ -53,22 +43,12 @@ def release_dead_workers(conn: Connection, topic_prefix: str, live: set[str], no
     return [r.job_id for r in result]
 
 
-def _delete_in_batches(conn: Connection, sql: str, params: dict) -> int:
-    total = 0
-    while True:
-        n = conn.execute(text(sql), {**params, "batch": PURGE_BATCH}).rowcount
-        conn.commit()  # short transactions: a purge of millions of rows never holds locks for long
-        total += n
-        if n < PURGE_BATCH:
-            return total
-
-
 def purge_broker_messages(conn: Connection, now: datetime) -> int:
     """Celery's SQLAlchemy transport keeps delivered messages (visible = false) forever: those older than a
     day go (the broker's own housekeeping, not job history)."""
     if not inspect(conn).has_table("kombu_message"):
         return 0
-    return _delete_in_batches(
+    return delete_in_batches(
         conn,
         "DELETE FROM kombu_message WHERE id IN (SELECT id FROM kombu_message WHERE visible = false "
         "AND timestamp < :cutoff LIMIT :batch)",

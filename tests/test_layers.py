@@ -1,0 +1,177 @@
+"""The layout is the architecture: every import edge is read from the source and checked against it.
+
+Top level, imports point one way: schemas ← scheduler ← gpu ← workers. Inside workers/, packages by
+responsibility, lowest first (a package imports its own modules and those of lower layers, never a
+sibling of its own layer): base (settings, logs, clock) ← kafka_io, db ← client, services ← serving ←
+bulk ← demo ← cli. Client libraries stay behind their one package: kafka-python in workers/kafka_io,
+SQLAlchemy and psycopg2 in workers/db (and the table definitions in schemas/tables.py, and migrations/).
+bench/ drives the worker as a user would: through the client, settings, services and a subprocess.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TOP_LEVEL = ("schemas", "scheduler", "gpu", "workers")  # each may import only those before it
+WORKER_LAYERS = (
+    ("workers.settings", "workers.logs", "workers.clock", "workers.naming"),
+    ("workers.kafka_io", "workers.db"),
+    ("workers.client", "workers.services"),
+    ("workers.serving",),
+    ("workers.bulk",),
+    ("workers.demo",),
+    ("workers.cli",),
+)
+# third-party client libraries, and the only places that may import them
+CONFINED = {
+    "kafka": ("workers.kafka_io",),
+    # bench reads the rows it made with its own SQL, as an operator queries job history
+    "sqlalchemy": ("workers.db", "schemas.tables", "migrations", "bench"),
+    "psycopg2": ("workers.db", "migrations"),
+    "alembic": ("workers.db", "migrations"),
+    "celery": ("workers.bulk", "workers.cli.bulk"),
+    "torch": ("gpu", "workers", "bench"),
+}
+BENCH_MAY_USE = ("workers.client", "workers.settings", "workers.services")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import in the file, those inside functions and TYPE_CHECKING blocks too."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from workers.db import jobs` imports the module workers.db.jobs
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def _worker_layer(module: str) -> tuple[int, str] | None:
+    for rank, packages in enumerate(WORKER_LAYERS):
+        for package in packages:
+            if _within(module, package):
+                return rank, package
+    return None
+
+
+def _sources() -> list[Path]:
+    roots = [*TOP_LEVEL, "bench", "migrations"]
+    return sorted(p for root in roots for p in (REPO / root).rglob("*.py"))
+
+
+def layer_violations(importer: str, imported: str) -> str | None:
+    """Why `importer` may not import `imported`, or None when the edge is allowed."""
+    top = imported.split(".")[0]
+    if top in CONFINED and not any(_within(importer, allowed) for allowed in CONFINED[top]):
+        return f"{top} may be imported only in {', '.join(CONFINED[top])}"
+    own_top = importer.split(".")[0]
+    if own_top == "bench" and top == "workers":
+        if not any(_within(imported, allowed) for allowed in BENCH_MAY_USE):
+            return f"bench uses the worker only through {', '.join(BENCH_MAY_USE)} and a subprocess"
+        return None
+    if own_top in TOP_LEVEL and top in TOP_LEVEL and TOP_LEVEL.index(top) > TOP_LEVEL.index(own_top):
+        return f"{own_top} sits below {top} (schemas ← scheduler ← gpu ← workers)"
+    if own_top == "workers" and top == "workers":
+        mine, theirs = _worker_layer(importer), _worker_layer(imported)
+        if mine is None or theirs is None:
+            return "every module of workers/ belongs to a layer of tests/test_layers.py"
+        if mine[1] != theirs[1] and theirs[0] >= mine[0]:
+            return f"{mine[1]} may import only lower layers, not {theirs[1]}"
+    return None
+
+
+def test_every_import_follows_the_layers():
+    broken = []
+    for path in _sources():
+        importer = _module_name(path)
+        for line, imported in _imports(path):
+            why = layer_violations(importer, imported)
+            if why:
+                broken.append(f"{path.relative_to(REPO)}:{line} imports {imported}: {why}")
+    assert not broken, "\n".join(broken)
+
+
+def test_every_worker_module_has_a_layer():
+    orphans = [
+        _module_name(p) for p in (REPO / "workers").rglob("*.py") if _worker_layer(_module_name(p)) is None
+    ]
+    assert orphans in ([], ["workers"]), orphans
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported"),
+    [
+        ("workers.db.jobs", "workers.serving.loop"),  # upward
+        ("workers.kafka_io.consumer", "workers.db.connect"),  # a sibling of the same layer
+        ("workers.serving.loop", "kafka.errors"),  # the client library outside its package
+        ("workers.bulk.tasks", "sqlalchemy"),
+        ("scheduler.scheduler", "gpu.engine"),
+        ("scheduler.scheduler", "torch"),
+        ("bench.e2e", "workers.serving.loop"),
+    ],
+)
+def test_the_check_refuses_edges_against_the_layers(importer, imported):
+    assert layer_violations(importer, imported)
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported"),
+    [
+        ("workers.serving.loop", "workers.db.jobs"),
+        ("workers.serving.loop", "workers.serving.offsets"),
+        ("workers.cli.worker", "gpu.engine"),
+        ("workers.db.jobs", "schemas.tables"),
+        ("bench.e2e_run", "workers.client"),
+    ],
+)
+def test_the_check_allows_edges_along_the_layers(importer, imported):
+    assert layer_violations(importer, imported) is None
+
+
+def _local_graph() -> dict[str, set[str]]:
+    """Module → the project's modules it imports (`from pkg import mod` counted as the module itself)."""
+    paths = {_module_name(p): p for p in _sources()}
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        targets = set()
+        for _, imported in _imports(path):
+            while imported and imported not in paths:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != module and not module.startswith(imported + "."):
+                targets.add(imported)
+        graph[module] = targets
+    return graph
+
+
+def test_no_import_circles():
+    """Deferred imports and TYPE_CHECKING blocks count too: a circle held apart by them is still one."""
+    graph, circles = _local_graph(), []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                circles.append(" -> ".join([*path[path.index(target) :], target]))
+            elif target not in state:
+                visit(target, [*path, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not circles, "\n".join(circles)

@@ -1,0 +1,41 @@
+"""Read-only queries over the jobs table, for the client, the command line and the demo."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Column, Connection, Row, select, text
+
+from schemas.tables import jobs
+from workers.db.jobs import SUMMARY_COLUMNS
+
+
+def job_row(conn: Connection, job_id: str) -> Row | None:
+    return conn.execute(select(*jobs.c).where(jobs.c.job_id == job_id)).first()
+
+
+def created_at(conn: Connection, job_id: str) -> datetime | None:
+    return conn.execute(select(jobs.c.created_at).where(jobs.c.job_id == job_id)).scalar()
+
+
+def summaries(conn: Connection, job_ids: Sequence[str], *extra: str) -> list[dict[str, Any]]:
+    """The summary columns (and `extra` ones) of these jobs' rows, in no particular order."""
+    cols = [*SUMMARY_COLUMNS, *(jobs.c[name] for name in extra)]
+    return [dict(r._mapping) for r in conn.execute(select(*cols).where(jobs.c.job_id.in_(job_ids)))]
+
+
+def recent(conn: Connection, limit: int, extra: Sequence[str] = (), **equal: Any) -> list[dict[str, Any]]:
+    """The newest rows first; `equal` filters by columns (a None value does not filter)."""
+    cols: list[Column] = [*SUMMARY_COLUMNS, *(jobs.c[name] for name in extra)]
+    query = select(*cols).order_by(jobs.c.created_at.desc()).limit(limit)
+    for name, value in equal.items():
+        if value is not None:
+            query = query.where(jobs.c[name] == value)
+    return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def run_sql(conn: Connection, sql: str) -> list[dict[str, Any]]:
+    """An operator's own read-only SQL, rows as dicts (the demo shows history questions this way)."""
+    return [dict(r._mapping) for r in conn.execute(text(sql))]
