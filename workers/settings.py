@@ -168,8 +168,7 @@ class Settings:
     metrics_port: int | None = None  # `inferq worker` serves Prometheus metrics here unless --metrics-port
     # The Kafka clients' I/O threads and the persister run Python; with the default 5 ms switch interval
     # the engine loop can wait that long for the GIL after every torch op. A short interval hands it back
-    # promptly: measured in `bench e2e` at one thread, the step's GIL waits went from 0.35 s a repetition at
-    # 0.5 ms to 0.23 s at 0.1 ms (schedstat of the engine thread).
+    # promptly (the engine thread's GIL waits in `bench e2e` show it).
     switch_interval_s: float = 0.0001
     state_dir: Path = field(default_factory=_state_dir)
     cache_dir: Path = field(default_factory=_cache_dir)

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from workers.cli.worker import add_engine_options, build_engine, parse_size
+from workers.cli.engine_options import add_engine_options, build_engine, parse_size
 
 
 def parse(*argv: str) -> argparse.Namespace:

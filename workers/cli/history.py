@@ -6,9 +6,10 @@ import argparse
 import csv
 import json
 import sys
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
+from workers.cli import tables
 from workers.clock import utcnow
 
 REPORTS = ("jobs", "workers", "bulk")
@@ -184,35 +185,11 @@ def _json_value(value: Any) -> Any:
     return value.isoformat() if isinstance(value, datetime) else str(value)
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, datetime):
-        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
-    if isinstance(value, float):
-        return f"{value:.1f}"
-    return str(value)
-
-
 def format_table(report, columns: tuple[tuple[str, str], ...]) -> str:
     """A plain aligned text table of the chosen columns; numbers right-aligned."""
-    if not report.rows:
-        return "(no rows)"
     index = {name: i for i, name in enumerate(report.columns)}
-    headers = [header for _, header in columns]
-    cells = [[_cell(row[index[name]]) for name, _ in columns] for row in report.rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    numeric = [
-        all(row[index[name]] is None or isinstance(row[index[name]], int | float) for row in report.rows)
-        for name, _ in columns
-    ]
-    lines = [headers, *cells]
-    out = []
-    for line in lines:
-        parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(line, widths, numeric, strict=True)]
-        out.append("  ".join(parts).rstrip())
-    out.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    rows = [[row[index[name]] for name, _ in columns] for row in report.rows]
+    return tables.render([header for _, header in columns], rows, missing="-")
 
 
 def write_csv(report, stream) -> None:

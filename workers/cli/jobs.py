@@ -218,21 +218,10 @@ def list_jobs(args: argparse.Namespace) -> int:
 
 def print_rows(rows: list[dict], width: int = 40) -> None:
     """A plain aligned table; long cells (outputs) are cut to `width` characters."""
-    if not rows:
-        print("(no rows)")
-        return
+    from workers.cli import tables
 
-    def cell(v: object) -> str:
-        text = "" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v))
-        text = text.replace("\n", " ")
-        return text if len(text) <= width else text[: width - 1] + "…"
-
-    headers = list(rows[0])
-    table = [[cell(r[h]) for h in headers] for r in rows]
-    widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
-    for row in table:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+    headers = list(rows[0]) if rows else []
+    print(tables.render(headers, [[r[h] for h in headers] for r in rows], width=width))
 
 
 def schema(args: argparse.Namespace) -> int:

@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from workers.cli.engine_options import add_engine_options
 from workers.cli.options import add_log_options
-from workers.cli.worker import add_engine_options
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from workers.bulk.batch_format import read_batch, summarize
     from workers.bulk.run_batch import BatchRunner, Tally
     from workers.cli import progress_bars as progress
-    from workers.cli.worker import build_engine, served_model_name
+    from workers.cli.engine_options import build_engine, served_model_name
     from workers.settings import Settings
 
     logs.configure(args.log_level, args.log_format, f"run-batch-{os.getpid()}")

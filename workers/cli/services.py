@@ -117,10 +117,14 @@ def _say(line: str) -> None:
 
 
 def _print_table(statuses) -> None:
-    for s in statuses:
-        health = "up" if s.healthy else "DOWN"
-        where = f"pid {s.pid}" if s.pid else ("not running" if s.managed else "external")
-        print(f"{s.name:<9}{health:<6}{s.address}  ({where})")
+    from workers.cli import tables
+
+    rows = [
+        (s.name, "up" if s.healthy else "DOWN", s.address, f"pid {s.pid}" if s.pid else
+         "not running" if s.managed else "external")
+        for s in statuses
+    ]  # fmt: skip
+    print(tables.render(("service", "health", "address", "process"), rows))
 
 
 @_guarded

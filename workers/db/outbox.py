@@ -39,16 +39,7 @@ def result_from_row(row: Row) -> JobResult:
         output_text=row.output_text,
         finish_reason=finish,
         usage=usage,
-        timings=Timings(
-            created_at=row.created_at,
-            started_at=row.started_at,
-            first_token_at=row.first_token_at,
-            finished_at=row.finished_at,
-            queue_ms=row.queue_ms,
-            ttft_ms=row.ttft_ms,
-            mean_itl_ms=row.mean_itl_ms,
-            e2e_ms=row.e2e_ms,
-        ),
+        timings=Timings(**{name: getattr(row, name) for name in Timings.model_fields}),  # same names
         attempt=row.attempts,
         worker_id=row.worker_id,
         bulk_id=row.bulk_id,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from workers.kafka_io import Delivery
@@ -145,23 +145,3 @@ def deliver(
             reason = describe_error(error) if error else "no answer"
             log.warning("%d %s not sent (%s); retrying in %.1fs", len(pending), what, reason, delay)
             time.sleep(delay)
-
-
-def await_stream_ends(items: Sequence[object], timeout_s: float) -> None:
-    """Wait (bounded in all) for the last token events some items carry; a failure is only logged."""
-    deadline = time.monotonic() + timeout_s
-    for item in items:
-        end = getattr(item, "stream_end", None)
-        if end is None:
-            continue
-        try:
-            end.wait(max(0.0, deadline - time.monotonic()))
-        except Exception as exc:  # noqa: BLE001 - the result must not wait on the stream forever
-            log.warning(
-                "the last token event of %s was not confirmed: %s", describe_item(item), describe_error(exc)
-            )
-
-
-def describe_item(item: object) -> str:
-    job_id = getattr(item, "job_id", None) or getattr(getattr(item, "row", None), "job_id", "?")
-    return f"{type(item).__name__.lower()} of job {job_id}"

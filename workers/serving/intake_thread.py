@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 Command = Callable[[GroupConsumer], None]
 
 
-class IntakePump:
+class IntakeThread:
     def __init__(
         self,
         consumer: GroupConsumer,

@@ -66,13 +66,9 @@ class JobLifecycle:
         write: Callable[[list[WriteItem]], None],
         send_event: Callable[[TokenEvent], Waitable | None],
     ) -> None:
-        self.engine = engine
-        self.topics = topics
-        self.worker_id = worker_id
-        self.limits = limits
-        self.offsets = offsets
+        self.engine, self.topics, self.worker_id, self.limits = engine, topics, worker_id, limits
+        self.offsets, self.metrics = offsets, metrics
         self.owned = owned  # the partitions this worker owns now
-        self.metrics = metrics
         self.write = write  # hands row writes to the persister
         self.jobs: dict[str, InFlightJob] = {}
         max_model_len = engine.scheduler.config.max_model_len

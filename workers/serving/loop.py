@@ -14,11 +14,11 @@ from schemas.validation import Limits
 from workers import logs
 from workers.clock import utcnow
 from workers.db.connect import make_engine
-from workers.kafka_io import BroadcastReader, Delivery, GroupConsumer, KeyLookup, Partition, Producer
+from workers.kafka_io import BroadcastReader, Delivery, GroupConsumer, KeyLookup, Producer
 from workers.naming import worker_client_id, worker_group
 from workers.serving.dead_letter import dead_letter_message
 from workers.serving.failpoints import step_error_if
-from workers.serving.intake_thread import IntakePump
+from workers.serving.intake_thread import IntakeThread
 from workers.serving.job_lifecycle import JobLifecycle
 from workers.serving.loop_clock import LoopClock, thread_seconds
 from workers.serving.metrics import WorkerMetrics
@@ -31,7 +31,6 @@ from workers.settings import Settings
 
 log = logging.getLogger(__name__)
 
-REASSIGN_WINDOW_S = 60.0  # a partition handed back this soon after its revocation resumes where we left it
 URGENT_ADMISSION_WAIT_S = 0.05  # before a step, the longest wait for a high-priority job's admission
 
 
@@ -46,8 +45,7 @@ class WorkerOptions:
     idle_wait_s: float = 0.05  # with nothing to do, the loop waits this long for records at most
     # the intake thread's poll timeout: a poll returns as soon as a fetch brings records, so this bounds only
     # how late cancels and the loop's commands (commit, pause) are taken up; each poll hands off to
-    # kafka-python's I/O thread, and at 50 ms those wake-ups cost the engine thread GIL hand-offs (bench e2e
-    # at one thread: intake-thread wake-ups 7,128 -> 2,153 and engine-thread GIL waits 0.21 -> 0.16 s a rep)
+    # kafka-python's I/O thread, and shorter polls cost the engine thread GIL hand-offs
     poll_s: float = 0.2
     grace_s: float = 30.0  # on shutdown, time to finish in-flight jobs before aborting them
     max_pending_writes: int = 5000  # row writes waiting for PostgreSQL before intake pauses
@@ -71,7 +69,7 @@ class Worker:
         )
         self.control = until_available(lambda: BroadcastReader(conn, topics.control, cid + "-control"), where)
         self.ready = threading.Event()  # records or admission decisions are waiting for the loop
-        self.pump = IntakePump(self.consumer, self.control, self.ready, options.poll_s)
+        self.intake_thread = IntakeThread(self.consumer, self.control, self.ready, options.poll_s)
         # a short block: while the broker is away, sends fail fast and the engine loop keeps generating
         self.producer = until_available(lambda: Producer(conn, cid, max_block_s=0.5), where)
         drop, log_config = self.metrics.token_events_dropped.inc, (options.worker_id, *logs.current())
@@ -98,7 +96,7 @@ class Worker:
             database=self.db,
             ready=self.ready,
             offsets=self.offsets,
-            owned=lambda: self.pump.assignment,
+            owned=lambda: self.intake_thread.assignment,
             metrics=self.metrics,
             write=self.persister.submit,
             send_event=self.send_token_event,
@@ -106,7 +104,6 @@ class Worker:
         self._stop_at: float | None = None
         self._last_commit = 0.0
         self._paused: set[str] = set()
-        self._revoked: dict[Partition, tuple[float, int]] = {}  # partition -> (when, where we had got to)
         self._waiting = 0  # sequences waiting in the engine, as of the last iteration
         self._next_intake_metrics = 0.0
         self.clock = LoopClock()
@@ -115,7 +112,7 @@ class Worker:
     def request_stop(self) -> None:
         if self._stop_at is None:
             self._stop_at = time.monotonic() + self.options.grace_s
-            self.pump.stop_intake()
+            self.intake_thread.stop_intake()
             in_flight, grace = len(self.lifecycle.jobs), self.options.grace_s
             log.info("stopping: no new jobs; %d in flight get %.0fs", in_flight, grace)
 
@@ -126,7 +123,7 @@ class Worker:
     def run(self) -> None:
         self.persister.start()
         self.lifecycle.admitter.start()
-        self.pump.start()
+        self.intake_thread.start()
         log.info("worker %s serving %s", self.options.worker_id, ", ".join(self.group_topics))
         try:
             while not self._done():
@@ -150,13 +147,13 @@ class Worker:
             self.ready.clear()
             clock.lap("idle")
         if not self.stopping:
-            self.lifecycle.intake(self.pump.records())
+            self.lifecycle.intake(self.intake_thread.records())
         clock.lap("intake")
         if not self.lifecycle.admitter.blocked:  # (while the database is away nobody waits for it)
             self.lifecycle.admitter.wait_urgent(URGENT_ADMISSION_WAIT_S)
         self.lifecycle.admit_pending()
         clock.lap("admission")
-        self.lifecycle.broadcast(self.pump.broadcast_records())
+        self.lifecycle.broadcast(self.intake_thread.broadcast_records())
         for job_id in self.persister.cancelled():
             self.lifecycle.cancel(job_id)
         self._in_flight = tuple(self.lifecycle.jobs)
@@ -178,7 +175,7 @@ class Worker:
         clock.lap("commit")
         stats = self.engine.stats()
         self._waiting = sum(stats.waiting.values())
-        self.pump.room = self._room()
+        self.intake_thread.room = self._room()
         self._flow_control()
         self._observe(stats)
         clock.lap("flow")
@@ -212,25 +209,16 @@ class Worker:
 
     # ---- group, offsets, flow control ------------------------------------------------------
     def _handle_rebalances(self) -> None:
-        now = time.monotonic()
+        """Cooperative rebalancing: a revoked or lost partition's jobs stop here (its new owner redoes them);
+        an assigned one is read from its committed offset, so nothing done here is skipped."""
         for event in self.consumer.rebalances():
             parts = set(event.partitions)
             if event.kind in ("revoked", "lost"):
-                for p in parts:
-                    position = self.offsets.position(p)
-                    if position is not None:
-                        self._revoked[p] = (now, position)
                 self.lifecycle.revoke(parts)
                 self.offsets.forget(parts)
                 log.info("partitions %s: %s", event.kind, sorted(parts))
                 continue
             self._paused.clear()  # newly owned partitions start unpaused: flow control re-applies
-            for p in parts:
-                # Under eager rebalancing a partition can come back with the fetch position it had, past the
-                # jobs just aborted: resume from the first one not done (cooperative rebalancing never does).
-                seen = self._revoked.pop(p, None)
-                if seen is not None and now - seen[0] < REASSIGN_WINDOW_S:
-                    self.pump.request(lambda c, p=p, offset=seen[1]: c.seek(p, offset))
             log.info("partitions assigned: %s", sorted(parts))
 
     def _room(self) -> int:
@@ -252,10 +240,10 @@ class Worker:
                 elif waiting < threshold * 3 // 4:
                     wanted.discard(topic)
         if wanted - self._paused:
-            self.pump.request(lambda c, topics=wanted - self._paused: c.pause(topics))
+            self.intake_thread.request(lambda c, topics=wanted - self._paused: c.pause(topics))
             log.debug("pausing %s (%d jobs waiting)", sorted(wanted - self._paused), waiting)
         if self._paused - wanted:
-            self.pump.request(lambda c, topics=self._paused - wanted: c.resume(topics))
+            self.intake_thread.request(lambda c, topics=self._paused - wanted: c.resume(topics))
             log.debug("resuming %s (%d jobs waiting)", sorted(self._paused - wanted), waiting)
         self._paused = wanted
 
@@ -268,13 +256,13 @@ class Worker:
         if not force and now - self._last_commit < self.options.commit_interval_s:
             return
         self._last_commit = now
-        owned = self.pump.assignment
+        owned = self.intake_thread.assignment
         offsets = {p: o for p, o in self.offsets.committable().items() if p in owned}
         if offsets and force:  # at shutdown, once the intake thread has stopped: the consumer is ours
             if self.consumer.commit_sync(offsets):
                 self.offsets.committed(offsets)
         elif offsets:
-            self.pump.request(lambda c: c.commit(offsets))
+            self.intake_thread.request(lambda c: c.commit(offsets))
 
     def _observe(self, s: EngineStats) -> None:
         waiting = {p.name.lower(): n for p, n in s.waiting.items()}
@@ -286,7 +274,7 @@ class Worker:
             return
         self._next_intake_metrics = now + 1.0
         p = self.persister.stats()
-        self.metrics.observe_intake(self.pump.lag, p.depth, p.oldest_age_s, p.unpublished)
+        self.metrics.observe_intake(self.intake_thread.lag, p.depth, p.oldest_age_s, p.unpublished)
         self.metrics.observe_loop(self.clock.seconds, thread_seconds())
 
     def _shutdown(self) -> None:
@@ -295,7 +283,7 @@ class Worker:
         self.lifecycle.flush(force=True)
         self.events.close()
         self.persister.close()
-        self.pump.stop()
+        self.intake_thread.stop()
         self._commit(force=True)
         self.producer.flush(10)
         self.producer.close()

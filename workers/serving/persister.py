@@ -32,11 +32,20 @@ from workers.db.outbox import (
     result_from_row,
 )
 from workers.kafka_io import Delivery, KeyLookup, Producer
-from workers.serving.delivery import await_stream_ends, deliver, describe_item
+from workers.serving.delivery import deliver
 from workers.serving.failpoints import crash_if
 from workers.serving.result_lookup import published_already, result_message
 from workers.serving.retry import Backoff, describe_error, retry_transient
-from workers.serving.writes import Rejected, Source, Stored, WriteContext, WriteItem, apply_all
+from workers.serving.writes import (
+    Rejected,
+    Source,
+    Stored,
+    WriteContext,
+    WriteItem,
+    apply_all,
+    await_stream_ends,
+    describe_item,
+)
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from schemas.jobs import TokenEvent
-from workers.serving import token_relay as event_relay
+from workers.serving import token_relay
 from workers.serving.retry import Backoff, describe_error
 from workers.serving.token_relay import DELIVERED, DROPPED, ENV_CONNECTION
 from workers.settings import KafkaConnection
@@ -90,8 +90,8 @@ class _Relay:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         try:
-            for payload in event_relay.read_frames(self.proc.stdout):
-                self._answer(*event_relay.parse_reply(payload))
+            for payload in token_relay.read_frames(self.proc.stdout):
+                self._answer(*token_relay.parse_reply(payload))
         except Exception:  # noqa: BLE001 - a garbled answer ends this relay's answers, not the worker
             log.exception("token-event relay: unreadable answer")
         with self.lock:  # the relay exited: nothing it still had will be answered
@@ -122,7 +122,7 @@ class TokenEventSender:
         max_queued: int = MAX_QUEUED,
     ) -> None:
         self._argv = [sys.executable, "-m", "workers.serving.token_relay", topic, client_id, *log_config]
-        self._env = {**os.environ, ENV_CONNECTION: event_relay.connection_json(conn)}
+        self._env = {**os.environ, ENV_CONNECTION: token_relay.connection_json(conn)}
         self._on_drop = on_drop
         self._max_queued = max_queued
         self._queue: queue.Queue[tuple[TokenEvent, Sent | None] | None] = queue.Queue()
@@ -175,7 +175,7 @@ class TokenEventSender:
             if sent is not None:
                 track = next(self._tracks)
                 relay.track(track, sent)
-            frames.append(event_relay.event_frame(track, event.job_id.encode(), value))
+            frames.append(token_relay.event_frame(track, event.job_id.encode(), value))
         try:
             relay.write(b"".join(frames))
         except (OSError, ValueError) as exc:  # the relay died: its events are lost, start a new one

@@ -7,6 +7,9 @@ be stored (`fallback`: a `failed` row with the reason), so one bad value never h
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -25,6 +28,9 @@ from workers.db.jobs import (
 from workers.db.outbox import claim, take_over
 from workers.kafka_io import Coordinates, Record
 from workers.serving.delivery import Waitable
+from workers.serving.retry import describe_error
+
+log = logging.getLogger(__name__)
 
 Source = Coordinates  # the record a write settles
 
@@ -225,3 +231,23 @@ class Republish(_NoFallback):
         if state == "taken":  # its publisher may have died after the broker took the result
             return Stored(outbox=[row], unsure={self.job_id})
         return Stored(deferred=[self]) if state == "held" else Stored()
+
+
+def await_stream_ends(items: Sequence[object], timeout_s: float) -> None:
+    """Wait (bounded in all) for the last token events some items carry; a failure is only logged."""
+    deadline = time.monotonic() + timeout_s
+    for item in items:
+        end = getattr(item, "stream_end", None)
+        if end is None:
+            continue
+        try:
+            end.wait(max(0.0, deadline - time.monotonic()))
+        except Exception as exc:  # noqa: BLE001 - the result must not wait on the stream forever
+            log.warning(
+                "the last token event of %s was not confirmed: %s", describe_item(item), describe_error(exc)
+            )
+
+
+def describe_item(item: object) -> str:
+    job_id = getattr(item, "job_id", None) or getattr(getattr(item, "row", None), "job_id", "?")
+    return f"{type(item).__name__.lower()} of job {job_id}"
