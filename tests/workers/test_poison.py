@@ -3,19 +3,27 @@ reason, dead-lettered, and the worker serves the next job as if nothing happened
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import uuid
 
 import pytest
 from kafka import KafkaProducer
+from kafka.admin import KafkaAdminClient, NewTopic
+from sqlalchemy import create_engine
 
+from schemas.topics import PRIORITY_CLASSES
 from tests.workers.worker_factories import (
     job_rows,
     now_ms,
     read_topic,
     results_by_job,
     serving_worker,
+    start_worker,
     wait_terminal,
 )
+from workers.client import JobClient
+from workers.services.kafka import ensure_topics
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -153,3 +161,41 @@ def test_a_step_that_raises_fails_the_jobs_in_the_engine_and_the_worker_goes_on(
         }
         assert results[poison.job_id][0].status == "failed"
         assert worker.proc.poll() is None
+
+
+def test_timestamps_past_year_9999_are_not_believed_and_the_worker_keeps_serving(settings, tmp_path):
+    """A producer's clock (or an attacker) may stamp a record with any time a topic accepts: past year 9999,
+    or close enough that adding the deadline overflows. The job runs as if posted now."""
+    dep = dataclasses.replace(settings, topic_prefix=f"ts{uuid.uuid4().hex[:10]}")
+    far_future = {"message.timestamp.after.max.ms": str(2**63 - 1)}  # a topic that takes any timestamp
+    with KafkaAdminClient(**dep.kafka_connection.client_options(), client_id="inferq-test") as admin:
+        admin.create_topics(
+            [NewTopic(dep.topics.jobs(c), 1, 1, topic_configs=far_future) for c in PRIORITY_CLASSES]
+        )
+    ensure_topics(dep.kafka_connection, dep.topic_partitions(), dep.replication_factor)
+    worker = start_worker(dep, tmp_path, "w-timestamps")
+    client, db = JobClient(dep), create_engine(dep.database_url)
+    producer = KafkaProducer(bootstrap_servers=dep.kafka)
+    try:
+        stamps = {"past-9999": 253402300800000 + 5, "near-9999": 253402300799000 - 86_400_000}
+        for name, ts in stamps.items():
+            job = {
+                "job_id": f"{name}-{dep.topic_prefix}",
+                "prompt": "x",
+                "max_tokens": 3,
+                "timeout_s": 604800,
+            }
+            producer.send(dep.topics.jobs("normal"), json.dumps(job).encode(), timestamp_ms=ts).get(30)
+        after = client.submit({"job_id": f"after-ts-{dep.topic_prefix}", "prompt": "y", "max_tokens": 3})
+        client.flush()
+        ids = [f"{name}-{dep.topic_prefix}" for name in stamps] + [after.job_id]
+        rows = wait_terminal(db, ids, timeout_s=120)
+        assert {rows[i]["status"] for i in ids} == {"succeeded"}, rows
+        for name in stamps:
+            assert rows[f"{name}-{dep.topic_prefix}"]["created_at"].year < 9999
+        assert worker.proc.poll() is None
+    finally:
+        producer.close()
+        client.close()
+        db.dispose()
+        assert worker.stop() == 0, worker.output()[-3000:]

@@ -9,6 +9,8 @@ from kafka.partitioner.default import murmur2
 
 from schemas.topics import Coordinates, Partition
 
+MAX_CLOCK_SKEW_S = 3600.0  # how far ahead of ours a producer's clock may be
+
 
 @dataclass(frozen=True)
 class Record:
@@ -29,9 +31,14 @@ class Record:
     def coordinates(self) -> Coordinates:
         return (self.topic, self.partition, self.offset)
 
-    def posted_at(self, default: datetime) -> datetime:
-        """When the producer posted it (the Kafka timestamp), or `default` for a record without one."""
-        return datetime.fromtimestamp(self.timestamp_ms / 1000, UTC) if self.timestamp_ms > 0 else default
+    def posted_at(self, now: datetime) -> datetime:
+        """When the producer posted it (the Kafka timestamp), or `now` for a record without a believable one.
+
+        A timestamp is the producer's claim: one further ahead than any clock skew (up to year 9999 and
+        past it) is not believed, so job timings and deadlines stay computable."""
+        if self.timestamp_ms <= 0 or self.timestamp_ms / 1000 > now.timestamp() + MAX_CLOCK_SKEW_S:
+            return now
+        return datetime.fromtimestamp(self.timestamp_ms / 1000, UTC)
 
 
 def to_record(r) -> Record:

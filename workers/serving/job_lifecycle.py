@@ -30,6 +30,7 @@ from workers.serving.intake import Accepted, Intake
 from workers.serving.job_log import job_event
 from workers.serving.metrics import WorkerMetrics
 from workers.serving.offsets import OffsetTracker
+from workers.serving.retry import describe_error
 from workers.serving.sampling import sampling_params
 from workers.serving.token_stream import TokenStreamer
 from workers.serving.writes import (
@@ -84,7 +85,7 @@ class JobLifecycle:
         for record in records:
             self.offsets.track(record.source, record.offset)
             if record.topic == self.topics.control:
-                self._control_record(record)
+                self._guarded_control_record(record)
                 continue
             decision = self.intake_rules.accept(record)
             if isinstance(decision, Rejected):
@@ -102,13 +103,28 @@ class JobLifecycle:
         try:
             for d in decisions:
                 if d.accepted.record.source in owned:
-                    self._settle(d)
+                    self._guarded_settle(d)
         finally:
             self.admitter.settled(decisions)
 
     def _is_held(self, a: Accepted) -> bool:
         job = self.jobs.get(a.job_id)
         return job is not None and job.request.tenant == a.tenant
+
+    def _guarded_settle(self, d: Decision) -> None:
+        """Settle one decision; a failure is this job's alone: it ends `failed`, the others go on."""
+        try:
+            self._settle(d)
+        except Exception as exc:  # noqa: BLE001 - one record must never stop the worker or its partition
+            a = d.accepted
+            log.exception("job %s: its admission could not be settled", a.job_id)
+            detail = f"admission failed: {describe_error(exc)}"
+            if a.job_id in self.jobs:
+                self.fail(a.job_id, detail)
+            else:
+                terminal = _ended_before_start(a.job_id, self.worker_id, "failed", "error", detail)
+                self.items.append(Concluded(terminal, (a.record.coordinates,)))
+                self.metrics.observe_finished("failed", "error")
 
     def _settle(self, d: Decision) -> None:
         a, outcome = d.accepted, d.outcome
@@ -130,7 +146,14 @@ class JobLifecycle:
                 Rejected(a.record, a.job_id, a.tenant, a.priority, error, "foreign_tenant", store_row=False)
             )
         elif outcome.kind == "cancelled" or (a.job_id, a.tenant) in self.recent_cancels:
-            self.items.append(Concluded(_cancelled_before_start(a.job_id, self.worker_id), (source,)))
+            self.items.append(
+                Concluded(
+                    _ended_before_start(
+                        a.job_id, self.worker_id, "cancelled", "abort", "cancelled before it started"
+                    ),
+                    (source,),
+                )
+            )
             self.metrics.observe_finished("cancelled", "abort")
             job_event("finished", a.job_id, a.priority, status="cancelled", finish_reason="abort")
         else:
@@ -188,6 +211,14 @@ class JobLifecycle:
         self.items.append(r)
 
     # ---- cancels ---------------------------------------------------------------------------
+    def _guarded_control_record(self, record: Record) -> None:
+        try:
+            self._control_record(record)
+        except Exception as exc:  # noqa: BLE001 - a control record that breaks is dead-lettered, not fatal
+            log.exception("control record %s:%d@%d failed", record.topic, record.partition, record.offset)
+            error = f"could not be processed: {describe_error(exc)}"
+            self._reject(Rejected(record, "", "default", "control", error, "error", False, False))
+
     def _control_record(self, record: Record) -> None:
         """A control record this worker owns in the group: record the cancel durably (then ack)."""
         cancel = cancels.parse(record, self.limits)
@@ -203,10 +234,13 @@ class JobLifecycle:
     def broadcast(self, records: list[Record]) -> None:
         """Control records every worker reads: remember them, abort the job if it runs here."""
         for record in records:
-            cancel = cancels.parse(record, self.limits)
-            if cancel is not None:
-                self.recent_cancels.add(cancel.job_id, cancel.tenant)
-                self.cancel(cancel.job_id, cancel.tenant)
+            try:
+                cancel = cancels.parse(record, self.limits)
+                if cancel is not None:
+                    self.recent_cancels.add(cancel.job_id, cancel.tenant)
+                    self.cancel(cancel.job_id, cancel.tenant)
+            except Exception:  # noqa: BLE001 - the group's reader of this record handles it durably
+                log.exception("broadcast control record %s:%d@%d failed", *record.coordinates)
 
     def cancel(self, job_id: str, tenant: str | None = None) -> None:
         """Abort a job this worker runs (`tenant` None: a cancel already checked against the table)."""
@@ -293,6 +327,6 @@ def _ms_between(earlier: datetime, later: datetime | None) -> float | None:
     return None if later is None else max(0.0, (later - earlier).total_seconds() * 1000)
 
 
-def _cancelled_before_start(job_id: str, worker_id: str) -> Terminal:
-    values = {"finish_reason": "abort", "error": "cancelled before it started", "worker_id": worker_id}
-    return Terminal(job_id, "cancelled", {**values, "finished_at": utcnow(), "completion_tokens": 0})
+def _ended_before_start(job_id: str, worker_id: str, status: str, finish_reason: str, error: str) -> Terminal:
+    values = {"finish_reason": finish_reason, "error": error, "worker_id": worker_id}
+    return Terminal(job_id, status, {**values, "finished_at": utcnow(), "completion_tokens": 0})
