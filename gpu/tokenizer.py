@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -11,13 +12,18 @@ NUM_BYTE_IDS = 256 + BYTE_OFFSET
 
 
 class Tokenizer(Protocol):
+    """`special_tokens=False` (the default for user text): a control token's spelling in the text (say
+    `<|im_start|>`) is tokenized as plain text, so a user cannot forge chat roles or end a turn early."""
+
     eos_token_ids: tuple[int, ...]  # the tokenizer's own; the engine adds the generation_config's
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, special_tokens: bool = False) -> list[int]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]]) -> list[int]: ...
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, str]], special_tokens: bool = False
+    ) -> list[int]: ...
 
 
 def render_chat(messages: Sequence[Mapping[str, str]]) -> str:
@@ -44,7 +50,8 @@ class ByteTokenizer:
             )
         self.vocab_size = vocab_size
 
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+    def encode(self, text: str, special_tokens: bool = False, add_bos: bool = True) -> list[int]:
+        # a byte tokenizer's special tokens have no spelling: text is always just bytes
         ids = [b + BYTE_OFFSET for b in text.encode("utf-8")]
         return [BOS_ID, *ids] if add_bos else ids
 
@@ -59,7 +66,9 @@ class ByteTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, str]], special_tokens: bool = False
+    ) -> list[int]:
         return self.encode(render_chat(messages))
 
 
@@ -71,20 +80,46 @@ class HFTokenizer:
         self.model_name = model_name  # for error messages
         eos = tokenizer.eos_token_id
         self.eos_token_ids: tuple[int, ...] = () if eos is None else (eos,)
+        # every token the tokenizer would parse out of text (special and added ones), longest first
+        spellings = {*tokenizer.all_special_tokens, *tokenizer.get_added_vocab()}
+        self._control = tuple(sorted((t for t in spellings if t), key=len, reverse=True))
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.hf.encode(text))
+    def _spells_control(self, text: str) -> bool:
+        return any(token in text for token in self._control)
+
+    def encode(self, text: str, special_tokens: bool = False) -> list[int]:
+        split = not special_tokens and self._spells_control(text)
+        return list(self.hf.encode(text, split_special_tokens=split))
 
     def decode(self, ids: Sequence[int]) -> str:
         # No clean-up of spaces before punctuation: it depends on the following token, so the streamed
         # deltas would no longer add up to the final text.
         return self.hf.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, str]], special_tokens: bool = False
+    ) -> list[int]:
         """The model's own chat template with the assistant's turn opened; never an invented layout."""
         if not getattr(self.hf, "chat_template", None):
             raise ValueError(f"model {self.model_name} has no chat template; send `prompt` instead")
+        if not special_tokens and any(self._spells_control(m["content"]) for m in messages):
+            return self._chat_with_plain_contents(messages)
         ids = self.hf.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
         if isinstance(ids, Mapping):  # newer transformers return a BatchEncoding
             ids = ids["input_ids"]
         return list(ids)
+
+    def _chat_with_plain_contents(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """The template rendered around placeholders; its own text keeps its control tokens, while each
+        message's content is tokenized as plain text where its placeholder stood."""
+        marks = [f"inferq-content-{secrets.token_hex(8)}" for _ in messages]
+        stand_ins = [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)]
+        text = self.hf.apply_chat_template(stand_ins, add_generation_prompt=True, tokenize=False)
+        ids: list[int] = []
+        for mark, message in zip(marks, messages, strict=True):
+            before, found, text = text.partition(mark)
+            if not found:  # the template dropped or changed the content: refuse rather than guess
+                raise ValueError(f"model {self.model_name}'s chat template does not show a message as sent")
+            ids += self.hf.encode(before, add_special_tokens=False)
+            ids += self.hf.encode(message["content"], add_special_tokens=False, split_special_tokens=True)
+        return ids + self.hf.encode(text, add_special_tokens=False)

@@ -35,6 +35,8 @@ class Limits:
     # A dead-lettered payload is cut to this many bytes so the broker accepts it (its default
     # message.max.bytes is 1 MiB); the original size travels in a header.
     dlq_max_bytes: int = 900_000
+    # Control tokens spelt in user text (`<|im_start|>`) stay plain text unless an operator allows them.
+    special_tokens_in_text: bool = False
 
 
 def _reject_constant(name: str) -> float:

@@ -82,6 +82,19 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", **hidden)
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    g.add_argument(
+        "--allow-special-tokens",
+        action="store_true",
+        help="parse control tokens spelt in prompts and messages (e.g. <|im_start|>) as control tokens; "
+        "by default they stay plain text, so users cannot forge chat roles",
+    )
+
+
+def input_limits(args: argparse.Namespace):
+    """The validation limits the options ask for (the defaults but for control tokens in text)."""
+    from schemas.validation import Limits
+
+    return Limits(special_tokens_in_text=args.allow_special_tokens)
 
 
 def served_model_name(args: argparse.Namespace, settings) -> str:

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from workers.bulk.batch_format import read_batch, summarize
     from workers.bulk.run_batch import BatchRunner, Tally
     from workers.cli import progress_bars as progress
-    from workers.cli.engine_options import build_engine, served_model_name
+    from workers.cli.engine_options import build_engine, input_limits, served_model_name
     from workers.settings import Settings
 
     logs.configure(args.log_level, args.log_format, f"run-batch-{os.getpid()}")
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     show = args.log_format == "text" and progress.wanted()
     engine = build_engine(args, settings.cache_dir, show)
-    runner = BatchRunner(engine, served_model_name(args, settings))
+    runner = BatchRunner(engine, served_model_name(args, settings), input_limits(args))
     total = summarize(args.input_file, keep_errors=0).total
     tally = Tally()
     start = time.perf_counter()

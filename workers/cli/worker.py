@@ -9,7 +9,13 @@ import signal
 import socket
 import sys
 
-from workers.cli.engine_options import add_engine_options, build_engine, served_model_name, warm_up
+from workers.cli.engine_options import (
+    add_engine_options,
+    build_engine,
+    input_limits,
+    served_model_name,
+    warm_up,
+)
 from workers.cli.options import add_log_options
 
 log = logging.getLogger(__name__)
@@ -73,7 +79,11 @@ def run(args: argparse.Namespace) -> int:
     if metrics_port:
         metrics.serve(metrics_port)
     options = WorkerOptions(
-        worker_id=worker_id, max_waiting=args.max_waiting, coalesce_ms=args.coalesce_ms, grace_s=args.grace_s
+        worker_id=worker_id,
+        max_waiting=args.max_waiting,
+        coalesce_ms=args.coalesce_ms,
+        grace_s=args.grace_s,
+        limits=input_limits(args),
     )
     worker = Worker(settings, engine, options, metrics)
 

@@ -95,11 +95,11 @@ class Intake:
         if job.prompt is not None:
             if not job.prompt:
                 raise InvalidMessage("prompt is empty")
-            return job.prompt, self.tokenizer.encode(job.prompt)
+            return job.prompt, self.tokenizer.encode(job.prompt, self.limits.special_tokens_in_text)
         messages = [m.model_dump() for m in job.messages or ()]
         text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
         try:
-            ids = self.tokenizer.apply_chat_template(messages)
+            ids = self.tokenizer.apply_chat_template(messages, self.limits.special_tokens_in_text)
         except ValueError as exc:  # e.g. a model without a chat template, or roles it does not accept
             raise InvalidMessage(f"messages cannot be rendered for this model: {exc}") from None
         return text, ids
