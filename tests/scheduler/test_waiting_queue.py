@@ -132,3 +132,32 @@ def test_num_better_than_counts_strictly_better_classes():
     assert queue.num_better_than(Priority.LOW) == 2
     assert queue.num_better_than(Priority.NORMAL) == 1
     assert queue.num_better_than(Priority.HIGH) == 0
+
+
+def test_the_ledger_forgets_idle_tenants_and_stays_bounded():
+    ledger = TenantLedger(max_idle=100)
+    ledger.join("steady")
+    ledger.charge("steady", 50)
+    for i in range(10_000):  # a stream of one-off tenants, each served a little
+        ledger.join(f"t{i}")
+        ledger.charge(f"t{i}", i % 7)
+        ledger.leave(f"t{i}")
+    assert ledger.tracked() <= 1 + 100
+    assert ledger.served("steady") == 50 and ledger.is_live("steady")
+
+
+def test_a_forgotten_tenant_rejoins_where_it_would_have_anyway():
+    ledger = TenantLedger()
+    ledger.join("a")
+    ledger.charge("a", 10)
+    ledger.join("b")  # starts at the live floor: 10
+    ledger.leave("b")  # served no more than the floor: nothing to remember
+    assert ledger.tracked() == 1
+    ledger.charge("a", 5)
+    ledger.join("b")
+    assert ledger.served("b") == 15  # the floor, as if remembered
+    ledger.charge("b", 30)
+    ledger.leave("b")  # served more than the floor: remembered, so it cannot bank a fresh start
+    ledger.charge("a", 5)
+    ledger.join("b")
+    assert ledger.served("b") == 45
