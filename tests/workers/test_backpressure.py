@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 
 from tests.workers.worker_factories import make_deployment, start_worker, wait_group_members, wait_terminal
 from workers.client import JobClient
@@ -31,6 +33,41 @@ def test_a_paused_backlog_drains_completely_and_high_jobs_pass_it(settings, tmp_
         # the high job got in while the low partitions were paused, well before the backlog drained
         last_low = max(rows[j]["finished_at"] for j in low)
         assert rows[high]["finished_at"] < last_low
+    finally:
+        db.dispose()
+        assert worker.stop() == 0, worker.output()[-3000:]
+
+
+def test_a_backlog_of_high_jobs_stays_in_kafka_not_in_the_worker(settings, tmp_path):
+    """Every class is capped: past twice --max-waiting jobs held here (waiting, or being admitted), high
+    partitions pause too, so a backlog far larger than the cap never sits in one worker's memory."""
+    dep = make_deployment(settings)
+    worker = start_worker(dep, tmp_path, "w-cap", "--max-waiting", "8", "--max-num-seqs", "2")
+    db = create_engine(dep.database_url)
+    try:
+        wait_group_members(dep, 1)
+        with JobClient(dep) as client:
+            jobs = [
+                {"job_id": f"cap-{dep.topic_prefix}-{i}", "prompt": "x", "max_tokens": 8} for i in range(300)
+            ]
+            ids = [s.job_id for s in client.submit_many(jobs, "high")]
+        held, deadline = [], time.monotonic() + 180
+        while time.monotonic() < deadline:
+            with db.connect() as conn:
+                counts = dict(
+                    conn.execute(
+                        text("SELECT status, count(*) FROM jobs WHERE job_id = ANY(:ids) GROUP BY status"),
+                        {"ids": ids},
+                    ).all()
+                )
+            held.append(counts.get("queued", 0))
+            if counts.get("succeeded", 0) == len(ids):
+                break
+            time.sleep(0.2)
+        rows = wait_terminal(db, ids, timeout_s=60)
+        assert {r["status"] for r in rows.values()} == {"succeeded"}
+        # the cap (16), and rows already running whose running mark is still on its way to PostgreSQL
+        assert max(held) <= 4 * 8, held
     finally:
         db.dispose()
         assert worker.stop() == 0, worker.output()[-3000:]

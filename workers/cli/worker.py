@@ -41,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-waiting",
         type=int,
         default=256,
-        help="local queue size before pausing low/normal (default: 256)",
+        help="jobs held here (waiting, or being admitted) before low partitions pause; normal pause at 1.5x, "
+        "high at 2x, a hard cap (default: 256)",
     )
     p.add_argument(
         "--coalesce-ms",

@@ -20,6 +20,8 @@ from workers.kafka_io import BroadcastReader, GroupConsumer, Partition, Record
 log = logging.getLogger(__name__)
 
 Command = Callable[[GroupConsumer], None]
+FULL_WAIT_S = 0.02  # with no room, how often the thread looks again (and runs the loop's requests)
+FULL_POLL_INTERVAL_S = 30.0  # with no room, a poll of one record this often keeps the group membership
 
 
 class IntakeThread:
@@ -36,6 +38,8 @@ class IntakeThread:
         self._poll_s = poll_s
         self._control_poll_s = control_poll_s
         self._records: queue.Queue[list[Record]] = queue.Queue()
+        self._queued = 0  # records handed over but not taken by the loop yet
+        self._queued_lock = threading.Lock()
         self._control_records: queue.Queue[list[Record]] = queue.Queue()
         self._commands: queue.Queue[Command] = queue.Queue()
         self._stop = threading.Event()
@@ -43,7 +47,7 @@ class IntakeThread:
         self._ready = ready  # set when records arrive: it wakes an idle engine loop
         self._thread = threading.Thread(target=self._run, name="inferq-intake", daemon=True)
         # written by this thread, read by the engine loop (a reference swap each time: no torn reads)
-        self.room = 512  # records the loop can take now; written by the loop
+        self.room = 0  # jobs the loop can take now; written by the loop
         self.assignment: frozenset[Partition] = frozenset()
         self.lag: dict[Partition, int] = {}
 
@@ -59,6 +63,9 @@ class IntakeThread:
                 out += self._records.get_nowait()
             except queue.Empty:
                 break
+        with self._queued_lock:
+            self._queued -= len(out)
+        self.room = max(0, self.room - len(out))  # taken: no room for them again until the loop says so
         owned = self.assignment
         return [r for r in out if r.source in owned]  # fetched before a revocation: not ours any more
 
@@ -85,7 +92,7 @@ class IntakeThread:
 
     # ---- intake thread ------------------------------------------------------------------------
     def _run(self) -> None:
-        next_control = next_lag = 0.0
+        next_control = next_lag = last_poll = 0.0
         while not self._stop.is_set():
             try:
                 self._run_commands()
@@ -99,9 +106,18 @@ class IntakeThread:
                 if self._intake_stopped.is_set():
                     time.sleep(self._poll_s)
                     continue
-                records = self.consumer.poll(self._poll_s, max(1, self.room))
+                # at most the room the loop left, less what it has not taken yet; a full worker polls
+                # only now and then (its membership needs a poll every max.poll.interval)
+                budget = self.room - self._queued
+                if budget <= 0 and now - last_poll < FULL_POLL_INTERVAL_S:
+                    time.sleep(FULL_WAIT_S)
+                    continue
+                last_poll = now
+                records = self.consumer.poll(self._poll_s, max(1, budget))
                 self.assignment = frozenset(self.consumer.assignment())
                 if records:
+                    with self._queued_lock:
+                        self._queued += len(records)
                     self._records.put(records)
                     self._ready.set()
                 if now >= next_lag:

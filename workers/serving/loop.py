@@ -31,6 +31,7 @@ from workers.settings import Settings
 
 log = logging.getLogger(__name__)
 
+HARD_CAP_FACTOR = 2  # jobs held here (all classes) stop at this many times max_waiting: high pauses too
 URGENT_ADMISSION_WAIT_S = 0.05  # before a step, the longest wait for a high-priority job's admission
 
 
@@ -123,6 +124,7 @@ class Worker:
     def run(self) -> None:
         self.persister.start()
         self.lifecycle.admitter.start()
+        self.intake_thread.room = self._room()  # the first poll is bounded too
         self.intake_thread.start()
         log.info("worker %s serving %s", self.options.worker_id, ", ".join(self.group_topics))
         try:
@@ -221,19 +223,24 @@ class Worker:
             self._paused.clear()  # newly owned partitions start unpaused: flow control re-applies
             log.info("partitions assigned: %s", sorted(parts))
 
+    def _held(self) -> int:
+        """Jobs this worker holds but does not run yet: waiting in the engine or for their admission."""
+        return self._waiting + len(self.lifecycle.admitter)
+
     def _room(self) -> int:
-        return max(1, 2 * self.options.max_waiting - self._waiting)
+        return max(0, HARD_CAP_FACTOR * self.options.max_waiting - self._held())
 
     def _flow_control(self) -> None:
         """Pause intake while admission waits for the database or row writes pile up; otherwise pause low,
-        then normal, partitions when the local queue is full (high keeps flowing)."""
-        waiting, limit = self._waiting, self.options.max_waiting
+        then normal, then high partitions as the jobs held here grow: a backlog waits in Kafka, not here."""
+        waiting, limit = self._held(), self.options.max_waiting
         topics = self.settings.topics
         if self.lifecycle.admitter.blocked or self.persister.depth >= self.options.max_pending_writes:
             wanted = set(self.group_topics)
         else:
-            wanted = {t for t in self._paused if t in (topics.jobs("low"), topics.jobs("normal"))}
-            for priority, threshold in (("low", limit), ("normal", int(limit * 1.5))):
+            wanted = {t for t in self._paused if t in topics.all_jobs}
+            thresholds = (("low", limit), ("normal", int(limit * 1.5)), ("high", HARD_CAP_FACTOR * limit))
+            for priority, threshold in thresholds:
                 topic = topics.jobs(priority)
                 if waiting >= threshold:
                     wanted.add(topic)
