@@ -15,7 +15,7 @@ from workers.db.server import loopback_url as loopback_url  # noqa: F401
 from workers.db.server import ping as ping  # noqa: F401
 from workers.db.server import with_password as with_password  # noqa: F401
 from workers.services import process
-from workers.services.paths import ServicePaths
+from workers.services.paths import ServicePaths, private_dir
 from workers.services.process import ServiceError
 
 PG_USER = "postgres"  # the system user of the Debian package (initdb refuses root); also the superuser
@@ -53,7 +53,7 @@ host    all   all   ::1/128        scram-sha-256
 def ensure_password(path: Path) -> str:
     """The cluster's superuser password: generated once into `path` (mode 0600), then read from it."""
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_urlsafe(24))
