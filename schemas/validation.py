@@ -2,8 +2,10 @@
 
 Everything a record can carry that a later stage would choke on is refused here, with a reason a
 producer can act on: bytes that are not UTF-8 or not JSON, `NaN`/`Infinity`, numbers too large to
-handle, nesting deeper than any real job needs, and NUL characters (PostgreSQL text and jsonb cannot
-store U+0000, so such a job could never be recorded).
+handle, nesting deeper than any real job needs, NUL characters (PostgreSQL text and jsonb cannot
+store U+0000) and lone surrogates (JSON's `"\ud800"` escape decodes to a code point UTF-8 cannot encode;
+the driver or the server refuses it). Such a job could never be recorded, and a statement that fails on
+it would fail for every job admitted with it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from schemas.jobs import CancelRequest, JobRequest
+
+# What no string of a job may hold: U+0000, and U+D800-U+DFFF, which after JSON decoding (a valid pair of
+# escapes becomes one code point) can only be a lone surrogate.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 class InvalidMessage(ValueError):
@@ -43,22 +49,33 @@ def _reject_constant(name: str) -> float:
     raise InvalidMessage(f"message contains {name}, which is not a finite number")
 
 
-def _depth_and_nul(data: object, limits: Limits) -> None:
-    """Refuse nesting deeper than the limit and any string (or key) holding U+0000; iterative."""
+def _unstorable(text: str) -> str | None:
+    """Why `text` cannot be stored, or None."""
+    found = _UNSTORABLE.search(text)
+    if found is None:
+        return None
+    if found.group() == "\x00":
+        return "a NUL character (U+0000), which cannot be stored"
+    return f"a lone surrogate (U+{ord(found.group()):04X}), which is not valid Unicode and cannot be stored"
+
+
+def _depth_and_text(data: object, limits: Limits) -> None:
+    """Refuse nesting deeper than the limit and any string (or key) that cannot be stored; iterative."""
     stack: list[tuple[object, int, str]] = [(data, 1, "message")]
     while stack:
         value, depth, where = stack.pop()
         if isinstance(value, str):
-            if "\x00" in value:
-                raise InvalidMessage(f"{where} contains a NUL character (U+0000), which cannot be stored")
+            if why := _unstorable(value):
+                raise InvalidMessage(f"{where} contains {why}")
         elif isinstance(value, dict | list):
             if depth > limits.max_depth:
                 raise InvalidMessage(f"message is nested deeper than {limits.max_depth} levels")
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for key, item in items:
+                # checked before the key is named in any reason: the reason is stored too
+                if isinstance(key, str) and (why := _unstorable(key)):
+                    raise InvalidMessage(f"a key in {where} contains {why}")
                 name = f"{where}.{key}" if where != "message" else str(key)
-                if isinstance(key, str) and "\x00" in key:
-                    raise InvalidMessage(f"a key in {where} contains a NUL character (U+0000)")
                 stack.append((item, depth + 1, name))
 
 
@@ -81,7 +98,7 @@ def _decode(value: bytes | None, limits: Limits) -> object:
         if isinstance(exc, InvalidMessage):
             raise
         raise InvalidMessage(f"message is not usable JSON: {exc}") from None
-    _depth_and_nul(data, limits)
+    _depth_and_text(data, limits)
     return data
 
 
@@ -140,7 +157,7 @@ def _peek(value: bytes | None, field: str) -> str | None:
     except (ValueError, UnicodeDecodeError, RecursionError):
         match = re.search(rb'"%s"\s*:\s*"([^"\\\x00]{1,128})"' % field.encode(), (value or b"")[:100_000])
         found = match.group(1).decode("utf-8", "replace") if match else None
-    if isinstance(found, str) and 0 < len(found) <= 128 and "\x00" not in found:
+    if isinstance(found, str) and 0 < len(found) <= 128 and _unstorable(found) is None:
         return found
     return None
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from schemas.jobs import JobRequest
-from schemas.validation import InvalidMessage, Limits, parse_control, parse_job, peek_job_id
+from schemas.validation import InvalidMessage, Limits, parse_control, parse_job, peek_job_id, peek_tenant
 
 LIMITS = Limits(max_prompt_bytes=100, max_tokens=50, max_stop=2, max_stop_bytes=5, max_message_bytes=2000)
 
@@ -64,3 +64,45 @@ def test_peek_job_id_of_broken_messages():
     assert peek_job_id(b"garbage") is None
     assert peek_job_id(encode({"job_id": "x" * 200})) is None
     assert peek_job_id(encode([1])) is None
+
+
+LONE = "\ud800"  # json.dumps writes it as the escape `\ud800`, which json.loads turns back into it
+
+
+@pytest.mark.parametrize(
+    ("job", "where"),
+    [
+        ({"prompt": f"secret {LONE} prompt"}, "prompt contains a lone surrogate (U+D800)"),
+        ({"prompt": "x" + "\udfff"}, "prompt contains a lone surrogate (U+DFFF)"),
+        ({"messages": [{"role": "user", "content": LONE}]}, "messages.0.content contains a lone surrogate"),
+        ({"prompt": "x", "metadata": {"k": LONE}}, "metadata.k contains a lone surrogate"),
+        ({"prompt": "x", "metadata": {"k": [{"deep": LONE}]}}, "metadata.k.0.deep contains a lone"),
+        ({"prompt": "x", "metadata": {f"k{LONE}": 1}}, "a key in metadata contains a lone surrogate"),
+        ({"prompt": "x", "stop": [LONE]}, "stop.0 contains a lone surrogate"),
+        ({"prompt": "x", "tenant": f"t{LONE}"}, "tenant contains a lone surrogate"),
+        ({"prompt": "x", "job_id": f"j{LONE}"}, "job_id contains a lone surrogate"),
+        ({"prompt": "x", "bulk_id": LONE}, "bulk_id contains a lone surrogate"),
+    ],
+)
+def test_lone_surrogates_anywhere_are_rejected_before_any_statement(job, where):
+    """PostgreSQL (or psycopg2) refuses a lone surrogate, and the statement that fails on one would fail
+    for every job admitted with it: such a job is rejected here, like NUL, with a reason saying where."""
+    with pytest.raises(InvalidMessage) as err:
+        parse_job(encode(job), LIMITS)
+    assert where in str(err.value)
+    assert LONE not in str(err.value) and "\udfff" not in str(err.value)  # the reason itself is storable
+
+
+def test_a_surrogate_pair_is_one_character_and_accepted():
+    job = parse_job(
+        b'{"prompt": "smile \\ud83d\\ude00", "metadata": {"\\ud83d\\ude00": "\\ud83d\\ude00"}}', LIMITS
+    )
+    assert job.prompt == "smile \U0001f600" and job.metadata == {"\U0001f600": "\U0001f600"}
+
+
+def test_lone_surrogates_in_controls_and_peeked_ids_are_refused():
+    with pytest.raises(InvalidMessage, match="lone surrogate"):
+        parse_control(encode({"type": "cancel", "job_id": "a", "tenant": LONE}), LIMITS)
+    # a rejected message's tenant and id are stored with its rejection: never one that cannot be
+    assert peek_tenant(encode({"prompt": "x", "tenant": LONE})) == "default"
+    assert peek_job_id(encode({"prompt": "x", "job_id": f"a{LONE}"})) is None

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -97,3 +100,24 @@ def test_killed_database_is_detected_and_restarted_keeping_committed_rows(runnin
         status = conn.execute(select(jobs.c.status).where(jobs.c.job_id == job_id)).scalar_one()
     engine.dispose()
     assert status == "queued"
+
+
+def test_the_state_of_running_services_is_owner_only(running: PrivateServices) -> None:
+    """Logs, pid files, Kafka's segments (prompts) and the password: nothing readable by anyone else."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=running.settings.kafka, acks="all")
+    producer.send(running.settings.topics.jobs("normal"), key=b"k", value=b"a prompt").get(timeout=30)
+    producer.close()
+
+    state = running.settings.state_dir
+    found = [Path(root) / name for root, dirs, files in os.walk(state) for name in dirs + files]
+    assert any(p.suffix == ".log" and p.parent.parent == state / "kafka" / "data" for p in found)  # segments
+    loose = [f"{p} {_mode(p):o}" for p in [state, *found] if not p.is_symlink() and _mode(p) & 0o077]
+    assert not loose
+    home = (state / "postgres").resolve()  # the cluster's own folder, owned by the server's user
+    assert (_mode(home), _mode(home / "data")) == (0o700, 0o700)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)

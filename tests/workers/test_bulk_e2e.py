@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+import stat
 
 import pytest
 from sqlalchemy import create_engine, select
@@ -79,6 +80,8 @@ def test_200_lines_come_back_in_input_order_with_invalid_lines_reported(dep):
     with db.connect() as conn:
         rows = conn.execute(select(jobs.c.priority, jobs.c.tenant).where(jobs.c.bulk_id == bulk_id)).all()
     assert len(rows) == 200 and set(rows) == {("low", "bulk-tests")}
+    folder = tmp / "state" / "bulk" / bulk_id  # the prompts and outputs: owner-only
+    assert [stat.S_IMODE(p.stat().st_mode) for p in (folder, folder.parent)] == [0o700, 0o700]
 
 
 def test_an_invalid_file_is_refused_with_line_numbers(dep):

@@ -14,7 +14,8 @@ import pytest
 from schemas.jobs import TokenEvent
 from tests.workers.worker_factories import make_deployment, now_ms, read_topic, token_events, wait_until
 from workers.serving import token_relay as event_relay
-from workers.serving.token_sender import TokenEventSender
+from workers.serving.token_sender import TokenEventSender, relay_environment
+from workers.settings import KafkaConnection
 
 
 def test_frames_round_trip_and_a_frame_cut_short_ends_the_stream():
@@ -97,3 +98,36 @@ def test_a_relay_waiting_for_an_absent_broker_exits_when_its_worker_is_killed(tm
         relay.wait(15)  # gone within the watcher's period, not when the broker comes back
     finally:
         parent.kill()
+
+
+SECRETS = {
+    "INFERQ_DATABASE_URL": "postgresql+psycopg2://postgres:db-password-7f3a@127.0.0.1:15432/inferq",
+    "INFERQ_KAFKA_SASL_PASSWORD": "sasl-password-7f3a",  # travels in the relay's connection when it is used
+    "INFERQ_CELERY_BROKER": "redis://:celery-password-7f3a@redis:6379/0",
+    "AWS_SECRET_ACCESS_KEY": "aws-secret-7f3a",
+}
+
+
+def test_the_relay_environment_keeps_only_what_runs_python():
+    env = {**SECRETS, "PATH": "/usr/bin", "PYTHONPATH": "/src", "LC_ALL": "C.UTF-8", "HF_TOKEN": "hf-7f3a"}
+    relay_env = relay_environment(KafkaConnection("127.0.0.1:9"), env)
+    assert set(relay_env) == {"PATH", "PYTHONPATH", "LC_ALL", event_relay.ENV_CONNECTION}
+    assert "7f3a" not in repr(relay_env)
+
+
+def test_the_relay_process_inherits_no_secrets_of_the_worker(monkeypatch):
+    """Read from the running child: the database password and other credentials stay in the worker."""
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("INFERQ_KAFKA", "127.0.0.1:9")
+    sender = TokenEventSender(KafkaConnection("127.0.0.1:9"), "inferq-test", "nowhere")  # no broker needed
+    try:
+        with open(f"/proc/{sender._relay.proc.pid}/environ", "rb") as f:
+            environ = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if item)
+        assert sender._relay.proc.poll() is None  # a relay that started with it
+    finally:
+        sender.close(timeout_s=1.0)
+    names = {name.decode() for name in environ}
+    assert not names & {*SECRETS, "INFERQ_KAFKA"}
+    assert b"7f3a" not in b"".join(environ.values())
+    assert not {n for n in names if any(w in n for w in ("PASSWORD", "SECRET", "TOKEN", "DATABASE"))}

@@ -57,3 +57,18 @@ def test_rejections_keep_a_readable_job_id_and_reason():
     assert isinstance(too_long, Rejected) and "context is 8 tokens" in too_long.error
     empty = make_intake().accept(make_record({"job_id": "j4", "prompt": ""}))
     assert isinstance(empty, Rejected) and "empty" in empty.error
+
+
+def test_a_lone_surrogate_is_rejected_with_a_storable_rejection():
+    """JSON's `\\ud800` escape decodes to a lone surrogate that neither psycopg2 nor PostgreSQL takes: the
+    job is rejected at intake, and what its rejection stores (id, tenant, reason) is valid UTF-8."""
+    for job in (
+        {"job_id": "j5", "tenant": "acme", "prompt": "x", "metadata": {"note": "\ud800"}},
+        {"job_id": "j6", "tenant": "t\udc00", "prompt": "x"},
+    ):
+        bad = make_intake().accept(make_record(job, offset=11))
+        assert isinstance(bad, Rejected), job
+        assert "lone surrogate" in bad.error and bad.reason == "invalid"
+        assert bad.job_id == job["job_id"] and bad.tenant in ("acme", "default")
+        for text in (bad.job_id, bad.tenant, bad.error):
+            text.encode("utf-8")  # raises on a surrogate

@@ -44,6 +44,12 @@ POISON = {
         "NUL",
     ),
     "nul-stop": (json.dumps({"job_id": "p-nulstop-{p}", "prompt": "x", "stop": ["\u0000"]}), "NUL"),
+    # json.dumps writes the escape `\ud800`, which decodes to a lone surrogate no statement can carry
+    "surrogate-prompt": (json.dumps({"job_id": "p-sur-{p}", "prompt": "a\ud800b"}), "lone surrogate"),
+    "surrogate-metadata": (
+        json.dumps({"job_id": "p-surmeta-{p}", "prompt": "x", "metadata": {"k": ["\udfff"]}}),
+        "lone surrogate",
+    ),
     "infinite-timeout": ('{"job_id": "p-inf-{p}", "prompt": "x", "timeout_s": Infinity}', "finite"),
     "huge-timeout": (json.dumps({"job_id": "p-huge-{p}", "prompt": "x", "timeout_s": 1e15}), "timeout_s"),
     "overflow-timeout": ('{"job_id": "p-ovf-{p}", "prompt": "x", "timeout_s": 1e999}', "timeout_s"),

@@ -76,6 +76,7 @@ def _submit(args: argparse.Namespace) -> int:
     from workers.bulk.batch_format import summarize
     from workers.bulk.celery_app import PRODUCE, make_app
     from workers.db import bulk_jobs as store
+    from workers.services.paths import private_dir
 
     if not args.file.is_file():
         return _err(f"no such file: {args.file}")
@@ -90,7 +91,7 @@ def _submit(args: argparse.Namespace) -> int:
     settings, engine = _engine()
     bulk_id = store.new_bulk_id()
     folder = settings.state_dir / "bulk" / bulk_id
-    folder.mkdir(parents=True, exist_ok=True)
+    private_dir(folder)  # its prompts, and the outputs written beside them
     shutil.copyfile(args.file, folder / "input.jsonl")  # the worker reads its own copy
     with engine.begin() as conn:
         store.create(
@@ -216,10 +217,11 @@ def _bulk_worker(args: argparse.Namespace) -> int:
     from workers import logs
     from workers.bulk.celery_app import make_app, queue
     from workers.bulk.tasks import register
+    from workers.services.paths import private_dir
     from workers.settings import Settings
 
     settings = Settings.from_env()
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.state_dir)
     hostname = f"bulk-{os.getpid()}@{socket.gethostname()}"
 
     def setup_logging(**_kwargs: object) -> None:  # a receiver here means Celery leaves logging to us

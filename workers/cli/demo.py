@@ -36,9 +36,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _start_worker(args: argparse.Namespace, log_path) -> subprocess.Popen:
+    from workers.services.paths import open_private
+
     cmd = [sys.executable, "-m", "workers.cli", "worker", "--worker-id", "demo-worker", "--grace-s", "5"]
     cmd += ["--model", args.model]
-    log = open(log_path, "ab")  # noqa: SIM115 - handed to the child process
+    log = os.fdopen(open_private(log_path, os.O_WRONLY | os.O_APPEND), "ab")  # handed to the child process
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -68,11 +70,12 @@ def run(args: argparse.Namespace) -> int:
     from workers.demo.board import DemoBoard, DemoJob
     from workers.demo.queries import run_history_queries
     from workers.demo.view import follow_tokens, wait_for_rows
+    from workers.services.paths import private_dir
     from workers.settings import Settings
 
     settings = Settings.from_env()
     log_path = settings.state_dir / "logs" / "demo-worker.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(log_path.parent)
     print(f"starting a worker with model {args.model} (log: {log_path}; a first start converts the model)")
     worker = _start_worker(args, log_path)
     try:

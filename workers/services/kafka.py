@@ -14,7 +14,7 @@ from workers.kafka_io.admin import ping as ping  # noqa: F401 - health of the br
 from workers.kafka_io.admin import wait_for_members
 from workers.naming import worker_group
 from workers.services import process, tools
-from workers.services.paths import ServicePaths
+from workers.services.paths import PRIVATE_UMASK, ServicePaths, private_dir, write_private
 from workers.settings import Settings
 
 # A dev broker on a shared 2-core machine: small heap; C1 only and the serial GC start the JVM about twice
@@ -94,7 +94,7 @@ def format_storage(java: list[str], config: Path, *extra: str) -> None:
         "--ignore-formatted",
         *extra,
     ]
-    done = subprocess.run(fmt, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    done = subprocess.run(fmt, capture_output=True, text=True, stdin=subprocess.DEVNULL, umask=PRIVATE_UMASK)
     if done.returncode != 0:
         out = (done.stdout + done.stderr)[-3000:]
         raise process.ServiceError(f"formatting Kafka storage failed (exit {done.returncode}):\n{out}")
@@ -117,8 +117,10 @@ def wait_for_workers(
 
 
 def _write_config(paths: ServicePaths, port: int) -> Path:
-    paths.kafka_data.mkdir(parents=True, exist_ok=True)
-    (paths.kafka_dir / "log4j2.properties").write_text(LOG4J2)
+    private_dir(paths.kafka_data)
+    write_private(paths.kafka_dir / "log4j2.properties", LOG4J2)
     config = paths.kafka_dir / "server.properties"
-    config.write_text(SERVER_PROPERTIES.format(port=port, controller_port=port + 1, data=paths.kafka_data))
+    write_private(
+        config, SERVER_PROPERTIES.format(port=port, controller_port=port + 1, data=paths.kafka_data)
+    )
     return config

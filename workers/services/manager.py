@@ -8,6 +8,7 @@ from the state dir and `down` stops it. One elsewhere (a production cluster, com
 from __future__ import annotations
 
 import fcntl
+import os
 import shutil
 import signal
 import socket
@@ -18,7 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from workers.db import migrate
 from workers.db.server import without_password
 from workers.services import kafka, kafka_jars, postgres, process, tools
-from workers.services.paths import ServicePaths
+from workers.services.paths import ServicePaths, open_private, private_dir
 from workers.services.process import ServiceError
 from workers.settings import Settings
 
@@ -177,8 +178,8 @@ def _require_free(port: int, name: str) -> None:
 @contextmanager
 def _locked(paths: ServicePaths) -> Iterator[None]:
     """One `up`/`down` at a time per state dir (several people and CI may share one checkout)."""
-    paths.state_dir.mkdir(parents=True, exist_ok=True)
-    with open(paths.lock, "w") as lock:
+    private_dir(paths.state_dir)
+    with os.fdopen(open_private(paths.lock, os.O_WRONLY), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 

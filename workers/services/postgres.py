@@ -15,12 +15,33 @@ from workers.db.server import loopback_url as loopback_url  # noqa: F401
 from workers.db.server import ping as ping  # noqa: F401
 from workers.db.server import with_password as with_password  # noqa: F401
 from workers.services import process
-from workers.services.paths import ServicePaths
+from workers.services.paths import ServicePaths, private_dir
 from workers.services.process import ServiceError
 
 PG_USER = "postgres"  # the system user of the Debian package (initdb refuses root); also the superuser
 START_TIMEOUT_S = 60.0
-SERVER_OPTIONS = ["-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200"]
+# psycopg2 interpolates parameters on the client, so a statement's text holds its values (a failing
+# admission batch: every prompt in it). The server log gets no statement text, neither for an error nor
+# for a slow or sampled statement, and of an error only its primary message: its DETAIL (the failing row,
+# the duplicate key) and CONTEXT (the JSON input) quote values too. Set on the command line, which
+# postgresql.conf and ALTER SYSTEM cannot override.
+LOG_OPTIONS = {
+    "log_statement": "none",
+    "log_min_error_statement": "panic",
+    "log_error_verbosity": "terse",
+    "log_min_duration_statement": "-1",
+    "log_min_duration_sample": "-1",
+    "log_transaction_sample_rate": "0",
+    "log_parameter_max_length": "0",
+    "log_parameter_max_length_on_error": "0",
+}
+SERVER_OPTIONS = [
+    "-c",
+    "listen_addresses=127.0.0.1",
+    "-c",
+    "max_connections=200",
+    *(arg for name, value in LOG_OPTIONS.items() for arg in ("-c", f"{name}={value}")),
+]
 # Every connection, socket or TCP, proves the generated password (SCRAM); nothing is trusted by address.
 PG_HBA = """# written by `inferq up`: the superuser password (state dir, mode 0600) for every connection
 local   all   all                  scram-sha-256
@@ -32,7 +53,7 @@ host    all   all   ::1/128        scram-sha-256
 def ensure_password(path: Path) -> str:
     """The cluster's superuser password: generated once into `path` (mode 0600), then read from it."""
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_urlsafe(24))

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import psutil
 
+from workers.services.paths import PRIVATE_UMASK, open_private, private_dir, write_private
+
 POLL_S = 0.2  # between readiness probes; each probe is a real protocol request
 
 
@@ -25,7 +27,7 @@ class ServiceError(RuntimeError):
 def write_pid(path: Path, pid: int) -> None:
     started = psutil.Process(pid).create_time()
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(f"{pid} {started!r}\n")
+    write_private(tmp, f"{pid} {started!r}\n")
     tmp.replace(path)
 
 
@@ -50,10 +52,11 @@ def live_pid(path: Path, marker: str | None = None) -> int | None:
 
 
 def spawn(argv: Sequence[str], log: Path, user: str | None = None, cwd: Path | None = None) -> int:
-    """Start `argv` detached (own session, no stdin), appending its output to `log`; return its pid."""
-    log.parent.mkdir(parents=True, exist_ok=True)
+    """Start `argv` detached (own session, no stdin), appending its output to `log`; return its pid. What
+    it writes, `log` and the files it makes, is owner-only (see paths.py)."""
+    private_dir(log.parent)
     # The log is opened here, by us, so the child needs no access to the state dir (see paths.py).
-    with open(log, "ab") as out:
+    with os.fdopen(open_private(log, os.O_WRONLY | os.O_APPEND), "ab") as out:
         proc = subprocess.Popen(
             list(argv),
             stdin=subprocess.DEVNULL,
@@ -62,6 +65,7 @@ def spawn(argv: Sequence[str], log: Path, user: str | None = None, cwd: Path | N
             start_new_session=True,
             user=user,
             cwd=cwd,
+            umask=PRIVATE_UMASK,
         )
     return proc.pid
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from schemas.jobs import TokenEvent
 from workers.serving import token_relay
@@ -27,8 +27,18 @@ from workers.settings import KafkaConnection
 
 log = logging.getLogger(__name__)
 
+# The environment the relay starts with: what runs Python and opens TLS connections, nothing of the
+# worker's own (INFERQ_DATABASE_URL holds the database password; a deployment may set other credentials).
+# Its Kafka connection, SASL password included, comes apart in ENV_CONNECTION.
+RELAY_ENV = ("PATH", "HOME", "LANG", "TZ", "TMPDIR", "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR")
+RELAY_ENV_PREFIXES = ("LC_", "PYTHON")  # the locale; PYTHONPATH, PYTHONHASHSEED, PYTHONUTF8, ...
 MAX_QUEUED = 20_000  # events waiting for the relay; past this, new ones are dropped (a stuck relay)
 RELAY_STABLE_S = 60.0  # a relay that ran this long before dying restarts without the backoff built up
+
+
+def relay_environment(conn: KafkaConnection, env: Mapping[str, str] = os.environ) -> dict[str, str]:
+    kept = {k: v for k, v in env.items() if k in RELAY_ENV or k.startswith(RELAY_ENV_PREFIXES)}
+    return {**kept, ENV_CONNECTION: token_relay.connection_json(conn)}
 
 
 class Sent:
@@ -122,7 +132,7 @@ class TokenEventSender:
         max_queued: int = MAX_QUEUED,
     ) -> None:
         self._argv = [sys.executable, "-m", "workers.serving.token_relay", topic, client_id, *log_config]
-        self._env = {**os.environ, ENV_CONNECTION: token_relay.connection_json(conn)}
+        self._env = relay_environment(conn)
         self._on_drop = on_drop
         self._max_queued = max_queued
         self._queue: queue.Queue[tuple[TokenEvent, Sent | None] | None] = queue.Queue()
