@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -24,6 +25,10 @@ class Tokenizer(Protocol):
     def apply_chat_template(
         self, messages: Sequence[Mapping[str, str]], special_tokens: bool = False
     ) -> list[int]: ...
+
+    def clone(self) -> Tokenizer:
+        """One for another thread: a tokenizer object is not safe to share between threads."""
+        ...
 
 
 def render_chat(messages: Sequence[Mapping[str, str]]) -> str:
@@ -71,6 +76,9 @@ class ByteTokenizer:
     ) -> list[int]:
         return self.encode(render_chat(messages))
 
+    def clone(self) -> ByteTokenizer:
+        return self  # no state
+
 
 class HFTokenizer:
     """Adapter over a transformers tokenizer loaded from a local checkpoint directory."""
@@ -83,6 +91,9 @@ class HFTokenizer:
         # every token the tokenizer would parse out of text (special and added ones), longest first
         spellings = {*tokenizer.all_special_tokens, *tokenizer.get_added_vocab()}
         self._control = tuple(sorted((t for t in spellings if t), key=len, reverse=True))
+
+    def clone(self) -> HFTokenizer:
+        return HFTokenizer(copy.deepcopy(self.hf), self.model_name)
 
     def _spells_control(self, text: str) -> bool:
         return any(token in text for token in self._control)

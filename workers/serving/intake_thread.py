@@ -14,12 +14,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from workers.kafka_io import BroadcastReader, GroupConsumer, Partition, Record
 
 log = logging.getLogger(__name__)
 
 Command = Callable[[GroupConsumer], None]
+Prepared = tuple[Record, Any]  # a record and what `prepare` made of it
 FULL_WAIT_S = 0.02  # with no room, how often the thread looks again (and runs the loop's requests)
 FULL_POLL_INTERVAL_S = 30.0  # with no room, a poll of one record this often keeps the group membership
 
@@ -32,12 +34,14 @@ class IntakeThread:
         ready: threading.Event,
         poll_s: float = 0.2,
         control_poll_s: float = 0.1,
+        prepare: Callable[[Record], Any] = lambda record: None,
     ) -> None:
         self.consumer = consumer  # touched by this thread only, until stop()
         self._control = control
         self._poll_s = poll_s
         self._control_poll_s = control_poll_s
-        self._records: queue.Queue[list[Record]] = queue.Queue()
+        self._prepare = prepare  # must not raise: it turns a record's failure into a decision
+        self._records: queue.Queue[list[Prepared]] = queue.Queue()
         self._queued = 0  # records handed over but not taken by the loop yet
         self._queued_lock = threading.Lock()
         self._control_records: queue.Queue[list[Record]] = queue.Queue()
@@ -55,9 +59,10 @@ class IntakeThread:
     def start(self) -> None:
         self._thread.start()
 
-    def records(self) -> list[Record]:
-        """Job and control records fetched since the last call, in fetch order, for owned partitions."""
-        out: list[Record] = []
+    def records(self) -> list[Prepared]:
+        """Job and control records fetched since the last call, prepared, in fetch order, for owned
+        partitions."""
+        out: list[Prepared] = []
         while True:
             try:
                 out += self._records.get_nowait()
@@ -67,7 +72,7 @@ class IntakeThread:
             self._queued -= len(out)
         self.room = max(0, self.room - len(out))  # taken: no room for them again until the loop says so
         owned = self.assignment
-        return [r for r in out if r.source in owned]  # fetched before a revocation: not ours any more
+        return [p for p in out if p[0].source in owned]  # fetched before a revocation: not ours any more
 
     def broadcast_records(self) -> list[Record]:
         out: list[Record] = []
@@ -118,7 +123,7 @@ class IntakeThread:
                 if records:
                     with self._queued_lock:
                         self._queued += len(records)
-                    self._records.put(records)
+                    self._records.put([(r, self._prepare(r)) for r in records])
                     self._ready.set()
                 if now >= next_lag:
                     next_lag = now + 1.0

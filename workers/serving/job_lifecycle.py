@@ -73,21 +73,25 @@ class JobLifecycle:
         self.write = write  # hands row writes to the persister
         self.jobs: dict[str, InFlightJob] = {}
         max_model_len = engine.scheduler.config.max_model_len
-        self.intake_rules = Intake(topics, limits, engine.tokenizer, max_model_len)
+        # its own tokenizer: it runs on the intake thread while the engine thread detokenizes
+        self.intake_rules = Intake(topics, limits, engine.tokenizer.clone(), max_model_len)
         self.admitter = AdmissionThread(Admitter(database, worker_id), self._is_held, ready)
         self.recent_cancels = cancels.RecentCancels()
         self.streamer = TokenStreamer(send_event, coalesce_s)
         self.items: list[WriteItem] = []
 
     # ---- intake ----------------------------------------------------------------------------
-    def intake(self, records: list[Record]) -> None:
+    def prepare(self, record: Record) -> Accepted | Rejected | None:
+        """A job record validated and tokenized (on the intake thread); None for a control record."""
+        return None if record.topic == self.topics.control else self.intake_rules.accept(record)
+
+    def intake(self, prepared: list[tuple[Record, Accepted | Rejected | None]]) -> None:
         accepted = []
-        for record in records:
+        for record, decision in prepared:
             self.offsets.track(record.source, record.offset)
-            if record.topic == self.topics.control:
+            if decision is None:
                 self._guarded_control_record(record)
                 continue
-            decision = self.intake_rules.accept(record)
             if isinstance(decision, Rejected):
                 self._reject(decision)
             else:

@@ -70,7 +70,6 @@ class Worker:
         )
         self.control = until_available(lambda: BroadcastReader(conn, topics.control, cid + "-control"), where)
         self.ready = threading.Event()  # records or admission decisions are waiting for the loop
-        self.intake_thread = IntakeThread(self.consumer, self.control, self.ready, options.poll_s)
         # a short block: while the broker is away, sends fail fast and the engine loop keeps generating
         self.producer = until_available(lambda: Producer(conn, cid, max_block_s=0.5), where)
         drop, log_config = self.metrics.token_events_dropped.inc, (options.worker_id, *logs.current())
@@ -101,6 +100,10 @@ class Worker:
             metrics=self.metrics,
             write=self.persister.submit,
             send_event=self.send_token_event,
+        )
+        # records are validated and tokenized on the intake thread: a 256 KB prompt never stalls a step
+        self.intake_thread = IntakeThread(
+            self.consumer, self.control, self.ready, options.poll_s, prepare=self.lifecycle.prepare
         )
         self._stop_at: float | None = None
         self._last_commit = 0.0
