@@ -22,7 +22,12 @@ from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssi
 from kafka.errors import CorruptRecordError
 from kafka.structs import OffsetAndMetadata
 
-from workers.kafka_io.codec import DecompressedTooLarge, bound_decompression
+from workers.kafka_io.codec import (
+    DEFAULT_MAX_DECOMPRESSED,
+    DecompressedTooLarge,
+    decompression_bound,
+    install_bounds,
+)
 from workers.kafka_io.records import Partition, Record, to_record
 from workers.settings import KafkaConnection
 
@@ -65,9 +70,10 @@ class GroupConsumer:
         group_id: str,
         topics: Sequence[str],
         client_id: str,
-        max_decompressed_bytes: int = 64 * 2**20,
+        max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
     ) -> None:
-        bound_decompression(max_decompressed_bytes)
+        install_bounds()
+        self._max_decompressed = max_decompressed_bytes
         self._events: queue.Queue[RebalanceEvent] = queue.Queue()
         self._committed: queue.Queue[dict[Partition, int]] = queue.Queue()
         self._commit_lock = threading.Lock()
@@ -92,7 +98,8 @@ class GroupConsumer:
     def poll(self, timeout_s: float, max_records: int | None = None) -> list[Record]:
         self._unpark_resumed()
         try:
-            batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+            with decompression_bound(self._max_decompressed):  # records are decoded in this thread
+                batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         except _UNDECODABLE as exc:
             return self._skip_undecodable(exc)
         except Exception as exc:  # noqa: BLE001 - broker or group trouble: log, keep the worker running
