@@ -17,6 +17,8 @@ class BroadcastReader:
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         self._consumer.assign(tps)
         self._consumer.seek_to_end(*tps)
+        for tp in tps:  # resolve the end now: a message written after the reader exists is read
+            self._consumer.position(tp, timeout_ms=10_000)
 
     def poll(self, timeout_s: float = 0.0) -> list[Record]:
         try:
