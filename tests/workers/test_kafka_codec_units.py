@@ -1,5 +1,6 @@
 """The pure parts of reading compressed batches: every codec's decompression bound, the record that stands
-for an undecodable batch (on batches kafka-python builds and parses), and the offsets it finishes."""
+for an undecodable batch (on batches kafka-python builds and parses), the offsets it finishes, and the
+producers' compression setting."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from workers.kafka_io.codec import (
 )
 from workers.kafka_io.records import UndecodableBatch, to_record
 from workers.offsets import OffsetTracker
+from workers.settings import KafkaConnection, Settings
 
 TEXT = b"the same words again and again " * 100_000  # 3.1 MB that compresses well under every codec
 
@@ -92,6 +94,18 @@ def test_acking_the_record_of_an_undecodable_batch_finishes_its_every_offset():
     assert offsets.position(p) == 15  # not 11: reading on from 11 would meet the same batch again
     offsets.track(p, 15)
     assert offsets.position(p) == 15
+
+
+def test_producers_compress_as_configured_and_a_wrong_value_is_refused():
+    assert Settings.from_env({}).kafka_connection.producer_options()["compression_type"] is None
+    for value, expected in (("zstd", "zstd"), ("LZ4", "lz4"), (" snappy ", "snappy"), ("none", None)):
+        conn = Settings.from_env({"INFERQ_KAFKA_COMPRESSION": value}).kafka_connection
+        assert conn.producer_options()["compression_type"] == expected
+        assert "compression_type" not in conn.client_options()  # consumers and admins take no such option
+    with pytest.raises(ValueError, match="INFERQ_KAFKA_COMPRESSION='brotli'; use one of"):
+        Settings.from_env({"INFERQ_KAFKA_COMPRESSION": "brotli"})
+    with pytest.raises(ValueError, match="INFERQ_KAFKA_COMPRESSION"):
+        KafkaConnection("127.0.0.1:9092", compression="snapy")
 
 
 # ---- the batch guard, on batches built and parsed by kafka-python itself (no broker needed) ----------
