@@ -1,9 +1,11 @@
 """Compressed batches on the real broker: the group consumer and the control reader read every codec other
 clients write (gzip, snappy, lz4, zstd), and a batch they cannot decode comes up once, whole, as one
-undecodable record, while what follows it is read at once."""
+undecodable record, while what follows it is read at once; a worker runs compressed jobs and cancels and
+dead-letters a bomb batch once."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
@@ -12,6 +14,15 @@ import kafka.record.default_records as default_records
 import pytest
 from kafka import KafkaProducer
 
+from tests.workers.worker_factories import (
+    job_rows,
+    now_ms,
+    read_topic,
+    results_by_job,
+    serving_worker,
+    wait_status,
+    wait_terminal,
+)
 from workers.kafka_io import BroadcastReader, GroupConsumer, Record
 from workers.kafka_io.codec import install_bounds
 from workers.services.kafka import ensure_topics
@@ -160,3 +171,61 @@ def test_an_undecodable_batch_comes_up_once_whole_and_what_follows_is_read_at_on
         assert decodes[0] == (0 if cause == "codec-missing" else 1)  # a bomb is inflated once, not per record
     finally:
         reader.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_worker_serves_compressed_jobs_and_cancels_and_dead_letters_a_bomb_batch_once(settings, tmp_path):
+    env = {"INFERQ_KAFKA_COMPRESSION": "zstd"}  # the worker's own producers compress (results, dead letters)
+    with serving_worker(settings, tmp_path, "w-codecs", env=env) as (dep, client, db, worker):
+        p, since, low = dep.topic_prefix, now_ms(), dep.topics.jobs("low")
+        posted = []
+        for n, codec in enumerate(CODECS):  # each codec's batch in one partition of a jobs topic
+            jobs = [f"{codec}-{i}-{p}" for i in range(3)]
+            values = [
+                (
+                    j.encode(),
+                    json.dumps({"job_id": j, "prompt": "compress me " * 30, "max_tokens": 3}).encode(),
+                )
+                for j in jobs
+            ]
+            topic = dep.topics.jobs(("high", "normal", "low", "normal")[n])
+            _produce(dep, topic, codec, values, partition=n % 4)
+            posted += jobs
+        long_job = client.submit({"job_id": f"long-{p}", "prompt": "go on", "max_tokens": 2000}).job_id
+        client.flush()
+        wait_status(db, long_job, "running")
+        # its cancel in an lz4 batch, among cancels of jobs nobody posted
+        ghosts = [f"ghost-{i}-{p}" for i in range(10)]
+        cancels = [
+            (j.encode(), json.dumps({"type": "cancel", "job_id": j, "tenant": "default"}).encode())
+            for j in [*ghosts, long_job]
+        ]
+        _produce(dep, dep.topics.control, "lz4", cancels)
+        # bombs past the worker's 64 MiB bound: one zstd record on control, a batch of five lz4 on jobs.low
+        big = {"max_request_size": 200 * 2**20, "batch_size": 200 * 2**20}
+        [control_bomb] = _produce(dep, dep.topics.control, "zstd", [(b"bomb", bytes(80 * 2**20))], **big)
+        bomb = _produce(dep, low, "lz4", [(b"bomb", bytes(16 * 2**20))] * 5, partition=0, **big)
+        after = client.submit({"job_id": f"after-{p}", "prompt": "still here", "max_tokens": 3}, "low").job_id
+        client.flush()
+
+        bomb_id = f"{low}:0:{bomb[0]}"  # the id of a job without one: topic:partition:offset
+        rows = wait_terminal(db, [*posted, long_job, after, bomb_id, *ghosts], timeout_s=300)
+        assert {rows[j]["status"] for j in [*posted, after]} == {"succeeded"}
+        assert rows[long_job]["status"] == "cancelled" and rows[long_job]["completion_tokens"] < 2000
+        assert {rows[g]["status"] for g in ghosts} == {"cancelled"}
+        assert rows[bomb_id]["status"] == "rejected"
+        assert f"offsets {bomb[0]}..{bomb[-1]}" in rows[bomb_id]["error"]
+        assert job_rows(db, [f"{low}:0:{o}" for o in bomb[1:]]) == {}  # the batch was one record, not five
+
+        read_topic(dep, dep.topics.dlq, since, lambda rs: len(rs) >= 2)
+        time.sleep(2)
+        dlq = [dict(r.headers) for r in read_topic(dep, dep.topics.dlq, since, lambda rs: False, timeout_s=3)]
+        assert sorted((h["source_topic"].decode(), int(h["source_offset"])) for h in dlq) == sorted(
+            [(dep.topics.control, control_bomb), (low, bomb[0])]
+        )  # each bomb dead-lettered once
+        control_error = next(h["error"] for h in dlq if h["source_topic"] == dep.topics.control.encode())
+        assert b"cannot be decoded" in control_error and b"inflates past" in control_error
+        assert {h["reason"] for h in dlq} == {b"invalid_control", b"undecodable"}
+        assert set(results_by_job(dep, since, len(posted) + 3)) >= {*posted, long_job, after}
+        assert worker.proc.poll() is None
