@@ -34,6 +34,7 @@ ENV_VARIABLES = (
     "INFERQ_KAFKA_SSL_CAFILE",
     "INFERQ_KAFKA_SSL_CERTFILE",
     "INFERQ_KAFKA_SSL_KEYFILE",
+    "INFERQ_KAFKA_COMPRESSION",
     "INFERQ_DATABASE_URL",
     "INFERQ_TOPIC_PREFIX",
     "INFERQ_JOBS_PARTITIONS",
@@ -49,6 +50,14 @@ ENV_VARIABLES = (
     "INFERQ_FAILPOINT",
 )
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+# What inferq's producers compress record batches with; every one of them is read whatever this says.
+COMPRESSION_TYPES = ("none", "gzip", "snappy", "lz4", "zstd")
+
+
+def check_compression(compression: str) -> str:
+    if compression not in COMPRESSION_TYPES:
+        raise ValueError(f"INFERQ_KAFKA_COMPRESSION={compression!r}; use one of {COMPRESSION_TYPES}")
+    return compression
 
 
 def _state_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -139,6 +148,10 @@ class KafkaConnection:
 
     bootstrap: str
     security: KafkaSecurity = KafkaSecurity()
+    compression: str = "none"  # producers only (`producer_options`)
+
+    def __post_init__(self) -> None:
+        check_compression(self.compression)
 
     def client_options(self) -> dict[str, Any]:
         # kafka-python backs reconnects off up to 30 s: after a broker restart a worker would sit idle that
@@ -149,11 +162,19 @@ class KafkaConnection:
             **self.security.client_options(),
         }
 
+    def producer_options(self) -> dict[str, Any]:
+        """`client_options` plus what only a producer takes."""
+        compression = None if self.compression == "none" else self.compression
+        return {**self.client_options(), "compression_type": compression}
+
 
 @dataclass(frozen=True)
 class Settings:
     kafka: str = f"127.0.0.1:{KAFKA_PORT}"  # bootstrap servers
     kafka_security: KafkaSecurity = KafkaSecurity()
+    # none, gzip, snappy, lz4 or zstd: what inferq's producers (results, tokens, dead letters, clients)
+    # compress with; consumers read every codec whatever this says
+    kafka_compression: str = "none"
     database_url: str = f"postgresql+psycopg2://postgres@127.0.0.1:{POSTGRES_PORT}/inferq"
     topic_prefix: str = "inferq"
     # topics `inferq up` creates (existing topics are never changed)
@@ -176,13 +197,16 @@ class Settings:
         ""  # tests only: a named fault to inject (crash-before-publish, crash-after-publish, step-error)
     )
 
+    def __post_init__(self) -> None:
+        check_compression(self.kafka_compression)
+
     @property
     def topics(self) -> Topics:
         return Topics(self.topic_prefix)
 
     @property
     def kafka_connection(self) -> KafkaConnection:
-        return KafkaConnection(self.kafka, self.kafka_security)
+        return KafkaConnection(self.kafka, self.kafka_security, self.kafka_compression)
 
     def topic_partitions(self) -> dict[str, int]:
         return self.topics.partitions(self.jobs_partitions, self.stream_partitions)
@@ -207,6 +231,7 @@ class Settings:
                 ssl_certfile=env.get("INFERQ_KAFKA_SSL_CERTFILE") or None,
                 ssl_keyfile=env.get("INFERQ_KAFKA_SSL_KEYFILE") or None,
             ),
+            kafka_compression=env.get("INFERQ_KAFKA_COMPRESSION", "none").strip().lower() or "none",
             database_url=database_url_for(env.get("INFERQ_DATABASE_URL"), state_dir),
             topic_prefix=env.get("INFERQ_TOPIC_PREFIX", defaults.topic_prefix),
             jobs_partitions=int(env.get("INFERQ_JOBS_PARTITIONS", defaults.jobs_partitions)),

@@ -3,9 +3,10 @@
 - Cooperative-sticky assignment (KIP-429): a join or leave revokes only the partitions that really move,
   so jobs of the partitions a worker keeps go on running.
 - Offsets are committed only through `commit` (asynchronously: a broker outage never blocks the engine).
-- A record batch the client cannot decode (CRC, decompression, over the decompressed-size bound) does
-  not stop the worker or its partition: its records come back as `Record.undecodable`, one by one, and
-  the position moves past them.
+- A record batch the client cannot decode (CRC, a codec it lacks, corrupt records, over the
+  decompressed-size bound) does not stop the worker or its partition: it comes back once, whole, as one
+  `Record` with `undecodable` set that spans the batch (`offset` .. `last_offset`), and the position moves
+  past all of it (see `batches`).
 """
 
 from __future__ import annotations
@@ -13,23 +14,19 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
-from kafka.errors import CorruptRecordError
 from kafka.structs import OffsetAndMetadata
 
-from workers.kafka_io.codec import DecompressedTooLarge, bound_decompression
+from workers.kafka_io.batches import guard, recover
+from workers.kafka_io.codec import DEFAULT_MAX_DECOMPRESSED
 from workers.kafka_io.records import Partition, Record, to_record
 from workers.settings import KafkaConnection
 
 log = logging.getLogger(__name__)
-
-# What the client raises when a fetched batch cannot be turned into records.
-_UNDECODABLE = (CorruptRecordError, DecompressedTooLarge, zlib.error, EOFError, OSError, ValueError)
 
 
 @dataclass(frozen=True)
@@ -65,9 +62,8 @@ class GroupConsumer:
         group_id: str,
         topics: Sequence[str],
         client_id: str,
-        max_decompressed_bytes: int = 64 * 2**20,
+        max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
     ) -> None:
-        bound_decompression(max_decompressed_bytes)
         self._events: queue.Queue[RebalanceEvent] = queue.Queue()
         self._committed: queue.Queue[dict[Partition, int]] = queue.Queue()
         self._commit_lock = threading.Lock()
@@ -86,6 +82,7 @@ class GroupConsumer:
             heartbeat_interval_ms=2_000,
             partition_assignment_strategy=(CooperativeStickyAssignor,),
         )
+        guard(self._consumer, max_decompressed_bytes)
         self._consumer.subscribe(list(topics), listener=_Listener(self._events))
 
     # ---- records --------------------------------------------------------------------------------
@@ -93,32 +90,15 @@ class GroupConsumer:
         self._unpark_resumed()
         try:
             batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
-        except _UNDECODABLE as exc:
-            return self._skip_undecodable(exc)
-        except Exception as exc:  # noqa: BLE001 - broker or group trouble: log, keep the worker running
-            log.warning("poll failed (%s: %s); trying again", type(exc).__name__, exc)
-            return []
+        except Exception as exc:  # noqa: BLE001 - broker, group or record trouble: the worker goes on
+            records = recover(self._consumer, exc, "group consumer")
+        else:
+            records = [to_record(r) for rs in batches.values() for r in rs]
         owned = self.assignment()
-        records = [to_record(r) for rs in batches.values() for r in rs]
         records = [r for r in records if r.source in owned]  # a partition revoked meanwhile is not ours
         for r in records:
-            self._positions[r.source] = max(self._positions.get(r.source, 0), r.offset + 1)
+            self._positions[r.source] = max(self._positions.get(r.source, 0), r.next_offset)
         return records
-
-    def _skip_undecodable(self, exc: Exception) -> list[Record]:
-        """Step over the record the client failed to decode, handing it up as undecodable."""
-        fetcher = getattr(self._consumer, "_fetcher", None)
-        part = getattr(fetcher, "_next_partition_records", None)
-        if part is None:
-            log.warning("poll failed on an undecodable batch (%s); partition unknown, retrying", exc)
-            return []
-        tp, offset = part.topic_partition, part.next_fetch_offset
-        part.drain()
-        fetcher._next_partition_records = None
-        self._consumer.seek(tp, offset + 1)
-        log.error("record %s:%d@%d cannot be decoded (%s); skipped", tp.topic, tp.partition, offset, exc)
-        reason = f"record cannot be decoded: {type(exc).__name__}: {exc}"[:500]
-        return [Record(tp.topic, tp.partition, offset, None, None, -1, (), undecodable=reason)]
 
     def _unpark_resumed(self) -> None:
         """Work around kafka-python 3.0 losing resumed partitions for good.

@@ -72,13 +72,12 @@ class Producer:
             ms = max(1000, int(timeout_s * 1000))
             bounds = dict(bootstrap_timeout_ms=ms, request_timeout_ms=ms, delivery_timeout_ms=ms + linger_ms)
         self._producer = KafkaProducer(
-            **conn.client_options(),
+            **conn.producer_options(),  # with the batches' compression (INFERQ_KAFKA_COMPRESSION)
             client_id=client_id,
             acks="all",
             enable_idempotence=True,
             linger_ms=linger_ms,
             max_block_ms=int(max_block_s * 1000),
-            compression_type=None,
             **bounds,
         )
 

@@ -4,25 +4,40 @@ from __future__ import annotations
 
 from kafka import KafkaConsumer, TopicPartition
 
+from workers.kafka_io.batches import guard, recover
+from workers.kafka_io.codec import DEFAULT_MAX_DECOMPRESSED
 from workers.kafka_io.records import Partition, Record, partition_for_key, to_record
 from workers.settings import KafkaConnection
 
 
 class BroadcastReader:
-    """Reads every partition of a topic from its end, outside any group: every worker sees every message."""
+    """Reads every partition of a topic from its end, outside any group: every worker sees every message.
 
-    def __init__(self, conn: KafkaConnection, topic: str, client_id: str) -> None:
+    A batch it cannot decode comes up once as one undecodable `Record` spanning the batch (the group member
+    that owns the partition dead-letters it), and reading goes on after it; no error stops the reader.
+    """
+
+    def __init__(
+        self,
+        conn: KafkaConnection,
+        topic: str,
+        client_id: str,
+        max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
+    ) -> None:
         self._consumer = KafkaConsumer(**conn.client_options(), client_id=client_id, enable_auto_commit=False)
+        guard(self._consumer, max_decompressed_bytes)
         parts = self._consumer.partitions_for_topic(topic) or {0}
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         self._consumer.assign(tps)
         self._consumer.seek_to_end(*tps)
+        for tp in tps:  # resolve the end now: a message written after the reader exists is read
+            self._consumer.position(tp, timeout_ms=10_000)
 
     def poll(self, timeout_s: float = 0.0) -> list[Record]:
         try:
             batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000))
-        except Exception:  # noqa: BLE001 - a broker hiccup or a bad batch must not stop the worker
-            return []
+        except Exception as exc:  # noqa: BLE001 - a broker hiccup or a bad batch must not stop the worker
+            return recover(self._consumer, exc, "control reader")
         return [to_record(r) for records in batches.values() for r in records]
 
     def close(self) -> None:

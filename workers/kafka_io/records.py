@@ -13,6 +13,19 @@ MAX_CLOCK_SKEW_S = 3600.0  # how far ahead of ours a producer's clock may be
 
 
 @dataclass(frozen=True)
+class UndecodableBatch:
+    """The value kafka_io gives the one record standing in for a batch it could not decode (never bytes, so
+    no producer can forge one); `to_record` turns it into an undecodable `Record`."""
+
+    first_offset: int
+    last_offset: int
+    reason: str
+
+    def __len__(self) -> int:  # kafka-python measures every value it hands out
+        return 0
+
+
+@dataclass(frozen=True)
 class Record:
     topic: str
     partition: int
@@ -22,6 +35,13 @@ class Record:
     timestamp_ms: int
     headers: tuple[tuple[str, bytes], ...] = ()
     undecodable: str = ""  # set when the client could not decode the record (its value is then None)
+    # The last offset this record stands for: its own offset, except for an undecodable record, which
+    # stands for its whole batch (offset .. last_offset, every one of them done once it is dead-lettered).
+    last_offset: int = -1
+
+    def __post_init__(self) -> None:
+        if self.last_offset < self.offset:
+            object.__setattr__(self, "last_offset", self.offset)
 
     @property
     def source(self) -> Partition:
@@ -30,6 +50,11 @@ class Record:
     @property
     def coordinates(self) -> Coordinates:
         return (self.topic, self.partition, self.offset)
+
+    @property
+    def next_offset(self) -> int:
+        """Where reading goes on after this record (past its whole batch for an undecodable one)."""
+        return self.last_offset + 1
 
     def posted_at(self, now: datetime) -> datetime:
         """When the producer posted it (the Kafka timestamp), or `now` for a record without a believable one.
@@ -42,6 +67,9 @@ class Record:
 
 
 def to_record(r) -> Record:
+    if type(r.value) is UndecodableBatch:  # the stand-in of a batch kafka_io could not decode
+        first, last, reason = r.value.first_offset, r.value.last_offset, r.value.reason
+        return Record(r.topic, r.partition, first, None, None, r.timestamp, (), reason, last)
     return Record(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp, tuple(r.headers or ()))
 
 

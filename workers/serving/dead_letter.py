@@ -21,5 +21,7 @@ def dead_letter_message(r: Rejected, max_bytes: int) -> tuple[bytes | None, byte
         ("original_size", str(len(value)).encode()),
         ("truncated", b"true" if len(value) > max_bytes else b"false"),
     ]
+    if rec.last_offset > rec.offset:  # a record batch that could not be decoded stands for its range
+        headers.append(("source_last_offset", str(rec.last_offset).encode()))
     key = rec.key[:MAX_KEY_BYTES] if rec.key else rec.key
     return key, value[:max_bytes], headers

@@ -88,7 +88,7 @@ class JobLifecycle:
     def intake(self, prepared: list[tuple[Record, Accepted | Rejected | None]]) -> None:
         accepted = []
         for record, decision in prepared:
-            self.offsets.track(record.source, record.offset)
+            self.offsets.track(record.source, record.offset, record.last_offset)  # a bad batch: its range
             if decision is None:
                 self._guarded_control_record(record)
                 continue

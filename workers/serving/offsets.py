@@ -19,9 +19,12 @@ class OffsetTracker:
         self._high: dict[Partition, int] = {}  # highest offset tracked
         self._committed: dict[Partition, int] = {}
 
-    def track(self, partition: Partition, offset: int) -> None:
+    def track(self, partition: Partition, offset: int, last_offset: int | None = None) -> None:
+        """`last_offset`: the record stands for offsets `offset`..`last_offset` (an undecodable batch);
+        acking `offset` then finishes them all."""
         self._pending.setdefault(partition, set()).add(offset)
-        self._high[partition] = max(offset, self._high.get(partition, offset))
+        high = offset if last_offset is None else max(offset, last_offset)
+        self._high[partition] = max(high, self._high.get(partition, high))
 
     def ack(self, partition: Partition, offset: int) -> None:
         pending = self._pending.get(partition)

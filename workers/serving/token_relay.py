@@ -84,7 +84,7 @@ def _connection(text: str):
     from workers.settings import KafkaConnection, KafkaSecurity
 
     doc = json.loads(text)
-    return KafkaConnection(doc["bootstrap"], KafkaSecurity(**doc["security"]))
+    return KafkaConnection(doc["bootstrap"], KafkaSecurity(**doc["security"]), doc.get("compression", "none"))
 
 
 class _Replies:
