@@ -14,7 +14,6 @@ import pytest
 from kafka import TopicPartition
 from kafka.consumer.fetcher import Fetcher
 from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
-from workers.offsets import OffsetTracker
 
 from workers.kafka_io import Record
 from workers.kafka_io.batches import _guarded, recover
@@ -25,6 +24,7 @@ from workers.kafka_io.codec import (
     install_bounds,
 )
 from workers.kafka_io.records import UndecodableBatch, to_record
+from workers.serving.offsets import OffsetTracker
 from workers.settings import KafkaConnection, Settings
 
 TEXT = b"the same words again and again " * 100_000  # 3.1 MB that compresses well under every codec
