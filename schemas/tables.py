@@ -39,6 +39,8 @@ jobs = Table(
     Column("prompt_tokens", Integer),
     Column("completion_tokens", Integer),
     Column("attempts", Integer, nullable=False, server_default="0"),
+    # the consumer-group generation the current attempt's record was fetched in (0: not known)
+    Column("admitted_generation", Integer, nullable=False, server_default="0"),
     Column("worker_id", String(128)),
     Column("bulk_id", String(64)),
     Column("error", Text),

@@ -11,10 +11,13 @@ from workers.serving.persister import Persister
 from workers.serving.writes import Rejected
 
 
-def accepted(dep, job_id: str, tenant: str = "t-a", offset: int = 0, prompt: str = "hello") -> Accepted:
+def accepted(
+    dep, job_id: str, tenant: str = "t-a", offset: int = 0, prompt: str = "hello", generation: int = 0
+) -> Accepted:
     from schemas.jobs import JobRequest
 
-    record = Record(dep.topics.jobs("normal"), 0, offset, job_id.encode(), b"{}", now_ms())
+    topic = dep.topics.jobs("normal")
+    record = Record(topic, 0, offset, job_id.encode(), b"{}", now_ms(), generation=generation)
     job = JobRequest(job_id=job_id, tenant=tenant, prompt=prompt)
     return Accepted(record, job_id, "normal", job, prompt, (1, 2, 3), 8)
 

@@ -7,7 +7,7 @@ import uuid
 from datetime import UTC, datetime
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 
 from tests.workers.persistence_factories import (
     accepted,
@@ -53,6 +53,30 @@ def test_admission_keeps_ids_per_tenant_and_honours_cancels(env):
     assert [d.accepted.record.offset for d in decisions] == [5] and len(admitter) == 1
     decisions, _ = admitter.run(lambda a: a.job_id == f"{base}-3")
     assert [(d.accepted.record.offset, d.outcome.kind) for d in decisions] == [(6, "held")]
+
+
+def test_a_late_admission_from_an_older_group_generation_leaves_the_new_owner_its_run(env):
+    """A worker whose admission ran late, after the record's partition moved on, must not re-queue the row
+    under an attempt nobody runs (the new owner's result would be fenced out, its partition stalled)."""
+    dep, db, _ = env
+    job = f"gen-{uuid.uuid4().hex[:8]}"
+    new_owner, late = Admitter(db, "w-new"), Admitter(db, "w-late")
+    new_owner.add([accepted(dep, job, generation=8)])
+    assert [d.outcome.kind for d in new_owner.run(lambda a: False)[0]] == ["start"]
+    late.add([accepted(dep, job, generation=7)])
+    assert [d.outcome.kind for d in late.run(lambda a: False)[0]] == ["superseded"]
+    row = job_rows(db, [job])[job]
+    assert (row["worker_id"], row["attempts"], row["admitted_generation"]) == ("w-new", 1, 8)
+    # a copy fetched in the same or a later generation is a redelivery as before: a new attempt
+    late.add([accepted(dep, job, offset=1, generation=8)])
+    assert [(d.outcome.kind, d.outcome.attempt) for d in late.run(lambda a: False)[0]] == [("start", 2)]
+    # a generation long untouched is not trusted (a group made again counts from 0)
+    with db.begin() as conn:
+        conn.execute(
+            text("UPDATE jobs SET updated_at = now() - interval '11 minutes' WHERE job_id = :j"), {"j": job}
+        )
+    new_owner.add([accepted(dep, job, offset=2, generation=1)])
+    assert [(d.outcome.kind, d.outcome.attempt) for d in new_owner.run(lambda a: False)[0]] == [("start", 3)]
 
 
 def test_a_row_postgres_refuses_is_split_off_and_the_rest_is_stored(env):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -19,6 +19,8 @@ from schemas.tables import TERMINAL_STATUSES, jobs
 from schemas.topics import Coordinates
 
 # What a person listing jobs wants to see first (`inferq jobs`, the demo).
+# how long an attempt admitted in a later group generation is protected from a late admission
+GENERATION_FENCE = timedelta(minutes=10)
 SUMMARY_COLUMNS = (
     jobs.c.job_id,
     jobs.c.tenant,
@@ -47,6 +49,7 @@ class Admission:
     queued_at: datetime
     worker_id: str
     source: Coordinates
+    generation: int = 0  # the consumer-group generation the record was fetched in (0: not known)
 
 
 @dataclass(frozen=True)
@@ -55,10 +58,11 @@ class Admitted:
 
     start: run it now as `attempt`; done: already terminal (`published` says whether its result went out);
     foreign: the id belongs to another tenant; cancelled: a cancel arrived before it could start;
-    held: this worker runs the job already (a duplicate message), so nothing was written.
+    held: this worker runs the job already (a duplicate message), so nothing was written;
+    superseded: a worker that fetched the job in a later group generation runs it (this admission came late).
     """
 
-    kind: Literal["start", "done", "foreign", "cancelled", "held"]
+    kind: Literal["start", "done", "foreign", "cancelled", "held", "superseded"]
     attempt: int = 0
     published: bool = True
 
@@ -92,11 +96,13 @@ def admit(conn: Connection, rows: Sequence[Admission]) -> dict[str, Admitted]:
             "source_partition": excluded.source_partition,
             "source_offset": excluded.source_offset,
             "updated_at": excluded.queued_at,
+            "admitted_generation": excluded.admitted_generation,
         },
         where=(
             jobs.c.status.not_in(TERMINAL_STATUSES)
             & (jobs.c.tenant == excluded.tenant)
             & jobs.c.cancel_requested_at.is_(None)
+            & ~_newer_owner(excluded)
         ),
     ).returning(jobs.c.job_id, jobs.c.attempts)
     outcome = {job_id: Admitted("start", attempts) for job_id, attempts in conn.execute(stmt)}
@@ -110,11 +116,22 @@ def admit(conn: Connection, rows: Sequence[Admission]) -> dict[str, Admitted]:
                 outcome[row.job_id] = Admitted("foreign")
             elif row.status in TERMINAL_STATUSES:
                 outcome[row.job_id] = Admitted("done", published=row.published_at is not None)
-            else:
+            elif row.cancel_requested_at is not None:
                 outcome[row.job_id] = Admitted("cancelled")
+            else:
+                outcome[row.job_id] = Admitted("superseded")
     if len(outcome) < len(rows):  # a row deleted between the two statements (retention): try again
         outcome.update(admit(conn, [r for r in rows if r.job_id not in outcome]))
     return outcome
+
+
+def _newer_owner(excluded):
+    """The row's attempt was admitted in a later group generation than this admission's record, lately:
+    the record's partition has moved on, and its new owner runs the job. (A generation older than the
+    fence's window is not trusted: a group that was deleted and made again counts from 0.)"""
+    return (jobs.c.admitted_generation > excluded.admitted_generation) & (
+        jobs.c.updated_at > excluded.queued_at - GENERATION_FENCE
+    )
 
 
 def _queued_values(r: Admission) -> dict[str, Any]:
@@ -133,6 +150,7 @@ def _queued_values(r: Admission) -> dict[str, Any]:
         "source_topic": r.source[0],
         "source_partition": r.source[1],
         "source_offset": r.source[2],
+        "admitted_generation": r.generation,
     }
 
 

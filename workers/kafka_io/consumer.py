@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
@@ -92,8 +92,10 @@ class GroupConsumer:
             batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         except Exception as exc:  # noqa: BLE001 - broker, group or record trouble: the worker goes on
             records = recover(self._consumer, exc, "group consumer")
+            records = [replace(r, generation=self.generation()) for r in records]
         else:
-            records = [to_record(r) for rs in batches.values() for r in rs]
+            generation = self.generation()  # after the poll: rebalance callbacks run inside it
+            records = [to_record(r, generation) for rs in batches.values() for r in rs]
         owned = self.assignment()
         records = [r for r in records if r.source in owned]  # a partition revoked meanwhile is not ours
         for r in records:
@@ -114,6 +116,13 @@ class GroupConsumer:
             fetcher._next_partition_records = None
 
     # ---- group ----------------------------------------------------------------------------------
+    def generation(self) -> int:
+        """The group generation this member is in (0 while it is in none): records fetched under it carry
+        it, so a late write of a member that lost a partition can be told from the new owner's."""
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        generation = getattr(coordinator, "_generation", None)
+        return max(0, getattr(generation, "generation_id", 0) or 0)
+
     def rebalances(self) -> list[RebalanceEvent]:
         out = []
         while True:

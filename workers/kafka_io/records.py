@@ -38,6 +38,7 @@ class Record:
     # The last offset this record stands for: its own offset, except for an undecodable record, which
     # stands for its whole batch (offset .. last_offset, every one of them done once it is dead-lettered).
     last_offset: int = -1
+    generation: int = 0  # the consumer-group generation it was fetched in (0: read outside a group)
 
     def __post_init__(self) -> None:
         if self.last_offset < self.offset:
@@ -66,11 +67,12 @@ class Record:
         return datetime.fromtimestamp(self.timestamp_ms / 1000, UTC)
 
 
-def to_record(r) -> Record:
+def to_record(r, generation: int = 0) -> Record:
     if type(r.value) is UndecodableBatch:  # the stand-in of a batch kafka_io could not decode
         first, last, reason = r.value.first_offset, r.value.last_offset, r.value.reason
-        return Record(r.topic, r.partition, first, None, None, r.timestamp, (), reason, last)
-    return Record(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp, tuple(r.headers or ()))
+        return Record(r.topic, r.partition, first, None, None, r.timestamp, (), reason, last, generation)
+    headers = tuple(r.headers or ())
+    return Record(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp, headers, "", -1, generation)
 
 
 def partition_for_key(key: str, num_partitions: int) -> int:

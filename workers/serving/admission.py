@@ -124,7 +124,8 @@ class Admitter:
             created_at=a.record.posted_at(now),
             queued_at=now,
             worker_id=self._worker_id,
-            source=(a.record.topic, a.record.partition, a.record.offset),
+            source=a.record.coordinates,
+            generation=a.record.generation,
         )
 
 

@@ -45,6 +45,7 @@ from workers.serving.writes import (
 
 log = logging.getLogger(__name__)
 
+RECHECK_S = 5.0  # how often a copy another worker runs is decided again
 PRIORITIES = {"high": Priority.HIGH, "normal": Priority.NORMAL, "low": Priority.LOW}
 
 
@@ -79,6 +80,7 @@ class JobLifecycle:
         self.recent_cancels = cancels.RecentCancels()
         self.streamer = TokenStreamer(send_event, coalesce_s)
         self.items: list[WriteItem] = []
+        self._recheck: list[tuple[float, Accepted]] = []  # superseded copies, by when to decide them again
 
     # ---- intake ----------------------------------------------------------------------------
     def prepare(self, record: Record) -> Accepted | Rejected | None:
@@ -99,6 +101,11 @@ class JobLifecycle:
         self.admitter.add(accepted)
 
     def admit_pending(self) -> None:
+        if self._recheck and self._recheck[0][0] <= time.monotonic():
+            now = time.monotonic()
+            due = [a for at, a in self._recheck if at <= now]
+            self._recheck = [(at, a) for at, a in self._recheck if at > now]
+            self.admitter.add([a for a in due if a.record.source in self.owned()])
         decisions, rejected = self.admitter.results()
         owned = self.owned()  # decided after a revocation: the new owner reads them again
         for r in rejected:
@@ -139,6 +146,10 @@ class JobLifecycle:
         elif outcome.kind == "held":
             # the copy it was held for has ended here (or never started): this record is decided afresh
             self.admitter.add([a])
+        elif outcome.kind == "superseded":
+            # another worker runs the job for a later group generation: this copy is decided again once
+            # that run has ended (then `done`), and meanwhile holds its offset
+            self._recheck.append((time.monotonic() + RECHECK_S, a))
         elif outcome.kind == "done":  # a redelivery: never a second run, a result only if none went out
             if outcome.published:
                 self.offsets.ack(a.record.source, a.record.offset)
