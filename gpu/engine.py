@@ -16,6 +16,7 @@ from gpu.engine_types import EngineConfig, EngineRequest, EngineStats, RequestOu
 from gpu.generation_config import GenerationDefaults, eos_token_ids
 from gpu.model import LoadedModel, load_model
 from gpu.runner import ModelRunner, RunnerConfig
+from gpu.step_clock import OUTPUTS, SCHEDULE, StepClock
 from scheduler.config import SchedulerConfig
 from scheduler.limits import check_config
 from scheduler.output import FinishedSequence
@@ -61,6 +62,7 @@ class Engine:
             long_prefill_token_threshold=config.long_prefill_token_threshold,
         )
         check_config(scheduler_config)
+        self.clock = StepClock()
         self.runner = ModelRunner(
             model,
             RunnerConfig(
@@ -75,6 +77,7 @@ class Engine:
                 fused_rope=config.fused_rope,
                 tune_linears=config.tune_linears,
             ),
+            self.clock,
         )
         log.info("%s", self.runner.kv_plan.describe(self.runner.cache.shape, max_model_len))
         log.info(
@@ -136,10 +139,12 @@ class Engine:
     # ---- one step --------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        self.clock.start()
         output = self.scheduler.schedule(time.monotonic())
         for seq_id in output.preempted:  # its blocks are gone; a readmission starts a new table
             self.runner.release(seq_id)
         results = [self._finish(ended, (), "") for ended in output.finished]
+        self.clock.lap(SCHEDULE)
         sampled: dict[str, int] = {}
         if output.chunks:
             seeds = {c.seq_id: self._live[c.seq_id].seed for c in output.chunks if c.sample}
@@ -157,6 +162,7 @@ class Engine:
             results.append(
                 self._on_token(update.seq_id, update.token_id, update.finish, update.seq_id in newly_started)
             )
+        self.clock.lap(OUTPUTS)
         return results
 
     def _on_token(self, seq_id: str, token: int, finish: FinishReason | None, started: bool) -> RequestOutput:
