@@ -34,7 +34,6 @@ class _Live:
 
     request: EngineRequest
     detokenizer: Detokenizer
-    seed: int
     tokens: list[int] = field(default_factory=list)
     started: bool = False
 
@@ -87,6 +86,7 @@ class Engine:
         )
         self.scheduler = Scheduler(dataclasses.replace(scheduler_config, num_blocks=self.runner.num_blocks))
         self._live: dict[str, _Live] = {}
+        self._seeds: dict[str, int] = {}  # request id -> its sampling seed, for as long as it is live
         self._steps = 0
         self._forward_seconds = 0.0
         self._batch_seqs = 0
@@ -127,7 +127,8 @@ class Engine:
         )
         seed = request.sampling.seed if request.sampling.seed is not None else secrets.randbits(63)
         detokenizer = Detokenizer(self.tokenizer, request.prompt_token_ids, request.stop)
-        self._live[request.request_id] = _Live(request, detokenizer, seed)
+        self._live[request.request_id] = _Live(request, detokenizer)
+        self._seeds[request.request_id] = seed
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         ended = self.scheduler.abort(request_id)
@@ -147,9 +148,8 @@ class Engine:
         self.clock.lap(SCHEDULE)
         sampled: dict[str, int] = {}
         if output.chunks:
-            seeds = {c.seq_id: self._live[c.seq_id].seed for c in output.chunks if c.sample}
             start = time.perf_counter()
-            sampled = self.runner.execute(output, seeds)
+            sampled = self.runner.execute(output, self._seeds)
             self._record(len(output.chunks), output.num_tokens, time.perf_counter() - start)
         newly_started = [c.seq_id for c in output.chunks if not self._live[c.seq_id].started]
         for seq_id in newly_started:
@@ -183,6 +183,7 @@ class Engine:
     ) -> RequestOutput:
         self.runner.release(ended.seq_id)
         live = self._live.pop(ended.seq_id, None)
+        self._seeds.pop(ended.seq_id, None)
         if live is None:  # rejected by add(): the engine never saw it run
             return RequestOutput(ended.seq_id, (), "", ended.reason, False, 0, 0, ended.detail)
         delta += live.detokenizer.flush()

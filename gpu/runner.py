@@ -168,11 +168,16 @@ class ModelRunner:
             logits = self.forward(inputs, self.cache, self.attention)
         self.clock.lap(FORWARD)
         chunks = inputs.sample_chunks
-        batch = SamplingBatch.build(
-            [c.sampling for c in chunks],
-            [seeds.get(c.seq_id, 0) for c in chunks],
-            [c.num_generated for c in chunks],
-        )
+        random = [i for i, c in enumerate(chunks) if not c.sampling.greedy]
+        batch = None  # all greedy, the common case: one argmax and no per-row settings
+        if random:
+            picked = [chunks[i] for i in random]
+            batch = SamplingBatch.of_rows(
+                random,
+                [c.sampling for c in picked],
+                [seeds.get(c.seq_id, 0) for c in picked],
+                [c.num_generated for c in picked],
+            )
         tokens = sample(logits, batch).tolist()
         self.clock.lap(SAMPLE)
         return {c.seq_id: t for c, t in zip(chunks, tokens, strict=True)}
