@@ -7,7 +7,7 @@ import logging
 import secrets
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from gpu.runner import ModelRunner, RunnerConfig
 from gpu.step_clock import OUTPUTS, SCHEDULE, StepClock
 from scheduler.config import SchedulerConfig
 from scheduler.limits import check_config
-from scheduler.output import FinishedSequence
+from scheduler.output import FinishedSequence, SchedulerOutput
 from scheduler.scheduler import Scheduler
 from scheduler.types import FinishReason, SequenceRequest
 
@@ -28,13 +28,13 @@ __all__ = ["Engine", "EngineConfig", "EngineRequest", "EngineStats", "RequestOut
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Live:
     """Engine-side state of one request the scheduler still knows."""
 
     request: EngineRequest
     detokenizer: Detokenizer
-    tokens: list[int] = field(default_factory=list)
+    num_tokens: int = 0  # tokens generated so far
     started: bool = False
 
 
@@ -151,23 +151,33 @@ class Engine:
             start = time.perf_counter()
             sampled = self.runner.execute(output, self._seeds)
             self._record(len(output.chunks), output.num_tokens, time.perf_counter() - start)
-        newly_started = [c.seq_id for c in output.chunks if not self._live[c.seq_id].started]
-        for seq_id in newly_started:
-            self._live[seq_id].started = True
-        updates = {u.seq_id: u for u in self.scheduler.update(output, sampled)}
-        for seq_id in newly_started:
-            if seq_id not in updates:  # a prefill chunk that sampled nothing yet: still news
-                results.append(self._output(self._live[seq_id], (), "", None, started=True))
-        for update in updates.values():
-            results.append(
-                self._on_token(update.seq_id, update.token_id, update.finish, update.seq_id in newly_started)
-            )
+        started = self._newly_started(output)
+        updates = self.scheduler.update(output, sampled)
+        if started:
+            sampled_ids = {u.seq_id for u in updates}
+            for seq_id in started:
+                if seq_id not in sampled_ids:  # a prefill chunk that sampled nothing yet: still news
+                    results.append(self._output(self._live[seq_id], (), "", None, True))
+        on_token = self._on_token
+        for update in updates:
+            results.append(on_token(update.seq_id, update.token_id, update.finish, update.seq_id in started))
         self.clock.lap(OUTPUTS)
         return results
 
+    def _newly_started(self, output: SchedulerOutput) -> dict[str, None]:
+        """Sequences scheduled for the first time this step, in chunk order (a dict: ordered, O(1) `in`)."""
+        started: dict[str, None] = {}
+        live = self._live
+        for chunk in output.chunks:
+            state = live[chunk.seq_id]
+            if not state.started:
+                state.started = True
+                started[chunk.seq_id] = None
+        return started
+
     def _on_token(self, seq_id: str, token: int, finish: FinishReason | None, started: bool) -> RequestOutput:
         live = self._live[seq_id]
-        live.tokens.append(token)
+        live.num_tokens += 1
         # A token that ended the request by itself (EOS, stop token) is not part of the text.
         delta = "" if finish is FinishReason.STOP else live.detokenizer.push(token)
         if live.detokenizer.stopped:
@@ -198,15 +208,16 @@ class Engine:
         started: bool,
         detail: str = "",
     ) -> RequestOutput:
+        request = live.request
         return RequestOutput(
-            request_id=live.request.request_id,
-            new_token_ids=tokens,
-            text_delta=delta,
-            finish_reason=finish,
-            started=started,
-            prompt_tokens=len(live.request.prompt_token_ids),
-            completion_tokens=len(live.tokens),
-            detail=detail,
+            request.request_id,
+            tokens,
+            delta,
+            finish,
+            started,
+            len(request.prompt_token_ids),
+            live.num_tokens,
+            detail,
         )
 
     # ---- bookkeeping -----------------------------------------------------------------------------
