@@ -165,10 +165,11 @@ class Engine:
         return results
 
     def _newly_started(self, output: SchedulerOutput) -> dict[str, None]:
-        """Sequences scheduled for the first time this step, in chunk order (a dict: ordered, O(1) `in`)."""
+        """Sequences scheduled for the first time this step, in chunk order (a dict: ordered, O(1) `in`).
+        Decode chunks continue sequences that started before."""
         started: dict[str, None] = {}
         live = self._live
-        for chunk in output.chunks:
+        for chunk in output.chunks[output.num_decodes :]:
             state = live[chunk.seq_id]
             if not state.started:
                 state.started = True
