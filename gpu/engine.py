@@ -19,13 +19,15 @@ from gpu.runner import ModelRunner, RunnerConfig
 from gpu.step_clock import OUTPUTS, SCHEDULE, StepClock
 from scheduler.config import SchedulerConfig
 from scheduler.limits import check_config
-from scheduler.output import FinishedSequence, SchedulerOutput
+from scheduler.output import FinishedSequence, SchedulerOutput, TokenUpdate
 from scheduler.scheduler import Scheduler
 from scheduler.types import FinishReason, SequenceRequest
 
 __all__ = ["Engine", "EngineConfig", "EngineRequest", "EngineStats", "RequestOutput"]
 
 log = logging.getLogger(__name__)
+
+_STOP = FinishReason.STOP  # read per token: an Enum member lookup on the class is not free
 
 
 @dataclass(slots=True)
@@ -34,6 +36,7 @@ class _Live:
 
     request: EngineRequest
     detokenizer: Detokenizer
+    num_prompt_tokens: int
     num_tokens: int = 0  # tokens generated so far
     started: bool = False
 
@@ -127,7 +130,7 @@ class Engine:
         )
         seed = request.sampling.seed if request.sampling.seed is not None else secrets.randbits(63)
         detokenizer = Detokenizer(self.tokenizer, request.prompt_token_ids, request.stop)
-        self._live[request.request_id] = _Live(request, detokenizer)
+        self._live[request.request_id] = _Live(request, detokenizer, len(request.prompt_token_ids))
         self._seeds[request.request_id] = seed
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
@@ -160,7 +163,7 @@ class Engine:
                     results.append(self._output(self._live[seq_id], (), "", None, True))
         on_token = self._on_token
         for update in updates:
-            results.append(on_token(update.seq_id, update.token_id, update.finish, update.seq_id in started))
+            results.append(on_token(update, update.seq_id in started))
         self.clock.lap(OUTPUTS)
         return results
 
@@ -176,18 +179,21 @@ class Engine:
                 started[chunk.seq_id] = None
         return started
 
-    def _on_token(self, seq_id: str, token: int, finish: FinishReason | None, started: bool) -> RequestOutput:
-        live = self._live[seq_id]
+    def _on_token(self, update: TokenUpdate, started: bool) -> RequestOutput:
+        live = self._live[update.seq_id]
         live.num_tokens += 1
+        token, finish, detokenizer = update.token_id, update.finish, live.detokenizer
         # A token that ended the request by itself (EOS, stop token) is not part of the text.
-        delta = "" if finish is FinishReason.STOP else live.detokenizer.push(token)
-        if live.detokenizer.stopped:
+        delta = "" if finish is _STOP else detokenizer.push(token)
+        if detokenizer.stopped:
             if finish is None:
-                self.scheduler.finish(seq_id, FinishReason.STOP)
-            finish = FinishReason.STOP
+                self.scheduler.finish(update.seq_id, _STOP)
+            finish = _STOP
         if finish is None:
-            return self._output(live, (token,), delta, None, started)
-        return self._finish(FinishedSequence(seq_id, finish), (token,), delta, started)
+            return RequestOutput(
+                update.seq_id, (token,), delta, None, started, live.num_prompt_tokens, live.num_tokens
+            )
+        return self._finish(FinishedSequence(update.seq_id, finish), (token,), delta, started)
 
     def _finish(
         self, ended: FinishedSequence, tokens: tuple[int, ...], delta: str, started: bool = False
@@ -209,16 +215,9 @@ class Engine:
         started: bool,
         detail: str = "",
     ) -> RequestOutput:
-        request = live.request
+        request_id = live.request.request_id
         return RequestOutput(
-            request.request_id,
-            tokens,
-            delta,
-            finish,
-            started,
-            len(request.prompt_token_ids),
-            live.num_tokens,
-            detail,
+            request_id, tokens, delta, finish, started, live.num_prompt_tokens, live.num_tokens, detail
         )
 
     # ---- bookkeeping -----------------------------------------------------------------------------

@@ -249,7 +249,8 @@ class Scheduler:
                     break
             else:
                 chunk = self._chunk(seq, n, budget)
-                (prefills if _is_prefill(chunk) else decodes).append(chunk)
+                # One token reaching the end of a sequence past its prompt is a decode; nothing else is.
+                (decodes if uncomputed == 1 and chunk.num_generated else prefills).append(chunk)
                 i += 1
         return decodes, prefills, preempted
 
