@@ -68,13 +68,23 @@ class Detokenizer:
         self._stop = tuple(s for s in stop if s)
         self._pending = ""  # decoded text not emitted yet: it may be the start of a stop string
         self.stopped = False
-        self.text = ""  # everything emitted so far
+        self._emitted: list[str] = []  # joined on demand: appending to one string would copy it per token
+
+    @property
+    def text(self) -> str:
+        """Everything emitted so far."""
+        return "".join(self._emitted)
 
     def push(self, token_id: int) -> str:
         """Add one output token; return the text that is now safe to emit."""
         if self.stopped:
             return ""
-        self._pending += self._stream.push(token_id)
+        piece = self._stream.push(token_id)
+        if not self._stop:  # nothing to match or hold back: the common case, kept short
+            if piece:
+                self._emitted.append(piece)
+            return piece
+        self._pending += piece
         return self._release(final=False)
 
     def flush(self) -> str:
@@ -92,7 +102,8 @@ class Detokenizer:
             keep = 0 if final else self._partial_stop_len()
             end = len(self._pending) - keep
             out, self._pending = self._pending[:end], self._pending[end:]
-        self.text += out
+        if out:
+            self._emitted.append(out)
         return out
 
     def _first_stop(self) -> int | None:

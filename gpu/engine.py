@@ -7,7 +7,7 @@ import logging
 import secrets
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,10 @@ from gpu.engine_types import EngineConfig, EngineRequest, EngineStats, RequestOu
 from gpu.generation_config import GenerationDefaults, eos_token_ids
 from gpu.model import LoadedModel, load_model
 from gpu.runner import ModelRunner, RunnerConfig
+from gpu.step_clock import OUTPUTS, SCHEDULE, StepClock
 from scheduler.config import SchedulerConfig
 from scheduler.limits import check_config
-from scheduler.output import FinishedSequence
+from scheduler.output import FinishedSequence, SchedulerOutput, TokenUpdate
 from scheduler.scheduler import Scheduler
 from scheduler.types import FinishReason, SequenceRequest
 
@@ -26,15 +27,17 @@ __all__ = ["Engine", "EngineConfig", "EngineRequest", "EngineStats", "RequestOut
 
 log = logging.getLogger(__name__)
 
+_STOP = FinishReason.STOP  # read per token: an Enum member lookup on the class is not free
 
-@dataclass
+
+@dataclass(slots=True)
 class _Live:
     """Engine-side state of one request the scheduler still knows."""
 
     request: EngineRequest
     detokenizer: Detokenizer
-    seed: int
-    tokens: list[int] = field(default_factory=list)
+    num_prompt_tokens: int
+    num_tokens: int = 0  # tokens generated so far
     started: bool = False
 
 
@@ -61,6 +64,7 @@ class Engine:
             long_prefill_token_threshold=config.long_prefill_token_threshold,
         )
         check_config(scheduler_config)
+        self.clock = StepClock()
         self.runner = ModelRunner(
             model,
             RunnerConfig(
@@ -75,6 +79,7 @@ class Engine:
                 fused_rope=config.fused_rope,
                 tune_linears=config.tune_linears,
             ),
+            self.clock,
         )
         log.info("%s", self.runner.kv_plan.describe(self.runner.cache.shape, max_model_len))
         log.info(
@@ -84,6 +89,7 @@ class Engine:
         )
         self.scheduler = Scheduler(dataclasses.replace(scheduler_config, num_blocks=self.runner.num_blocks))
         self._live: dict[str, _Live] = {}
+        self._seeds: dict[str, int] = {}  # request id -> its sampling seed, for as long as it is live
         self._steps = 0
         self._forward_seconds = 0.0
         self._batch_seqs = 0
@@ -124,7 +130,8 @@ class Engine:
         )
         seed = request.sampling.seed if request.sampling.seed is not None else secrets.randbits(63)
         detokenizer = Detokenizer(self.tokenizer, request.prompt_token_ids, request.stop)
-        self._live[request.request_id] = _Live(request, detokenizer, seed)
+        self._live[request.request_id] = _Live(request, detokenizer, len(request.prompt_token_ids))
+        self._seeds[request.request_id] = seed
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         ended = self.scheduler.abort(request_id)
@@ -136,47 +143,64 @@ class Engine:
     # ---- one step --------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        self.clock.start()
         output = self.scheduler.schedule(time.monotonic())
         for seq_id in output.preempted:  # its blocks are gone; a readmission starts a new table
             self.runner.release(seq_id)
         results = [self._finish(ended, (), "") for ended in output.finished]
+        self.clock.lap(SCHEDULE)
         sampled: dict[str, int] = {}
         if output.chunks:
-            seeds = {c.seq_id: self._live[c.seq_id].seed for c in output.chunks if c.sample}
             start = time.perf_counter()
-            sampled = self.runner.execute(output, seeds)
+            sampled = self.runner.execute(output, self._seeds)
             self._record(len(output.chunks), output.num_tokens, time.perf_counter() - start)
-        newly_started = [c.seq_id for c in output.chunks if not self._live[c.seq_id].started]
-        for seq_id in newly_started:
-            self._live[seq_id].started = True
-        updates = {u.seq_id: u for u in self.scheduler.update(output, sampled)}
-        for seq_id in newly_started:
-            if seq_id not in updates:  # a prefill chunk that sampled nothing yet: still news
-                results.append(self._output(self._live[seq_id], (), "", None, started=True))
-        for update in updates.values():
-            results.append(
-                self._on_token(update.seq_id, update.token_id, update.finish, update.seq_id in newly_started)
-            )
+        started = self._newly_started(output)
+        updates = self.scheduler.update(output, sampled)
+        if started:
+            sampled_ids = {u.seq_id for u in updates}
+            for seq_id in started:
+                if seq_id not in sampled_ids:  # a prefill chunk that sampled nothing yet: still news
+                    results.append(self._output(self._live[seq_id], (), "", None, True))
+        on_token = self._on_token
+        for update in updates:
+            results.append(on_token(update, update.seq_id in started))
+        self.clock.lap(OUTPUTS)
         return results
 
-    def _on_token(self, seq_id: str, token: int, finish: FinishReason | None, started: bool) -> RequestOutput:
-        live = self._live[seq_id]
-        live.tokens.append(token)
+    def _newly_started(self, output: SchedulerOutput) -> dict[str, None]:
+        """Sequences scheduled for the first time this step, in chunk order (a dict: ordered, O(1) `in`).
+        Decode chunks continue sequences that started before."""
+        started: dict[str, None] = {}
+        live = self._live
+        for chunk in output.chunks[output.num_decodes :]:
+            state = live[chunk.seq_id]
+            if not state.started:
+                state.started = True
+                started[chunk.seq_id] = None
+        return started
+
+    def _on_token(self, update: TokenUpdate, started: bool) -> RequestOutput:
+        live = self._live[update.seq_id]
+        live.num_tokens += 1
+        token, finish, detokenizer = update.token_id, update.finish, live.detokenizer
         # A token that ended the request by itself (EOS, stop token) is not part of the text.
-        delta = "" if finish is FinishReason.STOP else live.detokenizer.push(token)
-        if live.detokenizer.stopped:
+        delta = "" if finish is _STOP else detokenizer.push(token)
+        if detokenizer.stopped:
             if finish is None:
-                self.scheduler.finish(seq_id, FinishReason.STOP)
-            finish = FinishReason.STOP
+                self.scheduler.finish(update.seq_id, _STOP)
+            finish = _STOP
         if finish is None:
-            return self._output(live, (token,), delta, None, started)
-        return self._finish(FinishedSequence(seq_id, finish), (token,), delta, started)
+            return RequestOutput(
+                update.seq_id, (token,), delta, None, started, live.num_prompt_tokens, live.num_tokens
+            )
+        return self._finish(FinishedSequence(update.seq_id, finish), (token,), delta, started)
 
     def _finish(
         self, ended: FinishedSequence, tokens: tuple[int, ...], delta: str, started: bool = False
     ) -> RequestOutput:
         self.runner.release(ended.seq_id)
         live = self._live.pop(ended.seq_id, None)
+        self._seeds.pop(ended.seq_id, None)
         if live is None:  # rejected by add(): the engine never saw it run
             return RequestOutput(ended.seq_id, (), "", ended.reason, False, 0, 0, ended.detail)
         delta += live.detokenizer.flush()
@@ -191,15 +215,9 @@ class Engine:
         started: bool,
         detail: str = "",
     ) -> RequestOutput:
+        request_id = live.request.request_id
         return RequestOutput(
-            request_id=live.request.request_id,
-            new_token_ids=tokens,
-            text_delta=delta,
-            finish_reason=finish,
-            started=started,
-            prompt_tokens=len(live.request.prompt_token_ids),
-            completion_tokens=len(live.tokens),
-            detail=detail,
+            request_id, tokens, delta, finish, started, live.num_prompt_tokens, live.num_tokens, detail
         )
 
     # ---- bookkeeping -----------------------------------------------------------------------------

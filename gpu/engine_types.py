@@ -44,9 +44,10 @@ class EngineRequest:
     deadline: float | None = None  # a time.monotonic() value
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RequestOutput:
-    """News about one request from one step."""
+    """News about one request from one step. Read-only by convention: not frozen, because every step builds
+    one per running request and a frozen dataclass costs several times as much to build."""
 
     request_id: str
     new_token_ids: tuple[int, ...]

@@ -34,6 +34,9 @@ class InputBuilder:
         self.max_blocks = -(-max_model_len // block_size)
         self._tables = np.zeros((seats, self.max_blocks), dtype=np.int64)
         self._known = np.zeros(seats, dtype=np.int64)  # blocks written per seat
+        # The block-table tuple each seat's row was last brought up to date with: a chunk carrying that
+        # very object (a sequence keeps its tuple until its blocks change) needs nothing written.
+        self._written: list[tuple[int, ...] | None] = [None] * seats
         self._seat: dict[str, int] = {}
         self._free = list(range(seats - 1, -1, -1))  # pop() hands out low seats first
 
@@ -46,6 +49,7 @@ class InputBuilder:
         seat = self._seat.pop(seq_id, None)
         if seat is not None:
             self._known[seat] = 0
+            self._written[seat] = None
             self._free.append(seat)
 
     def seat_of(self, chunk: ScheduledChunk) -> int:
@@ -53,12 +57,16 @@ class InputBuilder:
         seat = self._seat.get(chunk.seq_id)
         if seat is None:
             seat = self._seat[chunk.seq_id] = self._take_seat()
-        known, table = int(self._known[seat]), chunk.block_table
+        table = chunk.block_table
+        if table is self._written[seat]:
+            return seat
+        known = int(self._known[seat])
         if known and (len(table) < known or table[known - 1] != self._tables[seat, known - 1]):
             known = 0  # a new table for this sequence (preempted and readmitted without a release)
         if len(table) > known:
             self._tables[seat, known : len(table)] = table[known:]
             self._known[seat] = len(table)
+        self._written[seat] = table if isinstance(table, tuple) else None  # a list could change later
         return seat
 
     def _take_seat(self) -> int:
@@ -66,25 +74,33 @@ class InputBuilder:
             old = len(self._tables)
             self._tables = np.concatenate([self._tables, np.zeros_like(self._tables)])
             self._known = np.concatenate([self._known, np.zeros_like(self._known)])
+            self._written += [None] * old
             self._free = list(range(2 * old - 1, old - 1, -1))
         return self._free.pop()
 
     def build(self, output: SchedulerOutput) -> StepInputs:
         chunks = output.chunks
-        seats = np.fromiter((self.seat_of(c) for c in chunks), dtype=np.int64, count=len(chunks))
-        lengths = np.fromiter((len(c.token_ids) for c in chunks), dtype=np.int64, count=len(chunks))
-        starts = np.fromiter((c.start_position for c in chunks), dtype=np.int64, count=len(chunks))
-        ends = np.cumsum(lengths)
+        count = len(chunks)
+        seats = np.array([self.seat_of(c) for c in chunks], dtype=np.int64)
+        starts = np.array([c.start_position for c in chunks], dtype=np.int64)
+        lengths = np.array([len(c.token_ids) for c in chunks], dtype=np.int64)
+        total = int(lengths.sum())
+        if total == count:  # one token a chunk (an all-decode step): rows are chunks
+            ends = np.arange(1, count + 1, dtype=np.int64)
+            positions = starts
+            token_seats = seats
+            ids = np.array([c.token_ids[0] for c in chunks], dtype=np.int64)
+        else:
+            ends = np.cumsum(lengths)
+            # Every token's position: its chunk's start plus its offset inside the chunk.
+            positions = np.repeat(starts - (ends - lengths), lengths) + np.arange(total, dtype=np.int64)
+            token_seats = np.repeat(seats, lengths)
+            ids = np.fromiter(
+                itertools.chain.from_iterable(c.token_ids for c in chunks), dtype=np.int64, count=total
+            )
         row_starts = ends - lengths
-        total = int(ends[-1]) if len(chunks) else 0
-        # Every token's position: its chunk's start plus its offset inside the chunk.
-        positions = np.repeat(starts - row_starts, lengths) + np.arange(total, dtype=np.int64)
-        token_seats = np.repeat(seats, lengths)
         bs = self.block_size
         slots = self._tables[token_seats, positions // bs] * bs + positions % bs
-        ids = np.fromiter(
-            itertools.chain.from_iterable(c.token_ids for c in chunks), dtype=np.int64, count=total
-        )
         single = lengths == 1
         decode_rows = row_starts[single]
         first = int(decode_rows[0]) if len(decode_rows) else None
@@ -94,7 +110,12 @@ class InputBuilder:
             PrefillChunk(int(row_starts[i]), int(lengths[i]), int(starts[i]), int(seats[i]))
             for i in np.flatnonzero(~single)
         )
-        sample = [i for i, c in enumerate(chunks) if c.sample]
+        sample = [c.sample for c in chunks]
+        if all(sample):  # the common case: every chunk samples
+            sample_rows, sample_chunks = ends - 1, tuple(chunks)
+        else:
+            picked = np.flatnonzero(np.array(sample, dtype=bool))
+            sample_rows, sample_chunks = ends[picked] - 1, tuple(chunks[i] for i in picked)
         attention = AttentionMetadata(
             block_tables=torch.from_numpy(self._tables),
             decode_rows=torch.from_numpy(decode_rows),
@@ -109,6 +130,6 @@ class InputBuilder:
             positions=torch.from_numpy(positions),
             slots=torch.from_numpy(slots),
             attention=attention,
-            sample_rows=torch.from_numpy(ends[sample] - 1),
-            sample_chunks=tuple(chunks[i] for i in sample),
+            sample_rows=torch.from_numpy(sample_rows),
+            sample_chunks=sample_chunks,
         )

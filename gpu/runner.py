@@ -21,6 +21,7 @@ from gpu.linear import Linear
 from gpu.model import LoadedModel
 from gpu.rope_cache import RopeCacheWrite
 from gpu.sampler import SamplingBatch, sample
+from gpu.step_clock import FORWARD, INPUTS, SAMPLE, StepClock
 from gpu.threads import ThreadTuner
 from scheduler.output import SchedulerOutput
 
@@ -44,8 +45,9 @@ class RunnerConfig:
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, config: RunnerConfig) -> None:
+    def __init__(self, loaded: LoadedModel, config: RunnerConfig, clock: StepClock | None = None) -> None:
         self.config = config
+        self.clock = clock or StepClock()  # the engine's, so the runner's phases add to its step
         self.device, self.dtype = loaded.device, loaded.dtype
         self.forward = LlamaForward(loaded, max_positions=config.max_model_len)
         shape = self.forward.kv_shape(config.block_size)
@@ -150,6 +152,7 @@ class ModelRunner:
     @torch.inference_mode()
     def _execute(self, output: SchedulerOutput, seeds: Mapping[str, int], work: float) -> dict[str, int]:
         inputs = self.inputs.build(output)
+        self.clock.lap(INPUTS)
         if self.cuda_step is not None:
             logits = self.cuda_step.logits(inputs)
         elif self.device.type != "cpu":
@@ -163,13 +166,20 @@ class ModelRunner:
             )
         else:
             logits = self.forward(inputs, self.cache, self.attention)
+        self.clock.lap(FORWARD)
         chunks = inputs.sample_chunks
-        batch = SamplingBatch.build(
-            [c.sampling for c in chunks],
-            [seeds.get(c.seq_id, 0) for c in chunks],
-            [c.num_generated for c in chunks],
-        )
+        random = [i for i, c in enumerate(chunks) if not c.sampling.greedy]
+        batch = None  # all greedy, the common case: one argmax and no per-row settings
+        if random:
+            picked = [chunks[i] for i in random]
+            batch = SamplingBatch.of_rows(
+                random,
+                [c.sampling for c in picked],
+                [seeds.get(c.seq_id, 0) for c in picked],
+                [c.num_generated for c in picked],
+            )
         tokens = sample(logits, batch).tolist()
+        self.clock.lap(SAMPLE)
         return {c.seq_id: t for c, t in zip(chunks, tokens, strict=True)}
 
 

@@ -63,17 +63,29 @@ class SamplingBatch:
     def build(
         cls, params: Sequence[SamplingParams], seeds: Sequence[int], num_generated: Sequence[int]
     ) -> SamplingBatch:
+        """Settings of every row that draws at random among all the step's sampling rows."""
         rows = [i for i, p in enumerate(params) if not p.greedy]
-        picked = [params[i] for i in rows]
+        return cls.of_rows(
+            rows, [params[i] for i in rows], [seeds[i] for i in rows], [num_generated[i] for i in rows]
+        )
+
+    @classmethod
+    def of_rows(
+        cls,
+        rows: Sequence[int],
+        params: Sequence[SamplingParams],
+        seeds: Sequence[int],
+        num_generated: Sequence[int],
+    ) -> SamplingBatch:
+        """Settings of the given random rows (params, seeds and counts are theirs, in the same order)."""
         return cls(
             random_rows=torch.tensor(rows, dtype=torch.long),
-            temperature=torch.tensor([p.temperature for p in picked], dtype=torch.float32),
-            top_k=torch.tensor([p.top_k for p in picked], dtype=torch.long),
-            top_p=torch.tensor([p.top_p for p in picked], dtype=torch.float32),
+            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
+            top_k=torch.tensor([p.top_k for p in params], dtype=torch.long),
+            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
             uniforms=torch.from_numpy(
                 step_uniforms(
-                    np.array([seeds[i] for i in rows], dtype=np.int64).view(np.uint64),
-                    np.array([num_generated[i] for i in rows], dtype=np.int64),
+                    np.array(seeds, dtype=np.int64).view(np.uint64), np.array(num_generated, dtype=np.int64)
                 )
             ),
         )
@@ -110,10 +122,10 @@ def draw(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """One token per row of logits [S, V]."""
+def sample(logits: torch.Tensor, batch: SamplingBatch | None) -> torch.Tensor:
+    """One token per row of logits [S, V]; batch None: every row is greedy."""
     tokens = fast_argmax(logits)
-    if batch.random_rows.numel():
+    if batch is not None and batch.random_rows.numel():
         rows = batch.random_rows.to(logits.device)
         filtered = filter_logits(
             logits[rows], *(t.to(logits.device) for t in (batch.temperature, batch.top_k, batch.top_p))

@@ -104,8 +104,7 @@ class KVCacheManager:
             self.pool.share(block_id)
         new_blocks = self.pool.allocate(num_new)
         assert new_blocks is not None  # checked above
-        seq.block_table.extend(cached)
-        seq.block_table.extend(new_blocks)
+        seq.block_table = (*seq.block_table, *cached, *new_blocks)
         seq.num_computed_tokens = num_computed
         seq.num_cached_blocks += len(cached)
         return new_blocks
@@ -129,7 +128,7 @@ class KVCacheManager:
     def free(self, seq: Sequence) -> None:
         """Release every block of the sequence; the tail first, so it is evicted before the shared head."""
         self.pool.free(list(reversed(seq.block_table)))
-        seq.block_table.clear()
+        seq.block_table = ()
         seq.num_cached_blocks = 0
 
     def _block_tokens(self, seq: Sequence, i: int) -> tuple[int, ...]:

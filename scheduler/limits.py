@@ -33,12 +33,10 @@ def why_never_fits(request: SequenceRequest, config: SchedulerConfig) -> str:
 
 def stop_reason(seq: Sequence, token: int, max_model_len: int) -> FinishReason | None:
     """Why the token just appended ends the sequence, if it does."""
-    params = seq.sampling
-    if not params.ignore_eos and token in seq.request.eos_token_ids:
+    if token in seq.stop_token_ids:  # EOS (unless ignored) and the request's stop tokens
         return FinishReason.STOP
-    if token in params.stop_token_ids:
-        return FinishReason.STOP
-    if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= max_model_len:
+    num_tokens = len(seq.token_ids)
+    if num_tokens >= seq.max_num_tokens or num_tokens >= max_model_len:
         return FinishReason.LENGTH
     return None
 

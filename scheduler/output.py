@@ -7,14 +7,20 @@ from dataclasses import dataclass
 from scheduler.types import FinishReason, SamplingParams
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ScheduledChunk:
-    """Tokens of one sequence to run through the model in this step."""
+    """Tokens of one sequence to run through the model in this step.
+
+    Read-only by convention: not frozen, because every step builds one per running sequence and a frozen
+    dataclass costs several times as much to build.
+    """
 
     seq_id: str
     token_ids: tuple[int, ...]  # tokens[num_computed_tokens : num_computed_tokens + n] of the sequence
     start_position: int  # position of token_ids[0] (= num_computed_tokens before this step)
-    block_table: tuple[int, ...]  # every KV block of the sequence, in order, covering start_position + n
+    # Every KV block of the sequence, in order, covering start_position + n. The very tuple the sequence
+    # holds: the same object from step to step until the sequence gains or loses blocks.
+    block_table: tuple[int, ...]
     sample: bool  # the chunk reaches the sequence's last token, so the runner samples the next one
     sampling: SamplingParams
     num_generated: int  # output tokens so far: with the seed it makes sampling reproducible per request
@@ -34,15 +40,17 @@ class SchedulerOutput:
     preempted: tuple[str, ...]  # sequences preempted this step (blocks freed; recomputed later)
     # ended while scheduling (expired, rejected); abort() and finish() return theirs directly
     finished: tuple[FinishedSequence, ...]
+    # The first num_decodes chunks are the decode chunks: one token continuing a sequence past its prompt.
+    num_decodes: int
 
     @property
     def empty(self) -> bool:
         return not self.chunks
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class TokenUpdate:
-    """What `Scheduler.update` reports per sampled sequence."""
+    """What `Scheduler.update` reports per sampled sequence (read-only by convention, as ScheduledChunk)."""
 
     seq_id: str
     token_id: int

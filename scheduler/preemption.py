@@ -17,8 +17,8 @@ from scheduler.waiting_queue import WaitingQueue
 
 def seat_victims(running: Seq[Sequence], waiting: WaitingQueue, max_num_seqs: int) -> list[Sequence]:
     """When the running set is full, enough worst-class sequences to seat every better-class waiter."""
-    if len(running) < max_num_seqs:
-        return []
+    if len(running) < max_num_seqs or not waiting.num_better_than(max(Priority)):
+        return []  # seats left, or nothing waits that is better than even the worst class
     free_seats = max_num_seqs - len(running)
     victims: list[Sequence] = []
     for victim in sorted(running, key=Sequence.sort_key, reverse=True):
@@ -65,11 +65,14 @@ def block_victims(
 def decodes_deferred_after(waiting_head: Sequence | None, running: Seq[Sequence]) -> Priority | None:
     """The best class with a prompt to prefill (the waiting head, or a running prefill) when it is better
     than some running decode's class: decodes worse than it may sit out one step. None otherwise."""
-    prefills = [s.queue_class for s in running if s.num_uncomputed_tokens > 1]
-    decodes = [s.queue_class for s in running if s.num_uncomputed_tokens == 1]
-    if waiting_head is not None:
-        prefills.append(waiting_head.queue_class)
-    if not prefills or not decodes:
+    best_prefill = waiting_head.queue_class if waiting_head is not None else None
+    worst_decode = None
+    for s in running:  # one pass without per-sequence lists: this runs every step
+        if len(s.token_ids) - s.num_computed_tokens == 1:
+            if worst_decode is None or s.queue_class > worst_decode:
+                worst_decode = s.queue_class
+        elif best_prefill is None or s.queue_class < best_prefill:
+            best_prefill = s.queue_class
+    if best_prefill is None or worst_decode is None:
         return None
-    best = min(prefills)
-    return best if best < max(decodes) else None
+    return best_prefill if best_prefill < worst_decode else None

@@ -49,6 +49,7 @@ class Scheduler:
         self._ledger = TenantLedger()
         self._waiting = WaitingQueue(self._ledger, config.aging_s)
         self._running: list[Sequence] = []
+        self._running_sorted = True  # removals keep the order; an admission appends out of order
         self._seqs: dict[str, Sequence] = {}  # every live (waiting or running) sequence
         self._deadlines = DeadlineHeap()
         self._rejected: list[FinishedSequence] = []  # refused by add(), reported by the next schedule()
@@ -117,39 +118,44 @@ class Scheduler:
         self._waiting.promote_aged(now)
         preempted = self._preempt_for_priority(now)
         budget = TokenBudget(self.config.max_num_batched_tokens)
-        chunks, kv_preempted = self._schedule_running(now, budget, self._decodes_deferred_after())
+        decodes, prefills, kv_preempted = self._schedule_running(now, budget, self._decodes_deferred_after())
         preempted += kv_preempted
         if not kv_preempted:  # blocks just ran out: admitting now would only preempt again
-            chunks += self._admit_waiting(budget)
-        chunks.sort(key=_is_prefill)  # stable: decode chunks first, each group in scheduling order
+            for chunk in self._admit_waiting(budget):
+                (prefills if _is_prefill(chunk) else decodes).append(chunk)
         return SchedulerOutput(
-            chunks=tuple(chunks),
+            chunks=(*decodes, *prefills),  # each group in scheduling order
             num_tokens=budget.used,
             preempted=tuple(preempted),
             finished=tuple(finished),
+            num_decodes=len(decodes),
         )
 
     def update(self, output: SchedulerOutput, sampled: Mapping[str, int]) -> list[TokenUpdate]:
         """Advance num_computed_tokens for every chunk, append sampled tokens, detect EOS/stop/max_tokens."""
         updates = []
+        seqs, running = self._seqs, SequenceStatus.RUNNING
+        block_size, caching = self.config.block_size, self.kv.enable_caching
+        max_model_len = self.config.max_model_len
         for chunk in output.chunks:
-            seq = self._seqs.get(chunk.seq_id)
-            if seq is None or seq.status is not SequenceStatus.RUNNING:
+            seq = seqs.get(chunk.seq_id)
+            if seq is None or seq.status is not running:
                 continue  # ended (aborted, finished) between schedule() and update()
             if seq.num_computed_tokens != chunk.start_position:
                 raise ValueError(f"chunk of {chunk.seq_id!r} does not continue the sequence (stale output?)")
-            seq.num_computed_tokens += len(chunk.token_ids)
-            self.kv.cache_full_blocks(seq)
+            computed = seq.num_computed_tokens = chunk.start_position + len(chunk.token_ids)
+            if caching and computed // block_size > seq.num_cached_blocks:  # a block just filled up
+                self.kv.cache_full_blocks(seq)
             if not chunk.sample:
                 continue
-            if chunk.seq_id not in sampled:
+            token = sampled.get(chunk.seq_id)
+            if token is None:
                 raise KeyError(f"no sampled token for {chunk.seq_id!r}, whose chunk asked for one")
-            token = sampled[chunk.seq_id]
             seq.token_ids.append(token)
-            reason = stop_reason(seq, token, self.config.max_model_len)
+            reason = stop_reason(seq, token, max_model_len)
             if reason is not None:
                 self._end(seq, reason)
-            updates.append(TokenUpdate(seq.seq_id, token, reason))
+            updates.append(TokenUpdate(chunk.seq_id, token, reason))
         return updates
 
     # ---- steps of schedule() -------------------------------------------------------------------------
@@ -187,29 +193,41 @@ class Scheduler:
 
     def _schedule_running(
         self, now: float, budget: TokenBudget, deferred_after: Priority | None = None
-    ) -> tuple[list[ScheduledChunk], list[str]]:
+    ) -> tuple[list[ScheduledChunk], list[ScheduledChunk], list[str]]:
         """Give each running sequence its next tokens, best class first; decodes are never crowded out
-        (only deferred for one step when `deferred_after` says so)."""
-        self._running.sort(key=Sequence.sort_key)
+        (only deferred for one step when `deferred_after` says so). Returns decode chunks, prefill
+        chunks and the sequences preempted for KV blocks."""
+        if not self._running_sorted:
+            self._running.sort(key=Sequence.sort_key)
+            self._running_sorted = True
+        running = self._running
 
         def deferred(seq: Sequence) -> bool:
             return deferred_after is not None and seq.queue_class > deferred_after
 
-        decodes_left = sum(1 for s in self._running if s.num_uncomputed_tokens == 1 and not deferred(s))
+        # Decodes still to come after the current sequence: counted when a prefill first needs to leave
+        # them a token each (an all-decode step never does).
+        decodes_left: int | None = None
         cap = self.config.long_prefill_cap
-        chunks: list[ScheduledChunk] = []
+        decodes: list[ScheduledChunk] = []
+        prefills: list[ScheduledChunk] = []
         preempted: list[str] = []
         i = 0
-        while i < len(self._running):
-            seq = self._running[i]
-            uncomputed = seq.num_uncomputed_tokens
+        while i < len(running):
+            seq = running[i]
+            uncomputed = len(seq.token_ids) - seq.num_computed_tokens
             if uncomputed == 1:
-                if deferred(seq):
+                if deferred_after is not None and seq.queue_class > deferred_after:
                     i += 1
                     continue
-                decodes_left -= 1
+                if decodes_left is not None:
+                    decodes_left -= 1
                 n = min(1, budget.left)
             else:  # the rest of a prefill, leaving one token for each decode still to come
+                if decodes_left is None:
+                    decodes_left = sum(
+                        1 for s in running[i + 1 :] if s.num_uncomputed_tokens == 1 and not deferred(s)
+                    )
                 n = min(uncomputed, budget.left - decodes_left)
                 if cap and self._waiting.num_better_than(seq.queue_class):
                     n = min(n, cap)  # a long prefill must not take the budget better-class work needs
@@ -217,17 +235,24 @@ class Scheduler:
                 i += 1
                 continue
             while self.kv.allocate(seq, n) is None:
-                victim = self._running[-1]  # lowest class, latest arrival, not yet scheduled
-                if victim is not seq and victim.num_uncomputed_tokens == 1 and not deferred(victim):
+                victim = running[-1]  # lowest class, latest arrival, not yet scheduled
+                if (
+                    decodes_left is not None
+                    and victim is not seq
+                    and victim.num_uncomputed_tokens == 1
+                    and not deferred(victim)
+                ):
                     decodes_left -= 1
                 self._preempt(victim, now)
                 preempted.append(victim.seq_id)
                 if victim is seq:
                     break
             else:
-                chunks.append(self._chunk(seq, n, budget))
+                chunk = self._chunk(seq, n, budget)
+                # One token reaching the end of a sequence past its prompt is a decode; nothing else is.
+                (decodes if uncomputed == 1 and chunk.num_generated else prefills).append(chunk)
                 i += 1
-        return chunks, preempted
+        return decodes, prefills, preempted
 
     def _admit_waiting(self, budget: TokenBudget) -> list[ScheduledChunk]:
         """Admit in queue order while tokens, seats and blocks allow; stop at the first that does not fit."""
@@ -244,6 +269,7 @@ class Scheduler:
             self._waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self._running.append(seq)
+            self._running_sorted = False
             self._prefix_hit_tokens += num_cached_tokens
             chunks.append(self._chunk(seq, n, budget))
         return chunks
@@ -252,14 +278,15 @@ class Scheduler:
         start = seq.num_computed_tokens
         budget.take(n)
         self._ledger.charge(seq.tenant, n)
+        tokens = seq.token_ids
         return ScheduledChunk(
-            seq_id=seq.seq_id,
-            token_ids=tuple(seq.token_ids[start : start + n]),
-            start_position=start,
-            block_table=tuple(seq.block_table),
-            sample=start + n == seq.num_tokens,
-            sampling=seq.sampling,
-            num_generated=seq.num_output_tokens,
+            seq.seq_id,
+            (tokens[start],) if n == 1 else tuple(tokens[start : start + n]),
+            start,
+            seq.block_table,
+            start + n == len(tokens),
+            seq.sampling,
+            len(tokens) - seq.num_prompt_tokens,
         )
 
     # ---- sequence transitions ------------------------------------------------------------------------

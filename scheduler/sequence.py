@@ -22,11 +22,22 @@ class Sequence:
 
     def __init__(self, request: SequenceRequest, order: int) -> None:
         self.request = request
+        # The request's fields read every step, as plain attributes (a request never changes).
+        self.seq_id: str = request.seq_id
+        self.sampling: SamplingParams = request.sampling
+        self.tenant: str = request.tenant
+        self.arrival: float = request.arrival
+        sampling = request.sampling
+        # Any of these tokens ends the sequence; so does reaching max_num_tokens tokens in all.
+        eos = frozenset() if sampling.ignore_eos else request.eos_token_ids
+        self.stop_token_ids: frozenset[int] = eos | frozenset(sampling.stop_token_ids)
+        self.max_num_tokens = len(request.prompt_token_ids) + sampling.max_tokens
         self.order = order  # admission counter: the last tie-breaker, so ordering is total and stable
         self.token_ids: list[int] = list(request.prompt_token_ids)
         self.num_prompt_tokens = len(request.prompt_token_ids)
         self.num_computed_tokens = 0
-        self.block_table: list[int] = []
+        # Replaced, never changed in place, when blocks come or go: a chunk hands it on without copying.
+        self.block_table: tuple[int, ...] = ()
         self.num_cached_blocks = 0  # leading blocks of block_table already registered in the prefix cache
         self.block_hashes: list[bytes] = []  # chained prefix keys of full blocks: lazy, kept on preemption
         self.status = SequenceStatus.WAITING
@@ -37,22 +48,6 @@ class Sequence:
         self.queue_class: Priority = request.priority
         self.class_since: float = request.arrival
         self.queue_token = 0
-
-    @property
-    def seq_id(self) -> str:
-        return self.request.seq_id
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return self.request.sampling
-
-    @property
-    def tenant(self) -> str:
-        return self.request.tenant
-
-    @property
-    def arrival(self) -> float:
-        return self.request.arrival
 
     @property
     def num_tokens(self) -> int:

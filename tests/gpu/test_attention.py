@@ -51,11 +51,11 @@ def run_step(kernel: str, specs: dict, num_blocks: int, seed: int = 0) -> None:
     }
     for seq_id, (start, _, table) in specs.items():
         if start:  # the cached prefix, written as an earlier step would have
-            past = builder.build(SchedulerOutput((chunk(seq_id, 0, start, table),), start, (), ()))
+            past = builder.build(SchedulerOutput((chunk(seq_id, 0, start, table),), start, (), (), 0))
             cache.write(0, past.slots, full[seq_id][0][:start], full[seq_id][1][:start])
     total = sum(n for _, n, _ in specs.values())
     inputs = builder.build(
-        SchedulerOutput(tuple(chunk(s, *spec) for s, spec in specs.items()), total, (), ())
+        SchedulerOutput(tuple(chunk(s, *spec) for s, spec in specs.items()), total, (), (), 0)
     )
     new_k = torch.cat([full[s][0][st:] for s, (st, _, _) in specs.items()])
     new_v = torch.cat([full[s][1][st:] for s, (st, _, _) in specs.items()])
@@ -100,7 +100,7 @@ def test_many_decodes_of_very_different_lengths(kernel):
 
 def test_inputs_flatten_positions_slots_and_sample_rows():
     builder = InputBuilder(BLOCK, max_model_len=64, seats=2)
-    step = SchedulerOutput((chunk("a", 5, 1, [2, 0]), chunk("b", 2, 3, [1, 3], sample=False)), 4, (), ())
+    step = SchedulerOutput((chunk("a", 5, 1, [2, 0]), chunk("b", 2, 3, [1, 3], sample=False)), 4, (), (), 0)
     inputs = builder.build(step)
     assert inputs.positions.tolist() == [5, 2, 3, 4]
     assert inputs.slots.tolist() == [0 * BLOCK + 1, 1 * BLOCK + 2, 1 * BLOCK + 3, 3 * BLOCK + 0]
@@ -139,7 +139,7 @@ def test_cache_is_zero_initialised():
 
 
 def test_inputs_move_to_a_device_whole():
-    step = SchedulerOutput((chunk("a", 5, 1, [2, 0]), chunk("b", 2, 3, [1, 3])), 4, (), ())
+    step = SchedulerOutput((chunk("a", 5, 1, [2, 0]), chunk("b", 2, 3, [1, 3])), 4, (), (), 0)
     inputs = InputBuilder(BLOCK, max_model_len=64).build(step)
     moved = to_device(inputs, torch.device("cpu"))
     assert torch.equal(moved.slots, inputs.slots)
@@ -152,7 +152,7 @@ def test_buckets_partition_decode_rows_and_bound_padding():
     builder = InputBuilder(BLOCK, max_model_len=4096, seats=64)
     lengths = [3] * 10 + [40] * 12 + [400] * 9
     step = SchedulerOutput(
-        tuple(chunk(f"s{i}", n, 1, range(n // BLOCK + 1)) for i, n in enumerate(lengths)), 31, (), ()
+        tuple(chunk(f"s{i}", n, 1, range(n // BLOCK + 1)) for i, n in enumerate(lengths)), 31, (), (), 0
     )
     meta = builder.build(step).attention
     buckets = plan_buckets(meta, BLOCK, torch.float32)

@@ -82,6 +82,7 @@ class Checker:
         assert output.num_tokens <= cfg.max_num_batched_tokens
         assert len(s.running_sequences()) <= cfg.max_num_seqs
         seen_prefill = False
+        num_decodes = 0
         for chunk in output.chunks:
             assert self.endings[chunk.seq_id] == 0, "chunk for an ended sequence"
             seq = s.sequence(chunk.seq_id)
@@ -93,10 +94,12 @@ class Checker:
             assert chunk.token_ids == tuple(seq.token_ids[chunk.start_position : end])
             assert chunk.sample == (end == seq.num_tokens)
             assert len(chunk.block_table) * cfg.block_size >= end
-            assert list(chunk.block_table) == seq.block_table
+            assert tuple(chunk.block_table) == tuple(seq.block_table)
             is_decode = len(chunk.token_ids) == 1 and chunk.num_generated > 0 and chunk.sample
             assert not (is_decode and seen_prefill), "decode chunk after a prefill chunk"
             seen_prefill |= not is_decode
+            num_decodes += is_decode
+        assert output.num_decodes == num_decodes
         for finished in output.finished:
             request = self.requests[finished.seq_id]
             if finished.reason is FinishReason.EXPIRED:

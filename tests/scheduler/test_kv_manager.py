@@ -36,7 +36,7 @@ def test_allocate_that_does_not_fit_returns_none_and_changes_nothing():
     kv = KVCacheManager(num_blocks=2, block_size=4)
     seq = make_seq(prompt_len=10)
     assert kv.allocate(seq, 10) is None
-    assert seq.block_table == [] and seq.num_computed_tokens == 0
+    assert seq.block_table == () and seq.num_computed_tokens == 0
     assert kv.pool.num_free == 2
 
 
@@ -45,7 +45,7 @@ def test_free_releases_every_block():
     seq = make_seq(prompt_len=10)
     kv.allocate(seq, 10)
     kv.free(seq)
-    assert kv.pool.num_free == 4 and seq.block_table == []
+    assert kv.pool.num_free == 4 and seq.block_table == ()
 
 
 def test_prefix_hit_shares_full_computed_blocks_and_counts_them_computed():
@@ -54,10 +54,10 @@ def test_prefix_hit_shares_full_computed_blocks_and_counts_them_computed():
     first = computed_and_cached(kv, prompt)  # two full blocks; the third holds 2 tokens
     second = make_seq("b", prompt=prompt + [50, 51], order=1)
     hits = kv.find_cached_prefix(second)
-    assert hits == first.block_table[:2]
+    assert hits == list(first.block_table[:2])
     new = kv.allocate(second, 4, hits)
     assert second.num_computed_tokens == 8
-    assert second.block_table[:2] == hits and len(new) == 1
+    assert list(second.block_table[:2]) == hits and len(new) == 1
     assert kv.pool.blocks[hits[0]].ref_count == 2
 
 
@@ -66,7 +66,7 @@ def test_prefix_lookup_never_covers_the_last_token():
     prompt = list(range(1, 9))  # exactly two full blocks
     first = computed_and_cached(kv, prompt)
     same = make_seq("b", prompt=prompt, order=1)
-    assert kv.find_cached_prefix(same) == first.block_table[:1]
+    assert kv.find_cached_prefix(same) == list(first.block_table[:1])
 
 
 def test_only_computed_blocks_are_cached():

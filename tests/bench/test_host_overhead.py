@@ -1,0 +1,35 @@
+"""`bench.host_overhead` at a tiny size: the engine decodes every row under the stub; the JSON shape."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bench.host_overhead import main
+from gpu.step_clock import PHASES
+
+
+@pytest.fixture(autouse=True)
+def _keep_threads(monkeypatch):
+    """The bench sets torch threads and OMP_NUM_THREADS for its process: the session gets its own back."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_host_overhead_decodes_every_row_and_writes_the_result(tmp_path, capsys):
+    path = tmp_path / "host.json"
+    argv = ["--batch-sizes", "2,3", "--prompt-len", "20", "--steps", "3", "--reps", "2", "--warmup", "1"]
+    assert main([*argv, "--json", str(path)]) == 0
+    payload = json.loads(path.read_text())
+    assert set(payload["host_ms_per_step"]) == {"2", "3"}
+    assert all(ms > 0 for ms in payload["host_ms_per_step"].values())
+    assert all(set(phases) == set(PHASES) for phases in payload["phases"].values())
+    assert payload["decode_steps"] == {"2": 6, "3": 6}
+    assert payload["tokens"] == {"2": 12, "3": 18}
+    # Prefill steps, the warm-up and the timed steps all ran the (stub) forward.
+    assert payload["forward_calls"] >= 2 * (6 + 1 + 1)
+    assert "us/row" in capsys.readouterr().out
