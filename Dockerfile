@@ -42,10 +42,11 @@ RUN useradd --create-home --uid 10001 inferq \
 USER inferq
 WORKDIR /home/inferq
 
-# Prometheus metrics of `inferq worker` (INFERQ_METRICS_PORT): healthy once the model is loaded and the
-# worker serves them (compose turns the check off for the one-shot `migrate` and for `bulk-worker`).
+# `inferq worker` serves Prometheus metrics at /metrics and its health at /health (INFERQ_METRICS_PORT): healthy
+# once the model is loaded and the worker serves, 503 while its engine steps fail (compose turns the check off
+# for the one-shot `migrate` and for `bulk-worker`).
 EXPOSE 9400
 HEALTHCHECK --interval=30s --timeout=5s --start-period=180s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/metrics' % os.environ['INFERQ_METRICS_PORT'], timeout=4)"]
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ['INFERQ_METRICS_PORT'], timeout=4)"]
 ENTRYPOINT ["inferq"]
 CMD ["--help"]

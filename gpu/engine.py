@@ -6,13 +6,20 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpu.detokenizer import Detokenizer
-from gpu.engine_types import EngineConfig, EngineRequest, EngineStats, RequestOutput, resolve_max_model_len
+from gpu.engine_types import (
+    EngineConfig,
+    EngineRequest,
+    EngineStats,
+    RequestOutput,
+    StepFailed,
+    resolve_max_model_len,
+)
 from gpu.generation_config import GenerationDefaults, eos_token_ids
 from gpu.model import LoadedModel, load_model
 from gpu.runner import ModelRunner, RunnerConfig
@@ -65,6 +72,9 @@ class Engine:
         )
         check_config(scheduler_config)
         self.clock = StepClock()
+        self.last_step: tuple[str, ...] = ()  # the sequences the last step ran
+        # called with a step's sequences before its forward; test fault injection only (None otherwise)
+        self.fault_hook: Callable[[tuple[str, ...]], None] | None = None
         self.runner = ModelRunner(
             model,
             RunnerConfig(
@@ -137,22 +147,33 @@ class Engine:
         ended = self.scheduler.abort(request_id)
         return None if ended is None else self._finish(ended, (), "")
 
+    def running_ids(self) -> list[str]:
+        return self.scheduler.running_ids()
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
     # ---- one step --------------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, only: str | None = None) -> list[RequestOutput]:
+        """One iteration: schedule, forward, sample, outputs. `only`: run that sequence alone (to find
+        which one makes steps fail). Raises StepFailed when the forward or sampling raises."""
         self.clock.start()
-        output = self.scheduler.schedule(time.monotonic())
+        output = self.scheduler.schedule(time.monotonic(), only)
         for seq_id in output.preempted:  # its blocks are gone; a readmission starts a new table
             self.runner.release(seq_id)
         results = [self._finish(ended, (), "") for ended in output.finished]
         self.clock.lap(SCHEDULE)
         sampled: dict[str, int] = {}
+        self.last_step = tuple(chunk.seq_id for chunk in output.chunks)
         if output.chunks:
             start = time.perf_counter()
-            sampled = self.runner.execute(output, self._seeds)
+            try:
+                if self.fault_hook is not None:
+                    self.fault_hook(self.last_step)
+                sampled = self.runner.execute(output, self._seeds)
+            except Exception as exc:
+                raise StepFailed(self.last_step, results, exc) from exc
             self._record(len(output.chunks), output.num_tokens, time.perf_counter() - start)
         started = self._newly_started(output)
         updates = self.scheduler.update(output, sampled)

@@ -88,3 +88,14 @@ def resolve_max_model_len(config: Any, requested: int | None) -> int:
     if requested and requested > limit:
         log.warning("max_model_len %d is past the model's max_position_embeddings %d", requested, limit)
     return requested or limit
+
+
+class StepFailed(RuntimeError):
+    """A step's forward or sampling raised. `seq_ids`: the sequences it ran (their state is as before the
+    step, so a later step may run them again); `outputs`: what the step had already produced (sequences
+    that ended while it was scheduled), which the caller must still apply."""
+
+    def __init__(self, seq_ids: tuple[str, ...], outputs: list[RequestOutput], cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.seq_ids = seq_ids
+        self.outputs = outputs

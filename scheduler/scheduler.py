@@ -87,6 +87,9 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self._seqs) or bool(self._rejected)
 
+    def running_ids(self) -> list[str]:
+        return [seq.seq_id for seq in self._running]
+
     def stats(self) -> SchedulerStats:
         return SchedulerStats(
             running=len(self._running),
@@ -111,10 +114,15 @@ class Scheduler:
 
     # ---- one step ------------------------------------------------------------------------------------
 
-    def schedule(self, now: float) -> SchedulerOutput:
-        """Pick this step's chunks under the token, sequence and KV-block budgets."""
+    def schedule(self, now: float, only: str | None = None) -> SchedulerOutput:
+        """Pick this step's chunks under the token, sequence and KV-block budgets.
+
+        `only`: run that running sequence alone (the others wait, keeping their blocks; nothing is
+        admitted), as a worker does to find which sequence makes its steps fail."""
         finished, self._rejected = self._rejected, []
         finished += self._expire(now)
+        if only is not None:
+            return self._schedule_alone(only, finished)
         self._waiting.promote_aged(now)
         preempted = self._preempt_for_priority(now)
         budget = TokenBudget(self.config.max_num_batched_tokens)
@@ -159,6 +167,25 @@ class Scheduler:
         return updates
 
     # ---- steps of schedule() -------------------------------------------------------------------------
+
+    def _schedule_alone(self, seq_id: str, finished: list[FinishedSequence]) -> SchedulerOutput:
+        seq = self._seqs.get(seq_id)
+        budget = TokenBudget(self.config.max_num_batched_tokens)
+        chunks: list[ScheduledChunk] = []
+        decode = False
+        if seq is not None and seq.status is SequenceStatus.RUNNING:
+            uncomputed = seq.num_uncomputed_tokens
+            n = min(uncomputed, budget.left)
+            if n > 0 and self.kv.allocate(seq, n) is not None:  # its own blocks, or free ones: no victims
+                chunks.append(self._chunk(seq, n, budget))
+                decode = uncomputed == 1 and chunks[0].num_generated > 0
+        return SchedulerOutput(
+            chunks=tuple(chunks),
+            num_tokens=budget.used,
+            preempted=(),
+            finished=tuple(finished),
+            num_decodes=1 if decode else 0,
+        )
 
     def _expire(self, now: float) -> list[FinishedSequence]:
         return [

@@ -103,3 +103,25 @@ def test_the_dashboard_covers_what_operators_watch():
                  "requests_rejected", "consumer_lag", "persister_queue_depth", "unpublished_results",
                  "prefix_cache_hits"):  # fmt: skip
         assert f"inferq:{name}" in text
+
+
+def test_the_health_endpoint_turns_503_with_the_reason_and_metrics_stay_served():
+    import socket
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    metrics = WorkerMetrics("m")
+    metrics.serve(port)
+    base = f"http://127.0.0.1:{port}"
+    assert urllib.request.urlopen(f"{base}/health", timeout=5).read() == b"ok"
+    metrics.set_health(False, "engine steps failing")
+    try:
+        urllib.request.urlopen(f"{base}/health", timeout=5)
+        raise AssertionError("an unhealthy worker answered 200")
+    except urllib.error.HTTPError as err:
+        assert err.code == 503 and err.read() == b"engine steps failing"
+    body = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
+    assert "inferq:healthy 0.0" in body

@@ -15,11 +15,13 @@ from sqlalchemy import create_engine
 from schemas.topics import PRIORITY_CLASSES
 from tests.workers.worker_factories import (
     job_rows,
+    make_deployment,
     now_ms,
     read_topic,
     results_by_job,
     serving_worker,
     start_worker,
+    wait_group_members,
     wait_terminal,
 )
 from workers.client import JobClient
@@ -205,3 +207,54 @@ def test_timestamps_past_year_9999_are_not_believed_and_the_worker_keeps_serving
         client.close()
         db.dispose()
         assert worker.stop() == 0, worker.output()[-3000:]
+
+
+def test_a_poison_request_is_found_alone_and_its_step_mates_finish(settings, tmp_path):
+    """A step that raises fails no one at once: its sequences run alone until the one at fault fails by
+    itself while the others' steps go through; only that job ends `failed`."""
+    env = {"INFERQ_FAILPOINT": "step-error"}
+    with serving_worker(settings, tmp_path, "w-isolate", env=env) as (dep, client, db, worker):
+        mates = [
+            client.submit({"job_id": f"mate{i}-{dep.topic_prefix}", "prompt": f"mate {i}", "max_tokens": 200})
+            for i in range(3)
+        ]
+        poison = client.submit({"job_id": f"poison-{dep.topic_prefix}", "prompt": "a step-error here"})
+        client.flush()
+        rows = wait_terminal(db, [m.job_id for m in mates] + [poison.job_id], timeout_s=120)
+        assert {rows[m.job_id]["status"] for m in mates} == {"succeeded"}, rows
+        assert rows[poison.job_id]["status"] == "failed"
+        assert "engine step failed" in rows[poison.job_id]["error"]
+        assert worker.proc.poll() is None
+
+
+def test_a_device_that_fails_every_step_makes_the_worker_exit_and_another_redoes_its_jobs(settings, tmp_path):
+    """Steps that keep failing whoever runs them are the device's fault: the worker exits non-zero within a
+    few steps, writes no row for the jobs it held, and a fresh worker finishes every one of them."""
+    dep = make_deployment(settings)
+    broken = start_worker(dep, tmp_path, "w-broken", env={"INFERQ_FAILPOINT": "device-fault"})
+    client, db = JobClient(dep), create_engine(dep.database_url)
+    try:
+        wait_group_members(dep, 1)
+        jobs = [
+            {"job_id": f"dev{i}-{dep.topic_prefix}", "prompt": f"job {i}", "max_tokens": 300}
+            for i in range(6)
+        ]
+        ids = [s.job_id for s in client.submit_many(jobs)]
+        trigger = client.submit(
+            {"job_id": f"trigger-{dep.topic_prefix}", "prompt": "device-fault now"}
+        ).job_id
+        client.flush()
+        assert broken.proc.wait(120) == 3, broken.output()[-3000:]
+        assert "engine steps in a row failed" in broken.output()
+        assert not [r for r in job_rows(db, [*ids, trigger]).values() if r["status"] == "failed"]
+        fresh = start_worker(dep, tmp_path, "w-fresh")
+        try:
+            rows = wait_terminal(db, [*ids, trigger], timeout_s=180)
+            assert {r["status"] for r in rows.values()} == {"succeeded"}, rows
+            assert {r["worker_id"] for r in rows.values()} == {"w-fresh"}
+        finally:
+            assert fresh.stop() == 0, fresh.output()[-3000:]
+    finally:
+        client.close()
+        db.dispose()
+        broken.stop()

@@ -96,4 +96,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     worker.run()
+    if worker.gave_up:
+        log.critical("exiting with code 3: %s", worker.gave_up)
+        return 3  # the orchestrator restarts or replaces the worker; its jobs are redone by the others
     return 0

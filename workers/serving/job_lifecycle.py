@@ -299,6 +299,16 @@ class JobLifecycle:
         job_event("finished", job.job_id, job.priority, status=row.status, finish_reason=finish,
                   attempt=job.attempt, **job.usage.model_dump(), **ms, error=detail)  # fmt: skip
 
+    def hold(self, job_id: str) -> None:
+        """Take a job out of the engine (its KV freed) without ending it: a suspect of failing steps, kept
+        until it is convicted (`fail`) or the worker gives up (no row: redone elsewhere)."""
+        if job_id in self.jobs:
+            self.engine.abort_request(job_id)  # its abort output is not the job's end: dropped
+
+    def prompt_of(self, job_id: str) -> str:
+        job = self.jobs.get(job_id)
+        return (job.request.prompt or "") if job is not None else ""
+
     def fail(self, job_id: str, detail: str) -> None:
         """End a job `failed` (finish reason `error`) with `detail`: terminal row and result, offset acked."""
         job = self.jobs.get(job_id)

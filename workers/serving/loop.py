@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from gpu.engine import Engine, EngineStats, RequestOutput
+from gpu.engine_types import StepFailed
 from schemas.jobs import TokenEvent
 from schemas.validation import Limits
 from workers import logs
@@ -17,7 +18,7 @@ from workers.db.connect import make_engine
 from workers.kafka_io import BroadcastReader, Delivery, GroupConsumer, KeyLookup, Producer
 from workers.naming import worker_client_id, worker_group
 from workers.serving.dead_letter import dead_letter_message
-from workers.serving.failpoints import step_error_if
+from workers.serving.failpoints import step_fault
 from workers.serving.intake_thread import IntakeThread
 from workers.serving.job_lifecycle import JobLifecycle
 from workers.serving.loop_clock import LoopClock, thread_seconds
@@ -25,6 +26,7 @@ from workers.serving.metrics import WorkerMetrics
 from workers.serving.offsets import OffsetTracker
 from workers.serving.persister import Persister
 from workers.serving.retry import describe_error, until_available
+from workers.serving.step_guard import StepGuard
 from workers.serving.token_sender import Sent, TokenEventSender
 from workers.serving.writes import Rejected
 from workers.settings import Settings
@@ -105,6 +107,9 @@ class Worker:
         self.intake_thread = IntakeThread(
             self.consumer, self.control, self.ready, options.poll_s, prepare=self.lifecycle.prepare
         )
+        self.guard = StepGuard()
+        self.gave_up: str | None = None  # why the worker stopped because its steps kept failing
+        engine.fault_hook = step_fault(settings.failpoint, self.lifecycle.prompt_of)
         self._stop_at: float | None = None
         self._last_commit = 0.0
         self._paused: set[str] = set()
@@ -165,15 +170,19 @@ class Worker:
         clock.lap("control")
         if self.engine.has_unfinished():
             step_started = utcnow()
+            probe = self.guard.next_step(self.engine.running_ids())
             try:
-                step_error_if(self.settings.failpoint, (j.request for j in self.lifecycle.jobs.values()))
-                outputs = self.engine.step()
-            except Exception as exc:  # noqa: BLE001 - one bad step must not stop the worker (or the group)
-                outputs = []
-                self._step_failed(exc)
+                outputs = self.engine.step(probe)
+            except StepFailed as failed:  # one bad step must not stop the worker (or the group)
+                outputs = failed.outputs
+                self._step_failed(failed)
+            else:
+                self._convict(self.guard.succeeded(self.engine.last_step))
             clock.lap("step")
             self.handle_outputs(outputs, step_started)
             clock.lap("outputs")
+        elif self.guard.held():  # only held jobs are left: no step can show the device works
+            self._convict(self.guard.convict_when_idle())
         self.lifecycle.flush(force=False)
         clock.lap("flush")
         self._commit(force=False)
@@ -193,14 +202,38 @@ class Worker:
                 log.exception("job %s: its output could not be handled", out.request_id)
                 self.lifecycle.fail(out.request_id, f"output handling failed: {describe_error(exc)}")
 
-    def _step_failed(self, exc: Exception) -> None:
-        """Which sequence broke the step is unknown: every job in the engine ends `failed` with the reason
-        (as vLLM and TGI fail the batch). Re-running them could crash-loop every worker of the group."""
-        log.exception("engine step failed; failing the %d jobs in the engine", len(self.lifecycle.jobs))
+    def _step_failed(self, failed: StepFailed) -> None:
+        """Which sequence broke the step is unknown, or whether any did: its sequences are run alone until
+        the one at fault shows (see StepGuard), and after too many failed steps in a row the device is
+        taken to be at fault: the worker gives up without failing anyone, so others redo the jobs."""
+        cause = failed.__cause__ or failed
+        log.error("engine step of %d sequences failed: %s", len(failed.seq_ids), describe_error(cause),
+                  exc_info=cause)  # fmt: skip
         self.metrics.engine_step_failures.inc()
-        detail = f"engine step failed: {describe_error(exc)}"
-        for job_id in list(self.lifecycle.jobs):
-            self.lifecycle.fail(job_id, detail)
+        self.metrics.set_health(False, "engine steps failing")
+        held = self.guard.failed(failed.seq_ids, f"engine step failed: {describe_error(cause)}")
+        if held is not None:
+            log.warning("job %s failed a step alone: held until a working step convicts it", held)
+            self.lifecycle.hold(held)
+        if self.guard.gave_up:
+            self._give_up(f"{self.guard.consecutive} engine steps in a row failed")
+
+    def _convict(self, convicted: dict[str, str]) -> None:
+        if not self.guard.isolating and not self.guard.held():
+            self.metrics.set_health(True)
+        for job_id, error in convicted.items():
+            log.error("job %s: its steps fail and others' do not; it ends failed", job_id)
+            self.lifecycle.fail(job_id, error)
+
+    def _give_up(self, why: str) -> None:
+        """The device, not a request, is at fault: stop at once, writing no row, so the group's other
+        workers redo these jobs from their uncommitted records."""
+        log.critical("%s: the device is at fault; stopping without ending any job here", why)
+        self.metrics.set_health(False, why)
+        self.gave_up = why
+        self.lifecycle.abort_all()
+        self._stop_at = time.monotonic()
+        self.intake_thread.stop_intake()
 
     # ---- Kafka out -------------------------------------------------------------------------
     def send_token_event(self, event: TokenEvent) -> Sent | None:

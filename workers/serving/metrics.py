@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from schemas.jobs import Timings
+from workers.serving.health_server import Health, serve
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5)
@@ -84,9 +85,14 @@ class WorkerMetrics:
         )
         self.engine_step_failures = Counter(
             "inferq:engine_step_failures",
-            "Engine steps that raised (each fails the jobs in the engine at that moment).",
+            "Engine steps that raised (their sequences are then run alone to find the one at fault).",
             registry=r,
         )
+        self.health = Health()
+        self.healthy = Gauge(
+            "inferq:healthy", "1 while the worker serves; 0 while its steps fail.", registry=r
+        )
+        self.healthy.set(1)
         self.loop_seconds = Counter(
             "inferq:loop_seconds",
             "Engine-loop time by phase (step = inside engine.step()).",
@@ -112,7 +118,12 @@ class WorkerMetrics:
         self._loop_seen: dict[str, float] = {}
 
     def serve(self, port: int) -> None:
-        start_http_server(port, addr="0.0.0.0", registry=self.registry)
+        """/metrics and /health on this port (all interfaces), from a thread of their own."""
+        serve(port, self.registry, self.health)
+
+    def set_health(self, healthy: bool, why: str = "") -> None:
+        self.health.set(healthy, why)
+        self.healthy.set(1 if healthy else 0)
 
     def observe_admitted(self, prompt_tokens: int) -> None:
         """A job handed to the engine: its prompt is counted, and looked up in the prefix cache."""

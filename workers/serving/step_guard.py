@@ -38,23 +38,27 @@ class StepGuard:
             return False
         return self._probe is None or seq_id == self._probe
 
-    def next_step(self, live: Iterable[str]) -> None:
-        """Choose what the coming step runs: the next suspect alone, or every sequence not held."""
-        alive = set(live)
+    def next_step(self, running: Iterable[str]) -> str | None:
+        """Choose what the coming step runs: the next running suspect alone (returned), or every sequence
+        not held (None). A suspect no longer running (ended, or preempted) is no longer suspected."""
+        alive = set(running)
         for gone in [s for s in self._suspects if s not in alive]:
             del self._suspects[gone]
         self._probe = next(iter(self._suspects), None)
+        return self._probe
 
-    def failed(self, seq_ids: Iterable[str], error: str) -> None:
-        """The step that ran these sequences raised `error`."""
+    def failed(self, seq_ids: Iterable[str], error: str) -> str | None:
+        """The step that ran these sequences raised `error`; returns the sequence now held, if one ran
+        alone (it must not run again)."""
         self.consecutive += 1
         ran = [s for s in seq_ids if s not in self._held]
         if len(ran) == 1:  # it failed alone: held until a working step shows it is at fault
             self._suspects.pop(ran[0], None)
             self._held[ran[0]] = error
-        else:
-            for seq_id in ran:
-                self._suspects.setdefault(seq_id, None)
+            return ran[0]
+        for seq_id in ran:
+            self._suspects.setdefault(seq_id, None)
+        return None
 
     def succeeded(self, seq_ids: Iterable[str]) -> dict[str, str]:
         """The step that ran these sequences went through; returns the convicted: id -> the error."""
