@@ -55,22 +55,33 @@ def ping(conn: KafkaConnection, timeout_ms: int = 2000) -> bool:
 
 
 def ensure_topics(
-    conn: KafkaConnection, partitions: dict[str, int], replication_factor: int = 1
+    conn: KafkaConnection, partitions: dict[str, int], replication_factor: int = 1, grow: bool = False
 ) -> list[str]:
-    """Create missing topics and grow under-partitioned ones; return what changed, for the log."""
+    """Create missing topics; return what changed, and what was left alone that differs, for the log.
+
+    An existing topic with fewer partitions than configured is grown only with `grow`: Kafka places a key
+    by the partition count, so growing moves keys to other partitions, breaking per-job order and the
+    key-to-partition look-ups of running workers and clients (a job's records and its result or tokens
+    would be split across two partitions). Without `grow` such a topic is reported and left as it is.
+    """
     with KafkaAdminClient(**conn.client_options(), client_id="inferq-up") as admin:
         existing = {t["name"]: len(t["partitions"]) for t in admin.describe_topics()}
         missing = {t: n for t, n in partitions.items() if t not in existing}
-        grow = {t: n for t, n in partitions.items() if t in existing and existing[t] < n}
+        fewer = {t: n for t, n in partitions.items() if t in existing and existing[t] < n}
         if missing:
             spec = {
                 t: {"num_partitions": n, "replication_factor": replication_factor} for t, n in missing.items()
             }
             admin.create_topics(spec, wait_for_metadata=True)
-        if grow:
-            admin.create_partitions(grow)
-    return [f"created {t} ({n} partitions)" for t, n in missing.items()] + [
-        f"grew {t} to {n} partitions" for t, n in grow.items()
+        if fewer and grow:
+            admin.create_partitions(fewer)
+    lines = [f"created {t} ({n} partitions)" for t, n in missing.items()]
+    if grow:
+        return lines + [f"grew {t} from {existing[t]} to {n} partitions" for t, n in fewer.items()]
+    return lines + [
+        f"warning: {t} has {existing[t]} partitions, {n} configured; left as it is (growing it moves "
+        "keys to other partitions: `inferq up --grow-partitions` does it)"
+        for t, n in fewer.items()
     ]
 
 
