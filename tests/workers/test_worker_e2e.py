@@ -188,6 +188,27 @@ def test_duplicates_and_redeliveries_yield_one_terminal_row_and_result(deploymen
     assert job_rows(db, [job["job_id"]])[job["job_id"]] == rows[job["job_id"]]
 
 
+def test_results_and_token_events_carry_the_jobs_headers(deployment):
+    dep, client, db, _ = deployment
+    since = now_ms()
+    job_id = client.submit(
+        {"job_id": f"headers-{dep.topic_prefix}", "tenant": "acme", "prompt": "tag me", "max_tokens": 6}
+    ).job_id
+    client.flush()
+    wait_terminal(db, [job_id])
+    key = job_id.encode()
+    results = read_topic(dep, dep.topics.results, since, lambda rs: any(r.key == key for r in rs))
+    tokens = read_topic(
+        dep,
+        dep.topics.tokens,
+        since,
+        lambda rs: any(r.key == key and json.loads(r.value)["finish_reason"] for r in rs),
+    )
+    ours = [r for r in results + tokens if r.key == key]
+    assert len(ours) >= 2
+    assert {r.headers for r in ours} == {(("job_id", key), ("attempt", b"1"), ("tenant", b"acme"))}
+
+
 def test_metrics_endpoint_counts_what_happened(deployment):
     dep, client, db, worker = deployment
     job_id = client.submit(

@@ -34,6 +34,7 @@ from workers.db.outbox import (
 from workers.kafka_io import Delivery, KeyLookup, Producer
 from workers.serving.delivery import deliver
 from workers.serving.failpoints import crash_if
+from workers.serving.headers import job_headers
 from workers.serving.result_lookup import published_already, result_message
 from workers.serving.retry import Backoff, describe_error, retry_transient
 from workers.serving.writes import (
@@ -232,7 +233,8 @@ class Persister:
             log.error("marking %d results published failed: %s", len(ids), describe_error(exc))
 
     def _send_result(self, result: JobResult) -> Delivery:
-        return self._producer.send(self._topics.results, result.job_id, result_message(result))
+        headers = job_headers(result.job_id, result.attempt, result.tenant)
+        return self._producer.send(self._topics.results, result.job_id, result_message(result), headers)
 
     def _crash_if(self, name: str, stored: Stored) -> None:
         crash_if(self._failpoint, name, any(row.status == "succeeded" for row in stored.outbox))
