@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 
 from kafka import KafkaAdminClient
+from kafka.admin import ConfigResource
 from kafka.errors import KafkaError
 
 from workers.settings import KafkaConnection
@@ -83,6 +84,18 @@ def ensure_topics(
         "keys to other partitions: `inferq up --grow-partitions` does it)"
         for t, n in fewer.items()
     ]
+
+
+def max_message_bytes(conn: KafkaConnection, topic: str, timeout_s: float = 5.0) -> int | None:
+    """The largest record batch the topic takes (`max.message.bytes`); None when the broker does not say."""
+    ms = max(1000, int(timeout_s * 1000))
+    options = dict(bootstrap_timeout_ms=ms, request_timeout_ms=ms, client_id="inferq-limits")
+    with KafkaAdminClient(**conn.client_options(), **options) as admin:
+        found = admin.describe_configs(
+            [ConfigResource("TOPIC", topic, ["max.message.bytes"])], config_filter="all"
+        )
+    value = found.get("topic", {}).get(topic, {}).get("max.message.bytes", {}).get("value")
+    return int(value) if value is not None else None
 
 
 def delete_topics(conn: KafkaConnection, prefix: str) -> list[str]:

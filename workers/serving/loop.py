@@ -70,8 +70,9 @@ class Worker:
         self.control = until_available(lambda: BroadcastReader(conn, topics.control, cid + "-control"), where)
         self.ready = threading.Event()  # records or admission decisions are waiting for the loop
         self.intake_thread = IntakeThread(self.consumer, self.control, self.ready, options.poll_s)
-        # a short block: while the broker is away, sends fail fast and the engine loop keeps generating
-        self.producer = until_available(lambda: Producer(conn, cid, max_block_s=0.5), where)
+        # a short block: while the broker is away, sends fail fast and the engine loop keeps generating;
+        # sizes checked: a result or dead letter too large for its topic must not break the producer
+        self.producer = until_available(lambda: Producer(conn, cid, max_block_s=0.5, check_sizes=True), where)
         drop, log_config = self.metrics.token_events_dropped.inc, (options.worker_id, *logs.current())
         self.events = TokenEventSender(conn, cid + "-events", topics.tokens, drop, log_config)
         self.db = make_engine(settings.database_url)
