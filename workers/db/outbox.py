@@ -9,6 +9,10 @@ was committed; or a send that failed after it left) is looked for in the results
 row's `finished_at`, and sent only if it is not there. Results are always built from the stored row, so
 in the one window left (a lookup that misses a send the broker writes only afterwards) a second copy is
 byte-for-byte the same message.
+
+A result too large for the results topic is noted in its row (`error`, starting with COMPACT_NOTE) and
+from then on built in its compact form (see `result_from_row`): the row stays what it was, output and all,
+and whoever publishes it later (a redelivery) builds the same compact message.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, Row, bindparam, func, select
+from sqlalchemy import Connection, Row, bindparam, func, literal, select
 
 from schemas.jobs import JobResult, Timings, Usage
 from schemas.tables import TERMINAL_STATUSES, jobs
@@ -24,14 +28,22 @@ from schemas.tables import TERMINAL_STATUSES, jobs
 # Engine finish reasons that are not in the contract's FinishReasonName map to these.
 _FINISH_REASONS = {"stop", "length", "abort", "expired", "rejected", "error"}
 
+# Starts the `error` of a row whose full result the results topic refused for its size.
+COMPACT_NOTE = "result too large for the results topic"
+COMPACT_ERROR_CHARS = 1000  # of the row's error, in a compact result: it must stay small
+
 
 def result_from_row(row: Row) -> JobResult:
+    """The row's result message. For a row noted as too large to publish, its compact form: what can grow
+    without bound (output_text, the request's metadata) is left out, the row keeps it; and a result never
+    says `succeeded` without its output, so a succeeded job's compact result is `failed` (finish reason
+    `error`) with the note saying why and where the output is."""
     usage = None
     if row.prompt_tokens is not None or row.completion_tokens is not None:
         usage = Usage(prompt_tokens=row.prompt_tokens or 0, completion_tokens=row.completion_tokens or 0)
     finish = row.finish_reason if row.finish_reason in _FINISH_REASONS else None
     params = row.params or {}
-    return JobResult(
+    fields = dict(
         job_id=row.job_id,
         status=row.status,
         tenant=row.tenant,
@@ -46,6 +58,30 @@ def result_from_row(row: Row) -> JobResult:
         error=row.error,
         metadata=params.get("metadata") or {},
     )
+    if is_compact(row.error):
+        fields.update(output_text=None, metadata={}, error=row.error[:COMPACT_ERROR_CHARS])
+        if row.status == "succeeded":
+            fields.update(status="failed", finish_reason="error")
+    return JobResult(**fields)
+
+
+def is_compact(error: str | None) -> bool:
+    """Whether a row's (or result's) error marks its result as the compact form."""
+    return error is not None and error.startswith(COMPACT_NOTE)
+
+
+def note_too_large(conn: Connection, job_id: str, worker_id: str, note: str, now: datetime) -> Row | None:
+    """Mark a row whose result this worker publishes as too large (its result is the compact form from
+    now on); `note` starts with COMPACT_NOTE and goes before the row's own error. None when the row is no
+    longer this worker's to publish (taken over, or published)."""
+    prior = func.coalesce(literal("; ") + jobs.c.error, literal(""))
+    stmt = (
+        jobs.update()
+        .where(jobs.c.job_id == job_id, jobs.c.publisher == worker_id, jobs.c.published_at.is_(None))
+        .values(error=literal(note) + prior, updated_at=now)
+        .returning(*jobs.c)
+    )
+    return conn.execute(stmt).first()
 
 
 LEASE_S = 30.0  # longer than one publish round (5 s) plus the backoff between rounds (at most 5 s)

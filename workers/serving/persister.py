@@ -7,7 +7,9 @@ The engine loop never waits for PostgreSQL between steps. For each batch, in ord
   4. set `published_at` on those rows (the outbox: until then a redelivery republishes them);
   5. release the batch's source offsets for committing.
 Transient failures (service down, timeouts) retry with jittered exponential backoff and never drop work;
-a committed offset therefore never passes an unstored job or an unpublished result.
+a committed offset therefore never passes an unstored job or an unpublished result. A result the broker
+refuses for its size is published in its compact form (outbox.result_from_row); one refused even so stays
+unpublished, its records unacked, and is tried again every REFUSED_RETRY_S.
 """
 
 from __future__ import annotations
@@ -22,16 +24,20 @@ from dataclasses import dataclass
 from schemas.jobs import JobResult
 from schemas.topics import Topics
 from workers.clock import utcnow
-from workers.db import Engine
+from workers.db import Engine, Row
 from workers.db.jobs import cancel_requested
 from workers.db.outbox import (
+    COMPACT_NOTE,
     LEASE_S,
     count_unpublished,
+    is_compact,
     mark_published,
+    note_too_large,
     renew,
     result_from_row,
 )
 from workers.kafka_io import Delivery, KeyLookup, Producer
+from workers.kafka_io.errors import kafka_too_large
 from workers.serving.delivery import deliver
 from workers.serving.failpoints import crash_if
 from workers.serving.headers import job_headers
@@ -39,6 +45,7 @@ from workers.serving.result_lookup import published_already, result_message
 from workers.serving.retry import Backoff, describe_error, retry_transient
 from workers.serving.writes import (
     Rejected,
+    Republish,
     Source,
     Stored,
     WriteContext,
@@ -46,6 +53,7 @@ from workers.serving.writes import (
     apply_all,
     await_stream_ends,
     describe_item,
+    job_of,
 )
 
 log = logging.getLogger(__name__)
@@ -53,6 +61,7 @@ log = logging.getLogger(__name__)
 CANCEL_WATCH_S = 2.0  # how often recorded cancels of this worker's in-flight jobs are looked up
 UNPUBLISHED_COUNT_S = 30.0
 STREAM_END_WAIT_S = 10.0  # at most, per batch, for the broker to confirm jobs' last token events
+REFUSED_RETRY_S = 2 * LEASE_S  # a result refused even in its compact form: tried again this much later
 
 
 @dataclass(frozen=True)
@@ -195,25 +204,58 @@ class Persister:
         stored = self._store(items)
         self._crash_if("crash-before-publish", stored)
         deliver("results", {r.job_id: lambda r=r: self._send_result(r) for r in stored.direct})
-        results = {row.job_id: result_from_row(row) for row in stored.outbox}
-        deliver(
-            "results",
-            {job_id: lambda r=r: self._send_result(r) for job_id, r in results.items()},
-            keep=lambda ids: self._keep(ids, claimed),
-            delivered=lambda ids: self._mark_published(ids, stored),
-            landed=lambda ids: published_already(self._published, self._topics.results, ids, results),
-            unsure=stored.unsure,
-        )
+        refused = self._publish(stored.outbox, claimed, stored.unsure, stored)
         self.written += len(items)
         for item, later in stored.superseded:
             log.info("%s: attempt dropped, the job runs from %s now", describe_item(item), later)
         unacked = {id(item) for item in stored.deferred} | {id(item) for item, _ in stored.superseded}
+        unacked |= {id(item) for item in items if item.sources and job_of(item) in refused}
         acks = [s for item in items if id(item) not in unacked for s in item.sources]
         acks += [s for item, later in stored.superseded for s in item.sources if s != later]
         for source in acks:
             self._done.put(source)
         if stored.deferred:  # another live worker publishes these: look again once its lease may lapse
             self._later.append((time.monotonic() + LEASE_S / 2, stored.deferred))
+        if refused:  # their records wait, unacked, for a publish that may work later (or a redelivery)
+            self._later.append((time.monotonic() + REFUSED_RETRY_S, _republish(items, refused)))
+
+    def _publish(self, rows: list[Row], claimed: float, unsure: set[str], stored: Stored) -> set[str]:
+        """Publish outbox rows' results (their leases claimed at `claimed`) and mark them published; the
+        job_ids whose result the broker refused even in its compact form."""
+        results = {row.job_id: result_from_row(row) for row in rows}
+        return deliver(
+            "results",
+            {job_id: lambda job_id=job_id: self._send_result(results[job_id]) for job_id in results},
+            keep=lambda ids: self._keep(ids, claimed),
+            delivered=lambda ids: self._mark_published(ids, stored),
+            landed=lambda ids: published_already(self._published, self._topics.results, ids, results),
+            unsure=unsure,
+            refused=lambda job_id, exc: self._compact(job_id, exc, results),
+        )
+
+    def _compact(self, job_id: str, exc: BaseException, results: dict[str, JobResult]):
+        """A result the broker refused: the send of its compact form, once its row says so (so whoever
+        publishes the row later builds the same message), or None when there is nothing smaller to send."""
+        result = results[job_id]
+        if not kafka_too_large(exc) or is_compact(result.error):
+            return None
+        size = len(result_message(result))
+        note = (
+            f"{COMPACT_NOTE} ({size} bytes; {describe_error(exc)}): published without output_text and "
+            "metadata, which this row keeps"
+        )
+        noting = lambda conn: note_too_large(conn, job_id, self._worker_id, note, utcnow())  # noqa: E731
+        try:
+            row = self._retry("noting a result too large", lambda: self._in_tx(noting))
+        except Exception as again:  # noqa: BLE001 - the row stays as it is: tried again later
+            log.error("job %s: could not note its result as too large: %s", job_id, describe_error(again))
+            return None
+        if row is None:  # no longer ours to publish (taken over, or published meanwhile)
+            return None
+        results[job_id] = result_from_row(row)
+        log.error("job %s: its result (%d bytes) is too large for the results topic; publishing it "
+                  "without output_text and metadata (its row keeps them)", job_id, size)  # fmt: skip
+        return lambda: self._send_result(results[job_id])
 
     def _keep(self, ids: list[str], claimed: float) -> set[str]:
         """The results still this worker's to publish, their leases renewed. Leases written moments ago
@@ -301,6 +343,16 @@ def _drain(q: queue.Queue) -> list:
             out.append(q.get_nowait())
         except queue.Empty:
             return out
+
+
+def _republish(items: list[WriteItem], job_ids: set[str]) -> list[WriteItem]:
+    """One Republish per job, carrying every record of these items that waits for its result."""
+    sources: dict[str, list[Source]] = {}
+    for item in items:
+        job_id = job_of(item)
+        if job_id in job_ids and item.sources:
+            sources.setdefault(job_id, []).extend(item.sources)
+    return [Republish(job_id, tuple(srcs)) for job_id, srcs in sources.items()]
 
 
 def _name(r: Rejected, n: int) -> str:

@@ -248,6 +248,10 @@ def await_stream_ends(items: Sequence[object], timeout_s: float) -> None:
             )
 
 
+def job_of(item: object) -> str | None:
+    """The job_id an item writes (None for a record without one)."""
+    return getattr(item, "job_id", None) or getattr(getattr(item, "row", None), "job_id", None)
+
+
 def describe_item(item: object) -> str:
-    job_id = getattr(item, "job_id", None) or getattr(getattr(item, "row", None), "job_id", "?")
-    return f"{type(item).__name__.lower()} of job {job_id}"
+    return f"{type(item).__name__.lower()} of job {job_of(item) or '?'}"
