@@ -118,6 +118,13 @@ def test_a_refused_message_can_be_replaced_and_a_refused_replacement_is_given_up
     assert {error for _, error in offered} == {"MessageSizeTooLargeError"}
 
 
+def test_what_is_left_at_the_deadline_is_neither_delivered_nor_given_up():
+    topic = Topic({"a": [KafkaConnectionError("away")] * 100})
+    delivered: list[str] = []
+    given_up = deliver("results", topic.sends("a"), delivered=delivered.extend, until=0.0)
+    assert delivered == [] and given_up == set() and topic.sent["a"] == 0
+
+
 def test_a_message_no_longer_ours_is_neither_looked_for_nor_sent():
     topic = Topic({"a": [KafkaConnectionError("lost")]})
     rounds = iter([{"a"}, set()])

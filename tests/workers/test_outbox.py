@@ -3,9 +3,10 @@ holds its publish lease, and is looked for before a dead publisher's result is s
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from kafka.admin import ConfigResource, KafkaAdminClient
@@ -24,7 +25,7 @@ from tests.workers.worker_factories import job_rows, make_deployment, now_ms, re
 from workers.db.connect import make_engine
 from workers.db.jobs import Terminal, finish
 from workers.db.outbox import COMPACT_NOTE, LEASE_S, claim, result_from_row
-from workers.kafka_io import Producer, Record
+from workers.kafka_io import KeyLookup, Producer, Record
 from workers.kafka_io.admin import max_message_bytes
 from workers.serving.admission import Admitter
 from workers.serving.persister import Persister
@@ -224,3 +225,43 @@ def test_a_result_refused_even_compact_holds_its_record_until_it_goes_out(small_
     assert row["published_at"] is not None and row["output_text"] == "y" * 20_000
     [result] = results_by_job(dep, since, 1)[job_id]
     assert result.status == "failed" and result.output_text is None
+
+
+def test_the_sweeper_publishes_what_nobody_publishes_and_only_its_own_deployments(env):
+    """Rows whose publisher died, and whose records will not come again: the sweeper claims and publishes
+    this deployment's, and leaves another deployment's (same database, other topics) to that one."""
+    dep, db, producer = env
+    since = now_ms()
+    base = f"sweep-{uuid.uuid4().hex[:8]}"
+    ours, theirs, live = f"{base}-ours", f"{base}-theirs", f"{base}-live"
+    admit_jobs(dep, db, "w-dead", {ours: 80, live: 82})
+    other = dataclasses.replace(dep, topic_prefix=f"{dep.topic_prefix}x")
+    admit_jobs(other, db, "w-dead", {theirs: 81})
+    now = datetime.now(UTC)
+    values = {"output_text": "left behind", "finish_reason": "stop", "finished_at": now}
+    with db.begin() as conn:
+        for job_id in (ours, theirs):  # w-dead wrote them and died: their leases lapsed
+            finish(
+                conn,
+                Terminal(job_id, "succeeded", {**values, **claim("w-dead", now - timedelta(minutes=5))}),
+                now,
+            )
+        finish(conn, Terminal(live, "succeeded", {**values, **claim("w-live", now)}), now)  # still publishing
+    published = KeyLookup(dep.kafka_connection, "inferq-test-lookup")
+    persister = Persister(
+        db, producer, dep.topics, "w-test", dead_letter=None, published=published, sweep_s=0.5
+    )
+    persister.start()
+    try:
+        wait_until(lambda: job_rows(db, [ours])[ours]["published_at"] is not None, timeout_s=60)
+        time.sleep(1.5)  # a few more sweeps
+    finally:
+        persister.close()
+        rows = job_rows(db, [ours, theirs, live])
+        with db.begin() as conn:  # nobody serves the other deployment: leave no outbox row behind
+            conn.execute(jobs.delete().where(jobs.c.job_id.in_([theirs, live])))
+    assert rows[ours]["publisher"] == "w-test"
+    assert (rows[theirs]["published_at"], rows[theirs]["publisher"]) == (None, "w-dead")
+    assert (rows[live]["published_at"], rows[live]["publisher"]) == (None, "w-live")
+    [result] = results_by_job(dep, since, 1)[ours]
+    assert (result.status, result.output_text, result.tenant) == ("succeeded", "left behind", "t-a")

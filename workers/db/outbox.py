@@ -12,7 +12,9 @@ byte-for-byte the same message.
 
 A result too large for the results topic is noted in its row (`error`, starting with COMPACT_NOTE) and
 from then on built in its compact form (see `result_from_row`): the row stays what it was, output and all,
-and whoever publishes it later (a redelivery) builds the same compact message.
+and whoever publishes it later (a sweeper, a redelivery) builds the same compact message.
+Rows whose lease lapsed are claimed by every worker's sweeper (`claim_lapsed`), a bounded batch at a time,
+so their results go out without waiting for a redelivery of their records.
 """
 
 from __future__ import annotations
@@ -112,19 +114,21 @@ _RENEW = (
 _MARK_PUBLISHED = jobs.update().where(*_MINE).values(published_at=bindparam("at"), publish_lease_until=None)
 
 
+def _unpublished():
+    return (jobs.c.status.in_(TERMINAL_STATUSES), jobs.c.published_at.is_(None))
+
+
+def _lapsed(now: datetime):
+    """No live publisher: its writer never claimed it, or died (or stalled) past its lease."""
+    return jobs.c.publish_lease_until.is_(None) | (jobs.c.publish_lease_until < now)
+
+
 def take_over(conn: Connection, job_id: str, worker_id: str, now: datetime) -> tuple[str, Row | None]:
     """For a redelivered terminal job: ("published", None), ("taken", row) when this worker may publish
     its result now (its own lease, or a lapsed one), or ("held", None) while another publisher's holds."""
     stmt = (
         jobs.update()
-        .where(
-            jobs.c.job_id == job_id,
-            jobs.c.status.in_(TERMINAL_STATUSES),
-            jobs.c.published_at.is_(None),
-            (jobs.c.publisher == worker_id)
-            | jobs.c.publish_lease_until.is_(None)
-            | (jobs.c.publish_lease_until < now),
-        )
+        .where(jobs.c.job_id == job_id, *_unpublished(), (jobs.c.publisher == worker_id) | _lapsed(now))
         .values(**claim(worker_id, now))
         .returning(*jobs.c)
     )
@@ -135,11 +139,34 @@ def take_over(conn: Connection, job_id: str, worker_id: str, now: datetime) -> t
     return ("held", None) if published is not None and published.published_at is None else ("published", None)
 
 
+def claim_lapsed(
+    conn: Connection, worker_id: str, now: datetime, source_topics: Sequence[str], limit: int
+) -> list[Row]:
+    """Claim (as `take_over` does) up to `limit` unpublished terminal rows whose lease lapsed, oldest
+    first, among the jobs that came from `source_topics` (one deployment's: a database may serve several,
+    and a result must go to its own deployment's topic). Rows another sweeper is claiming at the same time
+    are skipped, not waited for."""
+    pick = (
+        select(jobs.c.job_id)
+        .where(*_unpublished(), _lapsed(now), jobs.c.source_topic.in_(list(source_topics)))
+        .order_by(jobs.c.finished_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    stmt = (
+        jobs.update()
+        .where(jobs.c.job_id.in_(pick), *_unpublished(), _lapsed(now))
+        .values(**claim(worker_id, now))
+        .returning(*jobs.c)
+    )
+    return list(conn.execute(stmt))
+
+
 def mark_published(conn: Connection, job_ids: Sequence[str], worker_id: str, now: datetime) -> None:
     if job_ids:
         conn.execute(_MARK_PUBLISHED, {"ids": list(job_ids), "worker": worker_id, "at": now})
 
 
 def count_unpublished(conn: Connection) -> int:
-    query = select(func.count()).where(jobs.c.status.in_(TERMINAL_STATUSES), jobs.c.published_at.is_(None))
+    query = select(func.count()).where(*_unpublished())
     return int(conn.execute(query).scalar_one())

@@ -75,6 +75,7 @@ def deliver(
     landed: Callable[[list[str]], set[str]] | None = None,
     unsure: Iterable[str] = (),
     refused: Callable[[str, BaseException], Callable[[], Delivery] | None] | None = None,
+    until: float | None = None,
 ) -> set[str]:
     """Send every message and wait for the broker; resend only those that failed. Returns the names
     whose message the broker refused for good (their senders must not count them as delivered).
@@ -82,7 +83,8 @@ def deliver(
     A message still on its way is never sent again (a second copy could land after the first).
     Before each round, `keep` says which messages are still this worker's to send (a publish lease it
     renews); after each round, `delivered` hears which ones the broker has. Transient failures retry
-    with backoff for as long as it takes. A message the broker can never take (too large, invalid) is
+    with backoff for as long as it takes (or until the monotonic time `until`, when given: what is left
+    then is neither delivered nor refused). A message the broker can never take (too large, invalid) is
     offered to `refused`, which may return a send of a replacement message (e.g. a smaller form of it)
     that takes its place; without one the message is logged and given up.
 
@@ -118,6 +120,9 @@ def deliver(
         given_up.add(name)
 
     while pending:
+        if until is not None and time.monotonic() >= until:
+            log.info("%d %s not sent in the time given; left for later", len(pending), what)
+            break
         keep_ours()
         looked = bool(doubts.names & set(pending))
         done, error = doubts.settle(pending)

@@ -4,12 +4,13 @@ The engine loop never waits for PostgreSQL between steps. For each batch, in ord
   1. dead-letter the rejected records (the broker has them before anything else happens);
   2. store every item: one transaction, or item by item when PostgreSQL refuses one (see writes.py);
   3. publish the results of the stored rows, retrying only the sends that failed;
-  4. set `published_at` on those rows (the outbox: until then a redelivery republishes them);
+  4. set `published_at` on those rows (the outbox: until then a redelivery or a sweeper republishes them);
   5. release the batch's source offsets for committing.
 Transient failures (service down, timeouts) retry with jittered exponential backoff and never drop work;
 a committed offset therefore never passes an unstored job or an unpublished result. A result the broker
 refuses for its size is published in its compact form (outbox.result_from_row); one refused even so stays
-unpublished, its records unacked, and is tried again every REFUSED_RETRY_S.
+unpublished, its records unacked, and is tried again every REFUSED_RETRY_S. Between batches, the sweeper
+(sweeper.py) publishes this deployment's results that no live worker is publishing.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from workers.serving.failpoints import crash_if
 from workers.serving.headers import job_headers
 from workers.serving.result_lookup import published_already, result_message
 from workers.serving.retry import Backoff, describe_error, retry_transient
+from workers.serving.sweeper import SWEEP_S, Sweeper
 from workers.serving.writes import (
     Rejected,
     Republish,
@@ -82,7 +84,9 @@ class Persister:
         published: KeyLookup,
         in_flight: Callable[[], Sequence[str]] = tuple,
         failpoint: str = "",
+        sweep_s: float | None = SWEEP_S,
     ) -> None:
+        """`sweep_s`: how often to sweep the outbox for results nobody publishes (None: never)."""
         self._engine = engine
         self._producer = producer
         self._topics = topics
@@ -101,6 +105,10 @@ class Persister:
         self._thread = threading.Thread(target=self._run, name="inferq-persister", daemon=True)
         self.written = 0  # items stored
         self._later: list[tuple[float, list[WriteItem]]] = []  # deferred items: (due, items)
+        self._sweeper = None
+        if sweep_s is not None:
+            sources = (*topics.all_jobs, topics.control)
+            self._sweeper = Sweeper(engine, worker_id, sources, self._publish_swept, interval_s=sweep_s)
 
     # ---- engine-loop side -------------------------------------------------------------------
     def start(self) -> None:
@@ -155,8 +163,12 @@ class Persister:
                 self._later = [(at, items) for at, items in self._later if at > now]
                 for items in due:  # back in line, counted in the depth again (they were never done)
                     self.submit(items)
+            wait_s = CANCEL_WATCH_S
+            if self._sweeper is not None:
+                self._sweeper.sweep_if_due()
+                wait_s = min(wait_s, self._sweeper.wait_s())
             try:
-                first = self._inbox.get(timeout=CANCEL_WATCH_S)
+                first = self._inbox.get(timeout=wait_s)
             except queue.Empty:
                 continue
             if first is None:
@@ -219,7 +231,14 @@ class Persister:
         if refused:  # their records wait, unacked, for a publish that may work later (or a redelivery)
             self._later.append((time.monotonic() + REFUSED_RETRY_S, _republish(items, refused)))
 
-    def _publish(self, rows: list[Row], claimed: float, unsure: set[str], stored: Stored) -> set[str]:
+    def _publish(
+        self,
+        rows: list[Row],
+        claimed: float,
+        unsure: set[str],
+        stored: Stored | None,
+        until: float | None = None,
+    ) -> set[str]:
         """Publish outbox rows' results (their leases claimed at `claimed`) and mark them published; the
         job_ids whose result the broker refused even in its compact form."""
         results = {row.job_id: result_from_row(row) for row in rows}
@@ -231,7 +250,12 @@ class Persister:
             landed=lambda ids: published_already(self._published, self._topics.results, ids, results),
             unsure=unsure,
             refused=lambda job_id, exc: self._compact(job_id, exc, results),
+            until=until,
         )
+
+    def _publish_swept(self, rows: list[Row], claimed: float, until: float) -> None:
+        # each may be out already: its publisher died, maybe after the broker took it
+        self._publish(rows, claimed, {row.job_id for row in rows}, None, until)
 
     def _compact(self, job_id: str, exc: BaseException, results: dict[str, JobResult]):
         """A result the broker refused: the send of its compact form, once its row says so (so whoever
@@ -266,8 +290,9 @@ class Persister:
         renewing = lambda conn: renew(conn, ids, self._worker_id, utcnow())  # noqa: E731
         return self._retry("renewing publish leases", lambda: self._in_tx(renewing))
 
-    def _mark_published(self, ids: list[str], stored: Stored) -> None:
-        self._crash_if("crash-after-publish", stored)
+    def _mark_published(self, ids: list[str], stored: Stored | None) -> None:
+        if stored is not None:
+            self._crash_if("crash-after-publish", stored)
         try:
             mark = lambda conn: mark_published(conn, ids, self._worker_id, utcnow())  # noqa: E731
             self._retry("marking results published", lambda: self._in_tx(mark))

@@ -214,7 +214,11 @@ class CancelRequested(_NoFallback):
     sources: tuple[Source, ...] = ()  # the control record, when this worker owns the control partition
 
     def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
-        return _outbox(request_cancel(conn, self.job_id, self.tenant, self.at, ctx.worker_id, ctx.claim))
+        values = ctx.claim
+        if self.sources:  # a `cancelled` row's source is its control record (the sweeper finds it by it)
+            topic, partition, offset = self.sources[0]
+            values = {**values, "source_topic": topic, "source_partition": partition, "source_offset": offset}
+        return _outbox(request_cancel(conn, self.job_id, self.tenant, self.at, ctx.worker_id, values))
 
 
 @dataclass(frozen=True)
