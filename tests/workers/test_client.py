@@ -10,9 +10,11 @@ import threading
 import pytest
 from sqlalchemy import create_engine
 
+from schemas.jobs import TokenEvent
 from tests.services.factories import make_private_services
 from tests.workers.worker_factories import make_deployment, now_ms, start_worker, wait_terminal
 from workers.client import DeliveryFailed, JobClient, JobTimeout, Submitted
+from workers.kafka_io import Producer
 
 
 def test_importing_the_client_loads_neither_torch_nor_celery():
@@ -108,3 +110,23 @@ def test_submit_raises_when_the_broker_is_gone(tmp_path):
         client.close()  # bounded by timeout_s too
     finally:
         private.cli("down", "--purge", check=False)
+
+
+@pytest.mark.services
+def test_stream_skips_copies_and_the_events_of_an_attempt_a_later_one_replaced(settings):
+    """Attempt 1 ran on a worker that lost the job; attempt 2 redoes it. A late event of attempt 1 and
+    copies of events already seen (producer retries) are not yielded, nor do they end the stream."""
+    dep = make_deployment(settings)
+    job_id, since = f"dedupe-{dep.topic_prefix}", now_ms()
+    sent = [(1, 0, None), (1, 1, None), (1, 1, None), (2, 0, None), (1, 2, "abort"), (2, 0, None),
+            (2, 1, None), (1, 3, None), (2, 2, "stop")]  # fmt: skip
+    producer = Producer(dep.kafka_connection, "inferq-test-dedupe")
+    for attempt, seq, finish in sent:
+        event = TokenEvent(job_id=job_id, attempt=attempt, seq=seq, text=f"{attempt}.{seq} ",
+                           token_ids=[seq], finish_reason=finish)  # fmt: skip
+        producer.send(dep.topics.tokens, job_id, event.model_dump_json().encode())
+    producer.flush(30)
+    producer.close()
+    with JobClient(dep) as client:
+        got = [(e.attempt, e.seq) for e in client.stream(job_id, timeout_s=60, since_ms=since)]
+    assert got == [(1, 0), (1, 1), (2, 0), (2, 1), (2, 2)]

@@ -91,12 +91,38 @@ def test_without_a_lookup_a_failed_send_is_resent():
     assert topic.messages["a"] == 2  # the duplicate the lookup exists to prevent
 
 
-def test_a_message_the_broker_never_takes_is_dropped_not_retried():
+def test_a_message_the_broker_never_takes_is_given_up_not_retried():
     topic = Topic({"a": [MessageSizeTooLargeError("too big")]})
     delivered: list[str] = []
-    deliver("results", topic.sends("ab"), delivered=delivered.extend, landed=topic.landed)
+    given_up = deliver("results", topic.sends("ab"), delivered=delivered.extend, landed=topic.landed)
     assert topic.sent == Counter({"a": 1, "b": 1}) and delivered == ["b"]
-    assert topic.lookups == []
+    assert topic.lookups == [] and given_up == {"a"}
+
+
+def test_a_refused_message_can_be_replaced_and_a_refused_replacement_is_given_up():
+    topic = Topic({"a": [MessageSizeTooLargeError("too big")], "b": [MessageSizeTooLargeError("too big")],
+                   "b-small": [MessageSizeTooLargeError("still too big")]})  # fmt: skip
+    offered: list[tuple[str, str]] = []
+
+    def refused(name, exc):
+        offered.append((name, type(exc).__name__))
+        if len([n for n, _ in offered if n == name]) > 1:
+            return None  # the replacement was refused too: nothing smaller
+        return lambda: topic.send(f"{name}-small")
+
+    delivered: list[str] = []
+    given_up = deliver("results", topic.sends("abc"), delivered=delivered.extend, refused=refused)
+    assert sorted(delivered) == ["a", "c"] and given_up == {"b"}
+    assert topic.messages == Counter({"a-small": 1, "c": 1})
+    assert sorted(name for name, _ in offered) == ["a", "b", "b"]
+    assert {error for _, error in offered} == {"MessageSizeTooLargeError"}
+
+
+def test_what_is_left_at_the_deadline_is_neither_delivered_nor_given_up():
+    topic = Topic({"a": [KafkaConnectionError("away")] * 100})
+    delivered: list[str] = []
+    given_up = deliver("results", topic.sends("a"), delivered=delivered.extend, until=0.0)
+    assert delivered == [] and given_up == set() and topic.sent["a"] == 0
 
 
 def test_a_message_no_longer_ours_is_neither_looked_for_nor_sent():

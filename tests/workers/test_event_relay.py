@@ -19,12 +19,15 @@ from workers.settings import KafkaConnection
 
 
 def test_frames_round_trip_and_a_frame_cut_short_ends_the_stream():
-    stream = event_relay.event_frame(7, b"job-1", b'{"x": 1}') + event_relay.reply_frame(7, 1, "broker away")
+    headers = [("job_id", b"job-1"), ("tenant", "accént".encode()), ("empty", b"")]
+    stream = event_relay.event_frame(7, b"job-1", b'{"x": 1}', headers)
+    stream += event_relay.event_frame(0, b"job-3", b"{}") + event_relay.reply_frame(7, 1, "broker away")
     cut = event_relay.event_frame(0, b"job-2", b"{}")[:-1]
     payloads = list(event_relay.read_frames(io.BytesIO(stream + cut)))
-    assert len(payloads) == 2
-    assert event_relay.parse_event(payloads[0]) == (7, b"job-1", b'{"x": 1}')
-    assert event_relay.parse_reply(payloads[1]) == (7, 1, "broker away")
+    assert len(payloads) == 3
+    assert event_relay.parse_event(payloads[0]) == (7, b"job-1", b'{"x": 1}', headers)
+    assert event_relay.parse_event(payloads[1]) == (0, b"job-3", b"{}", [])
+    assert event_relay.parse_reply(payloads[2]) == (7, 1, "broker away")
 
 
 def _event(job_id: str, seq: int, final: bool = False) -> TokenEvent:
@@ -50,8 +53,8 @@ def test_events_arrive_in_order_and_a_killed_relay_is_replaced(settings):
     sender = TokenEventSender(conn, "inferq-test-relay", topic, drops.append)
     try:
         for seq in range(200):
-            sender.send(_event(job, seq))
-        sender.send(_event(job, 200, final=True), track=True).wait(30)  # confirmed by the broker
+            sender.send(_event(job, seq), "acme")
+        sender.send(_event(job, 200, final=True), "acme", track=True).wait(30)  # confirmed by the broker
 
         relay = psutil.Process(sender._relay.proc.pid)
         relay.kill()
@@ -64,8 +67,11 @@ def test_events_arrive_in_order_and_a_killed_relay_is_replaced(settings):
         sender.send(_event(f"{job}-b", 50, final=True), track=True).wait(30)
     finally:
         sender.close()
-    events = token_events(read_topic(dep, dep.topics.tokens, since, lambda rs: len(rs) >= 252))
+    records = read_topic(dep, dep.topics.tokens, since, lambda rs: len(rs) >= 252)
+    events = token_events(records)
     assert [e.seq for e in events[job]] == list(range(201))
+    expected = (("job_id", job.encode()), ("attempt", b"1"), ("tenant", b"acme"))
+    assert {r.headers for r in records if r.key == job.encode()} == {expected}
     after = [e.seq for e in events[f"{job}-b"]]
     assert after[-50:] == list(range(1, 51)) and set(after[:-50]) == {0}  # the probes that got through
 

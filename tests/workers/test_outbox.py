@@ -3,13 +3,17 @@ holds its publish lease, and is looked for before a dead publisher's result is s
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from kafka.admin import ConfigResource, KafkaAdminClient
 from sqlalchemy import select
 
+import workers.kafka_io.producer as producers
+import workers.serving.persister as persisters
 from schemas.tables import jobs
 from tests.workers.persistence_factories import (
     accepted,
@@ -17,13 +21,15 @@ from tests.workers.persistence_factories import (
     run_items,
     start_persister,
 )
-from tests.workers.worker_factories import job_rows, now_ms, results_by_job, wait_until
+from tests.workers.worker_factories import job_rows, make_deployment, now_ms, results_by_job, wait_until
+from workers.db.connect import make_engine
 from workers.db.jobs import Terminal, finish
-from workers.db.outbox import LEASE_S, claim, result_from_row
-from workers.kafka_io import Record
+from workers.db.outbox import COMPACT_NOTE, LEASE_S, claim, result_from_row
+from workers.kafka_io import KeyLookup, Producer, Record
+from workers.kafka_io.admin import max_message_bytes
 from workers.serving.admission import Admitter
 from workers.serving.persister import Persister
-from workers.serving.writes import Rejected, Republish
+from workers.serving.writes import Concluded, Rejected, Republish
 
 pytestmark = pytest.mark.services
 
@@ -128,3 +134,134 @@ def test_a_lease_written_moments_ago_is_kept_without_asking_and_an_older_one_is_
     # later the table decides: job 1's lease is extended, job 2 is no longer this worker's to publish
     assert persister._keep(ids, claimed=time.monotonic() - LEASE_S) == {ids[0]}
     assert job_rows(db, ids)[ids[0]]["publish_lease_until"] > values["publish_lease_until"]
+
+
+@pytest.fixture
+def small_results(settings):
+    """A deployment of its own whose results topic takes messages of at most `limit(n)` bytes."""
+    dep = make_deployment(settings)
+    db = make_engine(dep.database_url)
+    producer = Producer(dep.kafka_connection, "inferq-test-small-results", check_sizes=True)  # as workers
+
+    def limit(max_bytes: int) -> None:
+        with KafkaAdminClient(bootstrap_servers=dep.kafka) as admin:
+            topic = ConfigResource("TOPIC", dep.topics.results, {"max.message.bytes": str(max_bytes)})
+            admin.alter_configs([topic])
+        # the broker applies a change a moment after it accepted it, and its logs a moment after that
+        wait_until(lambda: max_message_bytes(dep.kafka_connection, dep.topics.results) == max_bytes, 30)
+        time.sleep(1.0)
+
+    yield dep, db, producer, limit
+    producer.close()
+    db.dispose()
+
+
+def _concluded(dep, db, outputs: dict[str, tuple[int, str]]) -> list[Concluded]:
+    """Admitted jobs (job_id -> (offset, output)) concluding as succeeded, with metadata in their params."""
+    admitter = Admitter(db, "w-test")
+    admitter.add([accepted(dep, job_id, offset=offset) for job_id, (offset, _) in outputs.items()])
+    admitter.run(lambda a: False)
+    with db.begin() as conn:
+        conn.execute(jobs.update().where(jobs.c.job_id.in_(list(outputs))).values(
+            params={"metadata": {"order": "o-1"}}))  # fmt: skip
+    now = datetime.now(UTC)
+    topic = dep.topics.jobs("normal")
+    return [
+        Concluded(
+            Terminal(
+                job_id, "succeeded", {"output_text": out, "finish_reason": "stop", "finished_at": now}, 1
+            ),
+            ((topic, 0, offset),),
+        )
+        for job_id, (offset, out) in outputs.items()
+    ]
+
+
+def test_a_result_too_large_for_the_topic_goes_out_compact_and_the_row_keeps_the_output(small_results):
+    """The broker refuses the full result for good: its record is acked only once the compact form (no
+    output_text, no metadata, `failed` with the reason) is out; the row keeps the job's outcome."""
+    dep, db, producer, limit = small_results
+    limit(4000)
+    since = now_ms()
+    big, small = f"big-{uuid.uuid4().hex[:8]}", f"small-{uuid.uuid4().hex[:8]}"
+    items = _concluded(dep, db, {big: (10, "x" * 20_000), small: (11, "fine")})
+    topic = dep.topics.jobs("normal")
+    assert run_items(start_persister(dep, db, producer), items) == {(topic, 0, 10), (topic, 0, 11)}
+    rows = job_rows(db, [big, small])
+    assert rows[big]["status"] == "succeeded" and rows[big]["output_text"] == "x" * 20_000
+    assert rows[big]["error"].startswith(COMPACT_NOTE) and "bytes" in rows[big]["error"]
+    assert all(row["published_at"] is not None for row in rows.values())
+    results = results_by_job(dep, since, 2)
+    [compact] = results[big]
+    assert (compact.status, compact.finish_reason, compact.output_text) == ("failed", "error", None)
+    assert compact.metadata == {} and compact.error.startswith(COMPACT_NOTE) and compact.attempt == 1
+    with db.connect() as conn:  # whoever publishes the row later builds the very same message
+        assert result_from_row(conn.execute(select(jobs).where(jobs.c.job_id == big)).one()) == compact
+    assert [(r.status, r.output_text, r.metadata) for r in results[small]] == [
+        ("succeeded", "fine", {"order": "o-1"})
+    ]
+
+
+def test_a_result_refused_even_compact_holds_its_record_until_it_goes_out(small_results, monkeypatch):
+    dep, db, producer, limit = small_results
+    monkeypatch.setattr(persisters, "REFUSED_RETRY_S", 1.0)
+    monkeypatch.setattr(producers, "LIMIT_REFRESH_S", 1.0)  # the producer sees a changed limit at once
+    limit(200)  # not even the compact form fits
+    since = now_ms()
+    job_id = f"huge-{uuid.uuid4().hex[:8]}"
+    items = _concluded(dep, db, {job_id: (20, "y" * 20_000)})
+    topic = dep.topics.jobs("normal")
+    persister = start_persister(dep, db, producer)
+    persister.submit(items)
+    wait_until(lambda: job_rows(db, [job_id])[job_id]["error"] is not None, timeout_s=60)
+    time.sleep(3)  # a retry or two, refused too
+    assert persister.acked() == []  # never acked while its result is not out
+    assert job_rows(db, [job_id])[job_id]["published_at"] is None
+    limit(1_000_000)  # the operator fixes the topic: the next retry publishes it
+    acked: list = []
+    wait_until(lambda: acked.extend(persister.acked()) or (topic, 0, 20) in acked, timeout_s=60)
+    persister.close()
+    row = job_rows(db, [job_id])[job_id]
+    assert row["published_at"] is not None and row["output_text"] == "y" * 20_000
+    [result] = results_by_job(dep, since, 1)[job_id]
+    assert result.status == "failed" and result.output_text is None
+
+
+def test_the_sweeper_publishes_what_nobody_publishes_and_only_its_own_deployments(env):
+    """Rows whose publisher died, and whose records will not come again: the sweeper claims and publishes
+    this deployment's, and leaves another deployment's (same database, other topics) to that one."""
+    dep, db, producer = env
+    since = now_ms()
+    base = f"sweep-{uuid.uuid4().hex[:8]}"
+    ours, theirs, live = f"{base}-ours", f"{base}-theirs", f"{base}-live"
+    admit_jobs(dep, db, "w-dead", {ours: 80, live: 82})
+    other = dataclasses.replace(dep, topic_prefix=f"{dep.topic_prefix}x")
+    admit_jobs(other, db, "w-dead", {theirs: 81})
+    now = datetime.now(UTC)
+    values = {"output_text": "left behind", "finish_reason": "stop", "finished_at": now}
+    with db.begin() as conn:
+        for job_id in (ours, theirs):  # w-dead wrote them and died: their leases lapsed
+            finish(
+                conn,
+                Terminal(job_id, "succeeded", {**values, **claim("w-dead", now - timedelta(minutes=5))}),
+                now,
+            )
+        finish(conn, Terminal(live, "succeeded", {**values, **claim("w-live", now)}), now)  # still publishing
+    published = KeyLookup(dep.kafka_connection, "inferq-test-lookup")
+    persister = Persister(
+        db, producer, dep.topics, "w-test", dead_letter=None, published=published, sweep_s=0.5
+    )
+    persister.start()
+    try:
+        wait_until(lambda: job_rows(db, [ours])[ours]["published_at"] is not None, timeout_s=60)
+        time.sleep(1.5)  # a few more sweeps
+    finally:
+        persister.close()
+        rows = job_rows(db, [ours, theirs, live])
+        with db.begin() as conn:  # nobody serves the other deployment: leave no outbox row behind
+            conn.execute(jobs.delete().where(jobs.c.job_id.in_([theirs, live])))
+    assert rows[ours]["publisher"] == "w-test"
+    assert (rows[theirs]["published_at"], rows[theirs]["publisher"]) == (None, "w-dead")
+    assert (rows[live]["published_at"], rows[live]["publisher"]) == (None, "w-live")
+    [result] = results_by_job(dep, since, 1)[ours]
+    assert (result.status, result.output_text, result.tenant) == ("succeeded", "left behind", "t-a")

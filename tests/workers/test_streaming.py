@@ -10,7 +10,7 @@ from workers.serving.token_stream import TokenStreamer
 
 def make_streamer(coalesce_s: float = 60.0) -> tuple[TokenStreamer, list[TokenEvent]]:
     sent: list[TokenEvent] = []
-    return TokenStreamer(sent.append, coalesce_s), sent
+    return TokenStreamer(lambda event, tenant: sent.append(event), coalesce_s), sent
 
 
 def test_first_delta_goes_at_once_later_ones_coalesce_and_the_last_event_goes_at_once():
@@ -59,3 +59,15 @@ def test_dropped_jobs_send_nothing_more():
     streamer.flush_due(force=True)
     streamer.finish("a", "stop", Usage(prompt_tokens=1, completion_tokens=1))
     assert sent == []
+
+
+def test_every_event_comes_with_its_jobs_tenant():
+    tenants: list[tuple[str, str]] = []
+    streamer = TokenStreamer(lambda event, tenant: tenants.append((event.job_id, tenant)), 0.0)
+    streamer.start("a", 1, "acme")
+    streamer.start("b", 1)
+    streamer.add("a", "x", (1,))
+    streamer.add("b", "y", (2,))
+    streamer.flush_due()
+    streamer.finish("a", "stop", Usage(prompt_tokens=1, completion_tokens=1))
+    assert tenants == [("a", "acme"), ("b", "default"), ("a", "acme")]

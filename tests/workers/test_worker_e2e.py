@@ -7,11 +7,13 @@ import random
 import socket
 import time
 import urllib.request
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from gpu.engine import Engine, EngineRequest
 from scheduler.types import SamplingParams
+from tests.workers.persistence_factories import admit_jobs
 from tests.workers.worker_factories import (
     job_rows,
     now_ms,
@@ -23,6 +25,8 @@ from tests.workers.worker_factories import (
     wait_terminal,
     wait_until,
 )
+from workers.db.jobs import Terminal, finish
+from workers.db.outbox import claim
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -186,6 +190,46 @@ def test_duplicates_and_redeliveries_yield_one_terminal_row_and_result(deploymen
     results = results_by_job(dep, since, 2)
     assert len(results[job["job_id"]]) == 1
     assert job_rows(db, [job["job_id"]])[job["job_id"]] == rows[job["job_id"]]
+
+
+def test_results_and_token_events_carry_the_jobs_headers(deployment):
+    dep, client, db, _ = deployment
+    since = now_ms()
+    job_id = client.submit(
+        {"job_id": f"headers-{dep.topic_prefix}", "tenant": "acme", "prompt": "tag me", "max_tokens": 6}
+    ).job_id
+    client.flush()
+    wait_terminal(db, [job_id])
+    key = job_id.encode()
+    results = read_topic(dep, dep.topics.results, since, lambda rs: any(r.key == key for r in rs))
+    tokens = read_topic(
+        dep,
+        dep.topics.tokens,
+        since,
+        lambda rs: any(r.key == key and json.loads(r.value)["finish_reason"] for r in rs),
+    )
+    ours = [r for r in results + tokens if r.key == key]
+    assert len(ours) >= 2
+    assert {r.headers for r in ours} == {(("job_id", key), ("attempt", b"1"), ("tenant", b"acme"))}
+
+
+def test_a_result_nobody_publishes_goes_out_without_a_redelivery(deployment):
+    """A terminal row left unpublished by a worker that is gone, whose record will never be read again:
+    the worker's sweeper publishes its result."""
+    dep, _, db, _ = deployment
+    since = now_ms()
+    job_id = f"orphan-{dep.topic_prefix}"
+    admit_jobs(dep, db, "w-gone", {job_id: 10**9})  # an offset no record has: nothing is redelivered
+    now = datetime.now(UTC)
+    values = {"output_text": "left behind", "finish_reason": "stop", "finished_at": now}
+    with db.begin() as conn:  # written by w-gone, whose lease lapsed long ago
+        finish(
+            conn, Terminal(job_id, "succeeded", {**values, **claim("w-gone", now - timedelta(hours=1))}), now
+        )
+    wait_until(lambda: job_rows(db, [job_id])[job_id]["published_at"] is not None, timeout_s=60)
+    assert job_rows(db, [job_id])[job_id]["publisher"] == "w-e2e"
+    [result] = results_by_job(dep, since, 1)[job_id]
+    assert (result.status, result.output_text, result.worker_id) == ("succeeded", "left behind", "w-gone")
 
 
 def test_metrics_endpoint_counts_what_happened(deployment):

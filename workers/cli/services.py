@@ -13,7 +13,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="start local Kafka + PostgreSQL, create topics, run migrations",
         description="Start the local Kafka and PostgreSQL (on 127.0.0.1, state in .state/ or "
         "INFERQ_STATE_DIR) unless already running, wait until they answer, create the contract's topics "
-        "and run `db upgrade`. Idempotent. Services configured elsewhere are only provisioned.",
+        "and run `db upgrade`. Idempotent. Services configured elsewhere are only provisioned. An existing "
+        "topic with fewer partitions than configured is reported and left as it is (see --grow-partitions).",
+    )
+    p.add_argument(
+        "--grow-partitions",
+        action="store_true",
+        help="grow existing topics that have fewer partitions than configured (moves keys to other "
+        "partitions: stop producers and workers first)",
     )
     p.set_defaults(func=_up)
 
@@ -70,7 +77,7 @@ def _up(args: argparse.Namespace) -> int:
     from workers.services import manager
     from workers.settings import Settings
 
-    statuses = manager.up(Settings.from_env(), say=_say)
+    statuses = manager.up(Settings.from_env(), say=_say, grow_partitions=args.grow_partitions)
     _print_table(statuses)
     return 0 if all(s.healthy for s in statuses) else 1
 

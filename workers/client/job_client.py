@@ -175,13 +175,16 @@ class JobClient:
     ) -> Iterator[TokenEvent]:
         """Token events of the job until its final one; raises JobTimeout after `timeout_s`.
 
-        A new attempt (a worker died and another redid the job) restarts the text: an event with a
-        higher attempt than seen so far begins again at seq 0, and the caller should reset its output.
+        Each event is yielded once: a copy of one already seen (same attempt and seq) is skipped. A new
+        attempt (a worker died and another redid the job) restarts the text: an event with a higher attempt
+        than seen so far begins again at seq 0, and the caller should reset its output; from then on the
+        earlier attempts' events (late ones from the worker that lost the job) are skipped.
         """
         job_id = _job_id(job)
         follower = self._follow(job_id, self.settings.topics.tokens, since_ms)
         deadline = time.monotonic() + (WAIT_TIMEOUT_S if timeout_s is None else timeout_s)
-        seen: set[tuple[int, int]] = set()
+        seen: set[int] = set()  # seqs of the current attempt
+        attempt = None
         try:
             while (left := deadline - time.monotonic()) > 0:
                 item = follower.get(min(left, 1.0))
@@ -190,9 +193,13 @@ class JobClient:
                 if item is None or isinstance(item, CaughtUp):
                     continue
                 event = TokenEvent.model_validate_json(item.value or b"{}")
-                if (event.attempt, event.seq) in seen:
+                if attempt is not None and event.attempt < attempt:
+                    continue  # an attempt a later one replaced: its text is not the job's
+                if event.attempt != attempt:
+                    attempt, seen = event.attempt, set()
+                if event.seq in seen:
                     continue  # a producer retry, or a partition read again for another follower
-                seen.add((event.attempt, event.seq))
+                seen.add(event.seq)
                 yield event
                 if event.finish_reason is not None:
                     return

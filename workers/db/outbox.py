@@ -9,6 +9,12 @@ was committed; or a send that failed after it left) is looked for in the results
 row's `finished_at`, and sent only if it is not there. Results are always built from the stored row, so
 in the one window left (a lookup that misses a send the broker writes only afterwards) a second copy is
 byte-for-byte the same message.
+
+A result too large for the results topic is noted in its row (`error`, starting with COMPACT_NOTE) and
+from then on built in its compact form (see `result_from_row`): the row stays what it was, output and all,
+and whoever publishes it later (a sweeper, a redelivery) builds the same compact message.
+Rows whose lease lapsed are claimed by every worker's sweeper (`claim_lapsed`), a bounded batch at a time,
+so their results go out without waiting for a redelivery of their records.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, Row, bindparam, func, select
+from sqlalchemy import Connection, Row, bindparam, func, literal, select
 
 from schemas.jobs import JobResult, Timings, Usage
 from schemas.tables import TERMINAL_STATUSES, jobs
@@ -24,14 +30,22 @@ from schemas.tables import TERMINAL_STATUSES, jobs
 # Engine finish reasons that are not in the contract's FinishReasonName map to these.
 _FINISH_REASONS = {"stop", "length", "abort", "expired", "rejected", "error"}
 
+# Starts the `error` of a row whose full result the results topic refused for its size.
+COMPACT_NOTE = "result too large for the results topic"
+COMPACT_ERROR_CHARS = 1000  # of the row's error, in a compact result: it must stay small
+
 
 def result_from_row(row: Row) -> JobResult:
+    """The row's result message. For a row noted as too large to publish, its compact form: what can grow
+    without bound (output_text, the request's metadata) is left out, the row keeps it; and a result never
+    says `succeeded` without its output, so a succeeded job's compact result is `failed` (finish reason
+    `error`) with the note saying why and where the output is."""
     usage = None
     if row.prompt_tokens is not None or row.completion_tokens is not None:
         usage = Usage(prompt_tokens=row.prompt_tokens or 0, completion_tokens=row.completion_tokens or 0)
     finish = row.finish_reason if row.finish_reason in _FINISH_REASONS else None
     params = row.params or {}
-    return JobResult(
+    fields = dict(
         job_id=row.job_id,
         status=row.status,
         tenant=row.tenant,
@@ -46,6 +60,30 @@ def result_from_row(row: Row) -> JobResult:
         error=row.error,
         metadata=params.get("metadata") or {},
     )
+    if is_compact(row.error):
+        fields.update(output_text=None, metadata={}, error=row.error[:COMPACT_ERROR_CHARS])
+        if row.status == "succeeded":
+            fields.update(status="failed", finish_reason="error")
+    return JobResult(**fields)
+
+
+def is_compact(error: str | None) -> bool:
+    """Whether a row's (or result's) error marks its result as the compact form."""
+    return error is not None and error.startswith(COMPACT_NOTE)
+
+
+def note_too_large(conn: Connection, job_id: str, worker_id: str, note: str, now: datetime) -> Row | None:
+    """Mark a row whose result this worker publishes as too large (its result is the compact form from
+    now on); `note` starts with COMPACT_NOTE and goes before the row's own error. None when the row is no
+    longer this worker's to publish (taken over, or published)."""
+    prior = func.coalesce(literal("; ") + jobs.c.error, literal(""))
+    stmt = (
+        jobs.update()
+        .where(jobs.c.job_id == job_id, jobs.c.publisher == worker_id, jobs.c.published_at.is_(None))
+        .values(error=literal(note) + prior, updated_at=now)
+        .returning(*jobs.c)
+    )
+    return conn.execute(stmt).first()
 
 
 LEASE_S = 30.0  # longer than one publish round (5 s) plus the backoff between rounds (at most 5 s)
@@ -76,19 +114,21 @@ _RENEW = (
 _MARK_PUBLISHED = jobs.update().where(*_MINE).values(published_at=bindparam("at"), publish_lease_until=None)
 
 
+def _unpublished():
+    return (jobs.c.status.in_(TERMINAL_STATUSES), jobs.c.published_at.is_(None))
+
+
+def _lapsed(now: datetime):
+    """No live publisher: its writer never claimed it, or died (or stalled) past its lease."""
+    return jobs.c.publish_lease_until.is_(None) | (jobs.c.publish_lease_until < now)
+
+
 def take_over(conn: Connection, job_id: str, worker_id: str, now: datetime) -> tuple[str, Row | None]:
     """For a redelivered terminal job: ("published", None), ("taken", row) when this worker may publish
     its result now (its own lease, or a lapsed one), or ("held", None) while another publisher's holds."""
     stmt = (
         jobs.update()
-        .where(
-            jobs.c.job_id == job_id,
-            jobs.c.status.in_(TERMINAL_STATUSES),
-            jobs.c.published_at.is_(None),
-            (jobs.c.publisher == worker_id)
-            | jobs.c.publish_lease_until.is_(None)
-            | (jobs.c.publish_lease_until < now),
-        )
+        .where(jobs.c.job_id == job_id, *_unpublished(), (jobs.c.publisher == worker_id) | _lapsed(now))
         .values(**claim(worker_id, now))
         .returning(*jobs.c)
     )
@@ -99,11 +139,34 @@ def take_over(conn: Connection, job_id: str, worker_id: str, now: datetime) -> t
     return ("held", None) if published is not None and published.published_at is None else ("published", None)
 
 
+def claim_lapsed(
+    conn: Connection, worker_id: str, now: datetime, source_topics: Sequence[str], limit: int
+) -> list[Row]:
+    """Claim (as `take_over` does) up to `limit` unpublished terminal rows whose lease lapsed, oldest
+    first, among the jobs that came from `source_topics` (one deployment's: a database may serve several,
+    and a result must go to its own deployment's topic). Rows another sweeper is claiming at the same time
+    are skipped, not waited for."""
+    pick = (
+        select(jobs.c.job_id)
+        .where(*_unpublished(), _lapsed(now), jobs.c.source_topic.in_(list(source_topics)))
+        .order_by(jobs.c.finished_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    stmt = (
+        jobs.update()
+        .where(jobs.c.job_id.in_(pick), *_unpublished(), _lapsed(now))
+        .values(**claim(worker_id, now))
+        .returning(*jobs.c)
+    )
+    return list(conn.execute(stmt))
+
+
 def mark_published(conn: Connection, job_ids: Sequence[str], worker_id: str, now: datetime) -> None:
     if job_ids:
         conn.execute(_MARK_PUBLISHED, {"ids": list(job_ids), "worker": worker_id, "at": now})
 
 
 def count_unpublished(conn: Connection) -> int:
-    query = select(func.count()).where(jobs.c.status.in_(TERMINAL_STATUSES), jobs.c.published_at.is_(None))
+    query = select(func.count()).where(*_unpublished())
     return int(conn.execute(query).scalar_one())

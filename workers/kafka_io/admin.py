@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 
 from kafka import KafkaAdminClient
+from kafka.admin import ConfigResource
 from kafka.errors import KafkaError
 
 from workers.settings import KafkaConnection
@@ -55,23 +56,46 @@ def ping(conn: KafkaConnection, timeout_ms: int = 2000) -> bool:
 
 
 def ensure_topics(
-    conn: KafkaConnection, partitions: dict[str, int], replication_factor: int = 1
+    conn: KafkaConnection, partitions: dict[str, int], replication_factor: int = 1, grow: bool = False
 ) -> list[str]:
-    """Create missing topics and grow under-partitioned ones; return what changed, for the log."""
+    """Create missing topics; return what changed, and what was left alone that differs, for the log.
+
+    An existing topic with fewer partitions than configured is grown only with `grow`: Kafka places a key
+    by the partition count, so growing moves keys to other partitions, breaking per-job order and the
+    key-to-partition look-ups of running workers and clients (a job's records and its result or tokens
+    would be split across two partitions). Without `grow` such a topic is reported and left as it is.
+    """
     with KafkaAdminClient(**conn.client_options(), client_id="inferq-up") as admin:
         existing = {t["name"]: len(t["partitions"]) for t in admin.describe_topics()}
         missing = {t: n for t, n in partitions.items() if t not in existing}
-        grow = {t: n for t, n in partitions.items() if t in existing and existing[t] < n}
+        fewer = {t: n for t, n in partitions.items() if t in existing and existing[t] < n}
         if missing:
             spec = {
                 t: {"num_partitions": n, "replication_factor": replication_factor} for t, n in missing.items()
             }
             admin.create_topics(spec, wait_for_metadata=True)
-        if grow:
-            admin.create_partitions(grow)
-    return [f"created {t} ({n} partitions)" for t, n in missing.items()] + [
-        f"grew {t} to {n} partitions" for t, n in grow.items()
+        if fewer and grow:
+            admin.create_partitions(fewer)
+    lines = [f"created {t} ({n} partitions)" for t, n in missing.items()]
+    if grow:
+        return lines + [f"grew {t} from {existing[t]} to {n} partitions" for t, n in fewer.items()]
+    return lines + [
+        f"warning: {t} has {existing[t]} partitions, {n} configured; left as it is (growing it moves "
+        "keys to other partitions: `inferq up --grow-partitions` does it)"
+        for t, n in fewer.items()
     ]
+
+
+def max_message_bytes(conn: KafkaConnection, topic: str, timeout_s: float = 5.0) -> int | None:
+    """The largest record batch the topic takes (`max.message.bytes`); None when the broker does not say."""
+    ms = max(1000, int(timeout_s * 1000))
+    options = dict(bootstrap_timeout_ms=ms, request_timeout_ms=ms, client_id="inferq-limits")
+    with KafkaAdminClient(**conn.client_options(), **options) as admin:
+        found = admin.describe_configs(
+            [ConfigResource("TOPIC", topic, ["max.message.bytes"])], config_filter="all"
+        )
+    value = found.get("topic", {}).get(topic, {}).get("max.message.bytes", {}).get("value")
+    return int(value) if value is not None else None
 
 
 def delete_topics(conn: KafkaConnection, prefix: str) -> list[str]:

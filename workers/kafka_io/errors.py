@@ -13,7 +13,8 @@ from kafka.errors import (
 )
 
 # records the broker will never take, however often they are sent
-_NEVER = (MessageSizeTooLargeError, RecordListTooLargeError, InvalidRecordError, InvalidTopicError)
+_TOO_LARGE = (MessageSizeTooLargeError, RecordListTooLargeError)
+_NEVER = (*_TOO_LARGE, InvalidRecordError, InvalidTopicError)
 
 
 def kafka_transient(exc: BaseException) -> bool | None:
@@ -27,3 +28,8 @@ def kafka_transient(exc: BaseException) -> bool | None:
 def kafka_refused(exc: BaseException) -> bool:
     """A request the broker will not serve this client until someone changes its setup (ACLs, versions)."""
     return isinstance(exc, AuthorizationError | UnsupportedVersionError)
+
+
+def kafka_too_large(exc: BaseException) -> bool:
+    """A record larger than the producer or the topic (`max.message.bytes`) accepts: a smaller one may go."""
+    return isinstance(exc, _TOO_LARGE)

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kafka import KafkaProducer
+from kafka.errors import MessageSizeTooLargeError
+from kafka.record.default_records import DefaultRecordBatchBuilder
 
+from workers.kafka_io.admin import max_message_bytes
 from workers.settings import KafkaConnection
+
+log = logging.getLogger(__name__)
+
+LIMIT_REFRESH_S = 60.0  # how long a topic's size limit is trusted before it is asked for again
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,13 @@ class Producer:
 
     `max_block_s` bounds how long `send` may wait for buffer space or metadata while the broker is away;
     past it `send` raises, and the caller decides (the worker retries results, drops late token events).
+
+    kafka-python's idempotent producer treats any batch the broker refuses for good (a record over the
+    topic's `max.message.bytes`, an invalid record) as fatal: from then on it fails every message, so one
+    oversized result would take every later one down with it. Hence, with `check_sizes`, a message larger
+    than its topic takes is refused here, before it is sent (MessageSizeTooLargeError, raised by `send`);
+    and a client that went fatal anyway (a refusal no check foresaw) is replaced by a new one at the next
+    send (the messages it held fail with its error).
     """
 
     def __init__(
@@ -64,6 +81,7 @@ class Producer:
         linger_ms: int = 5,
         max_block_s: float = 60.0,
         timeout_s: float | None = None,
+        check_sizes: bool = False,
     ) -> None:
         """`timeout_s` bounds everything else too: the first connection, each request, and a message's
         delivery (the client gives up on it and its future fails); None keeps the client's defaults."""
@@ -71,7 +89,8 @@ class Producer:
         if timeout_s is not None:
             ms = max(1000, int(timeout_s * 1000))
             bounds = dict(bootstrap_timeout_ms=ms, request_timeout_ms=ms, delivery_timeout_ms=ms + linger_ms)
-        self._producer = KafkaProducer(
+        self._conn = conn
+        self._options = dict(
             **conn.producer_options(),  # with the batches' compression (INFERQ_KAFKA_COMPRESSION)
             client_id=client_id,
             acks="all",
@@ -80,19 +99,58 @@ class Producer:
             max_block_ms=int(max_block_s * 1000),
             **bounds,
         )
+        self._producer = KafkaProducer(**self._options)
+        self._check_sizes = check_sizes
+        self._limits: dict[str, tuple[float, int | None]] = {}  # topic -> (asked at, max.message.bytes)
+        self._lock = threading.Lock()
 
     def send(
         self, topic: str, key: str | bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
     ) -> Delivery:
         raw_key = key.encode() if isinstance(key, str) else key
-        return Delivery(self._producer.send(topic, value=value, key=raw_key, headers=list(headers) or None))
+        if self._check_sizes:
+            self._check_size(topic, raw_key, value, list(headers))
+        return Delivery(self._client().send(topic, value=value, key=raw_key, headers=list(headers) or None))
 
     def partitions(self, topic: str) -> int:
         """How many partitions the topic has (waits at most max_block_s for the broker to say)."""
-        return len(self._producer.partitions_for(topic))
+        return len(self._client().partitions_for(topic))
 
     def flush(self, timeout_s: float | None = None) -> None:
         self._producer.flush(timeout=timeout_s)
 
     def close(self, timeout_s: float = 10.0) -> None:
         self._producer.close(timeout=timeout_s)
+
+    def _client(self) -> KafkaProducer:
+        """The client, replaced first if it is in a fatal state (it would fail every message from now on)."""
+        with self._lock:
+            state = getattr(self._producer, "_transaction_manager", None)
+            if state is not None and state.has_fatal_error():
+                log.warning(
+                    "producer %s: the client failed for good (%s); starting a new one",
+                    self._options["client_id"],
+                    state.last_error,
+                )
+                old, self._producer = self._producer, KafkaProducer(**self._options)
+                old.close(timeout=0)
+            return self._producer
+
+    def _check_size(self, topic: str, key: bytes | None, value: bytes, headers: list) -> None:
+        limit = self._limit(topic)
+        size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)  # an upper bound
+        if limit is not None and size > limit:
+            raise MessageSizeTooLargeError(
+                f"the message is up to {size} bytes, more than {topic} takes (max.message.bytes {limit})"
+            )
+
+    def _limit(self, topic: str) -> int | None:
+        asked, limit = self._limits.get(topic, (None, None))
+        if asked is not None and time.monotonic() - asked < LIMIT_REFRESH_S:
+            return limit
+        try:
+            limit = max_message_bytes(self._conn, topic) or limit
+        except Exception as exc:  # noqa: BLE001 - e.g. no DescribeConfigs permission: keep what was known
+            log.debug("could not ask for the size limit of %s: %s", topic, exc)
+        self._limits[topic] = (time.monotonic(), limit)
+        return limit

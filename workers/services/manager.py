@@ -43,8 +43,11 @@ def paths_of(settings: Settings) -> ServicePaths:
     return ServicePaths(state_dir=settings.state_dir, cache_dir=settings.cache_dir)
 
 
-def up(settings: Settings, say: Say = print) -> list[ServiceStatus]:
-    """Start what is not running, wait until it answers, then create topics and run migrations."""
+def up(settings: Settings, say: Say = print, grow_partitions: bool = False) -> list[ServiceStatus]:
+    """Start what is not running, wait until it answers, then create topics and run migrations.
+
+    Existing topics with fewer partitions than configured are reported, and grown only with
+    `grow_partitions` (growing moves keys to other partitions: see kafka_io/admin.ensure_topics)."""
     paths = paths_of(settings)
     kafka_port = kafka.loopback_port(settings.kafka)
     pg_url = postgres.loopback_url(settings.database_url)
@@ -85,7 +88,10 @@ def up(settings: Settings, say: Say = print) -> list[ServiceStatus]:
         elif not kafka.ping(settings.kafka_connection):
             raise ServiceError(f"Kafka at INFERQ_KAFKA={settings.kafka} does not answer")
         for change in kafka.ensure_topics(
-            settings.kafka_connection, settings.topic_partitions(), settings.replication_factor
+            settings.kafka_connection,
+            settings.topic_partitions(),
+            settings.replication_factor,
+            grow=grow_partitions,
         ):
             say(f"kafka: {change}")
     return status(settings)

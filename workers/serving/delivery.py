@@ -74,13 +74,19 @@ def deliver(
     round_s: float = 5.0,
     landed: Callable[[list[str]], set[str]] | None = None,
     unsure: Iterable[str] = (),
-) -> None:
-    """Send every message and wait for the broker; resend only those that failed.
+    refused: Callable[[str, BaseException], Callable[[], Delivery] | None] | None = None,
+    until: float | None = None,
+) -> set[str]:
+    """Send every message and wait for the broker; resend only those that failed. Returns the names
+    whose message the broker refused for good (their senders must not count them as delivered).
 
     A message still on its way is never sent again (a second copy could land after the first).
     Before each round, `keep` says which messages are still this worker's to send (a publish lease it
     renews); after each round, `delivered` hears which ones the broker has. Transient failures retry
-    with backoff for as long as it takes; a message the broker can never take is logged and dropped.
+    with backoff for as long as it takes (or until the monotonic time `until`, when given: what is left
+    then is neither delivered nor refused). A message the broker can never take (too large, invalid) is
+    offered to `refused`, which may return a send of a replacement message (e.g. a smaller form of it)
+    that takes its place; without one the message is logged and given up.
 
     With `landed` (which of these names already have their message in the topic; raises when the broker
     cannot say), a message that may have reached the broker is looked for before it is sent again: one
@@ -91,6 +97,8 @@ def deliver(
     pending, on_way = dict(sends), {}
     doubts = _Doubts(what, landed, set(unsure) & set(sends))
     backoff = Backoff()
+    given_up: set[str] = set()
+    replaced: list[str] = []  # this round's replacements: sent next round without a backoff
 
     def keep_ours() -> None:
         if keep is not None:
@@ -99,7 +107,22 @@ def deliver(
                 pending.pop(name)
                 on_way.pop(name, None)
 
+    def never(name: str, exc: BaseException) -> None:
+        """The broker will never take this message: replace it, or give it up."""
+        replacement = refused(name, exc) if refused is not None else None
+        if replacement is not None:
+            log.warning("%s for job %s refused (%s); sending a replacement", what, name, describe_error(exc))
+            pending[name] = replacement
+            replaced.append(name)
+            return
+        log.error("%s for job %s can never be sent (%s); given up", what, name, describe_error(exc))
+        pending.pop(name)
+        given_up.add(name)
+
     while pending:
+        if until is not None and time.monotonic() >= until:
+            log.info("%d %s not sent in the time given; left for later", len(pending), what)
+            break
         keep_ours()
         looked = bool(doubts.names & set(pending))
         done, error = doubts.settle(pending)
@@ -113,10 +136,7 @@ def deliver(
                     on_way[name] = send()
                 except Exception as exc:  # noqa: BLE001 - e.g. the buffer is full while the broker is away
                     if not is_transient(exc):
-                        log.error(
-                            "%s for job %s can never be sent (%s); dropped", what, name, describe_error(exc)
-                        )
-                        pending.pop(name)
+                        never(name, exc)
                     error = exc
         deadline = time.monotonic() + round_s
         for name, delivery in list(on_way.items()):
@@ -130,18 +150,15 @@ def deliver(
                 error = delivery.error
                 doubts.add(name)
             else:
-                log.error(
-                    "%s for job %s can never be sent (%s); dropped",
-                    what,
-                    name,
-                    describe_error(delivery.error),
-                )
-                pending.pop(name)
+                never(name, delivery.error)
         if done:
             delivered(done)
             backoff.reset()
+        elif replaced:
+            replaced.clear()
         elif pending and not on_way:
             delay = backoff.next_delay()
             reason = describe_error(error) if error else "no answer"
             log.warning("%d %s not sent (%s); retrying in %.1fs", len(pending), what, reason, delay)
             time.sleep(delay)
+    return given_up

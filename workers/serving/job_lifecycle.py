@@ -66,7 +66,7 @@ class JobLifecycle:
         owned: Callable[[], set[Partition]],
         metrics: WorkerMetrics,
         write: Callable[[list[WriteItem]], None],
-        send_event: Callable[[TokenEvent], Waitable | None],
+        send_event: Callable[[TokenEvent, str], Waitable | None],
     ) -> None:
         self.engine, self.topics, self.worker_id, self.limits = engine, topics, worker_id, limits
         self.offsets, self.metrics = offsets, metrics
@@ -202,7 +202,7 @@ class JobLifecycle:
             remaining = (created_at + timedelta(seconds=a.job.timeout_s) - utcnow()).total_seconds()
             deadline = time.monotonic() + remaining
         self.jobs[a.job_id] = job
-        self.streamer.start(a.job_id, attempt)
+        self.streamer.start(a.job_id, attempt, a.tenant)
         self.metrics.observe_admitted(job.prompt_tokens)
         self.engine.add_request(
             EngineRequest(

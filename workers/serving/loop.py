@@ -72,8 +72,9 @@ class Worker:
         )
         self.control = until_available(lambda: BroadcastReader(conn, topics.control, cid + "-control"), where)
         self.ready = threading.Event()  # records or admission decisions are waiting for the loop
-        # a short block: while the broker is away, sends fail fast and the engine loop keeps generating
-        self.producer = until_available(lambda: Producer(conn, cid, max_block_s=0.5), where)
+        # a short block: while the broker is away, sends fail fast and the engine loop keeps generating;
+        # sizes checked: a result or dead letter too large for its topic must not break the producer
+        self.producer = until_available(lambda: Producer(conn, cid, max_block_s=0.5, check_sizes=True), where)
         drop, log_config = self.metrics.token_events_dropped.inc, (options.worker_id, *logs.current())
         self.events = TokenEventSender(conn, cid + "-events", topics.tokens, drop, log_config)
         self.db = make_engine(settings.database_url)
@@ -236,9 +237,9 @@ class Worker:
         self.intake_thread.stop_intake()
 
     # ---- Kafka out -------------------------------------------------------------------------
-    def send_token_event(self, event: TokenEvent) -> Sent | None:
+    def send_token_event(self, event: TokenEvent, tenant: str) -> Sent | None:
         """Queued for the sender thread; the last event of an attempt comes back as a handle to wait on."""
-        return self.events.send(event, track=event.finish_reason is not None)
+        return self.events.send(event, tenant, track=event.finish_reason is not None)
 
     def _dead_letter(self, r: Rejected) -> Delivery:
         """The record as it came (cut to what the broker accepts), with why it was refused in headers."""

@@ -4,10 +4,13 @@ The engine loop never waits for PostgreSQL between steps. For each batch, in ord
   1. dead-letter the rejected records (the broker has them before anything else happens);
   2. store every item: one transaction, or item by item when PostgreSQL refuses one (see writes.py);
   3. publish the results of the stored rows, retrying only the sends that failed;
-  4. set `published_at` on those rows (the outbox: until then a redelivery republishes them);
+  4. set `published_at` on those rows (the outbox: until then a redelivery or a sweeper republishes them);
   5. release the batch's source offsets for committing.
 Transient failures (service down, timeouts) retry with jittered exponential backoff and never drop work;
-a committed offset therefore never passes an unstored job or an unpublished result.
+a committed offset therefore never passes an unstored job or an unpublished result. A result the broker
+refuses for its size is published in its compact form (outbox.result_from_row); one refused even so stays
+unpublished, its records unacked, and is tried again every REFUSED_RETRY_S. Between batches, the sweeper
+(sweeper.py) publishes this deployment's results that no live worker is publishing.
 """
 
 from __future__ import annotations
@@ -22,22 +25,29 @@ from dataclasses import dataclass
 from schemas.jobs import JobResult
 from schemas.topics import Topics
 from workers.clock import utcnow
-from workers.db import Engine
+from workers.db import Engine, Row
 from workers.db.jobs import cancel_requested
 from workers.db.outbox import (
+    COMPACT_NOTE,
     LEASE_S,
     count_unpublished,
+    is_compact,
     mark_published,
+    note_too_large,
     renew,
     result_from_row,
 )
 from workers.kafka_io import Delivery, KeyLookup, Producer
+from workers.kafka_io.errors import kafka_too_large
 from workers.serving.delivery import deliver
 from workers.serving.failpoints import crash_if
+from workers.serving.headers import job_headers
 from workers.serving.result_lookup import published_already, result_message
 from workers.serving.retry import Backoff, describe_error, retry_transient
+from workers.serving.sweeper import SWEEP_S, Sweeper
 from workers.serving.writes import (
     Rejected,
+    Republish,
     Source,
     Stored,
     WriteContext,
@@ -45,6 +55,7 @@ from workers.serving.writes import (
     apply_all,
     await_stream_ends,
     describe_item,
+    job_of,
 )
 
 log = logging.getLogger(__name__)
@@ -52,6 +63,7 @@ log = logging.getLogger(__name__)
 CANCEL_WATCH_S = 2.0  # how often recorded cancels of this worker's in-flight jobs are looked up
 UNPUBLISHED_COUNT_S = 30.0
 STREAM_END_WAIT_S = 10.0  # at most, per batch, for the broker to confirm jobs' last token events
+REFUSED_RETRY_S = 2 * LEASE_S  # a result refused even in its compact form: tried again this much later
 
 
 @dataclass(frozen=True)
@@ -72,7 +84,9 @@ class Persister:
         published: KeyLookup,
         in_flight: Callable[[], Sequence[str]] = tuple,
         failpoint: str = "",
+        sweep_s: float | None = SWEEP_S,
     ) -> None:
+        """`sweep_s`: how often to sweep the outbox for results nobody publishes (None: never)."""
         self._engine = engine
         self._producer = producer
         self._topics = topics
@@ -91,6 +105,10 @@ class Persister:
         self._thread = threading.Thread(target=self._run, name="inferq-persister", daemon=True)
         self.written = 0  # items stored
         self._later: list[tuple[float, list[WriteItem]]] = []  # deferred items: (due, items)
+        self._sweeper = None
+        if sweep_s is not None:
+            sources = (*topics.all_jobs, topics.control)
+            self._sweeper = Sweeper(engine, worker_id, sources, self._publish_swept, interval_s=sweep_s)
 
     # ---- engine-loop side -------------------------------------------------------------------
     def start(self) -> None:
@@ -145,8 +163,12 @@ class Persister:
                 self._later = [(at, items) for at, items in self._later if at > now]
                 for items in due:  # back in line, counted in the depth again (they were never done)
                     self.submit(items)
+            wait_s = CANCEL_WATCH_S
+            if self._sweeper is not None:
+                self._sweeper.sweep_if_due()
+                wait_s = min(wait_s, self._sweeper.wait_s())
             try:
-                first = self._inbox.get(timeout=CANCEL_WATCH_S)
+                first = self._inbox.get(timeout=wait_s)
             except queue.Empty:
                 continue
             if first is None:
@@ -194,25 +216,70 @@ class Persister:
         stored = self._store(items)
         self._crash_if("crash-before-publish", stored)
         deliver("results", {r.job_id: lambda r=r: self._send_result(r) for r in stored.direct})
-        results = {row.job_id: result_from_row(row) for row in stored.outbox}
-        deliver(
-            "results",
-            {job_id: lambda r=r: self._send_result(r) for job_id, r in results.items()},
-            keep=lambda ids: self._keep(ids, claimed),
-            delivered=lambda ids: self._mark_published(ids, stored),
-            landed=lambda ids: published_already(self._published, self._topics.results, ids, results),
-            unsure=stored.unsure,
-        )
+        refused = self._publish(stored.outbox, claimed, stored.unsure, stored)
         self.written += len(items)
         for item, later in stored.superseded:
             log.info("%s: attempt dropped, the job runs from %s now", describe_item(item), later)
         unacked = {id(item) for item in stored.deferred} | {id(item) for item, _ in stored.superseded}
+        unacked |= {id(item) for item in items if item.sources and job_of(item) in refused}
         acks = [s for item in items if id(item) not in unacked for s in item.sources]
         acks += [s for item, later in stored.superseded for s in item.sources if s != later]
         for source in acks:
             self._done.put(source)
         if stored.deferred:  # another live worker publishes these: look again once its lease may lapse
             self._later.append((time.monotonic() + LEASE_S / 2, stored.deferred))
+        if refused:  # their records wait, unacked, for a publish that may work later (or a redelivery)
+            self._later.append((time.monotonic() + REFUSED_RETRY_S, _republish(items, refused)))
+
+    def _publish(
+        self,
+        rows: list[Row],
+        claimed: float,
+        unsure: set[str],
+        stored: Stored | None,
+        until: float | None = None,
+    ) -> set[str]:
+        """Publish outbox rows' results (their leases claimed at `claimed`) and mark them published; the
+        job_ids whose result the broker refused even in its compact form."""
+        results = {row.job_id: result_from_row(row) for row in rows}
+        return deliver(
+            "results",
+            {job_id: lambda job_id=job_id: self._send_result(results[job_id]) for job_id in results},
+            keep=lambda ids: self._keep(ids, claimed),
+            delivered=lambda ids: self._mark_published(ids, stored),
+            landed=lambda ids: published_already(self._published, self._topics.results, ids, results),
+            unsure=unsure,
+            refused=lambda job_id, exc: self._compact(job_id, exc, results),
+            until=until,
+        )
+
+    def _publish_swept(self, rows: list[Row], claimed: float, until: float) -> None:
+        # each may be out already: its publisher died, maybe after the broker took it
+        self._publish(rows, claimed, {row.job_id for row in rows}, None, until)
+
+    def _compact(self, job_id: str, exc: BaseException, results: dict[str, JobResult]):
+        """A result the broker refused: the send of its compact form, once its row says so (so whoever
+        publishes the row later builds the same message), or None when there is nothing smaller to send."""
+        result = results[job_id]
+        if not kafka_too_large(exc) or is_compact(result.error):
+            return None
+        size = len(result_message(result))
+        note = (
+            f"{COMPACT_NOTE} ({size} bytes; {describe_error(exc)}): published without output_text and "
+            "metadata, which this row keeps"
+        )
+        noting = lambda conn: note_too_large(conn, job_id, self._worker_id, note, utcnow())  # noqa: E731
+        try:
+            row = self._retry("noting a result too large", lambda: self._in_tx(noting))
+        except Exception as again:  # noqa: BLE001 - the row stays as it is: tried again later
+            log.error("job %s: could not note its result as too large: %s", job_id, describe_error(again))
+            return None
+        if row is None:  # no longer ours to publish (taken over, or published meanwhile)
+            return None
+        results[job_id] = result_from_row(row)
+        log.error("job %s: its result (%d bytes) is too large for the results topic; publishing it "
+                  "without output_text and metadata (its row keeps them)", job_id, size)  # fmt: skip
+        return lambda: self._send_result(results[job_id])
 
     def _keep(self, ids: list[str], claimed: float) -> set[str]:
         """The results still this worker's to publish, their leases renewed. Leases written moments ago
@@ -223,8 +290,9 @@ class Persister:
         renewing = lambda conn: renew(conn, ids, self._worker_id, utcnow())  # noqa: E731
         return self._retry("renewing publish leases", lambda: self._in_tx(renewing))
 
-    def _mark_published(self, ids: list[str], stored: Stored) -> None:
-        self._crash_if("crash-after-publish", stored)
+    def _mark_published(self, ids: list[str], stored: Stored | None) -> None:
+        if stored is not None:
+            self._crash_if("crash-after-publish", stored)
         try:
             mark = lambda conn: mark_published(conn, ids, self._worker_id, utcnow())  # noqa: E731
             self._retry("marking results published", lambda: self._in_tx(mark))
@@ -232,7 +300,8 @@ class Persister:
             log.error("marking %d results published failed: %s", len(ids), describe_error(exc))
 
     def _send_result(self, result: JobResult) -> Delivery:
-        return self._producer.send(self._topics.results, result.job_id, result_message(result))
+        headers = job_headers(result.job_id, result.attempt, result.tenant)
+        return self._producer.send(self._topics.results, result.job_id, result_message(result), headers)
 
     def _crash_if(self, name: str, stored: Stored) -> None:
         crash_if(self._failpoint, name, any(row.status == "succeeded" for row in stored.outbox))
@@ -299,6 +368,16 @@ def _drain(q: queue.Queue) -> list:
             out.append(q.get_nowait())
         except queue.Empty:
             return out
+
+
+def _republish(items: list[WriteItem], job_ids: set[str]) -> list[WriteItem]:
+    """One Republish per job, carrying every record of these items that waits for its result."""
+    sources: dict[str, list[Source]] = {}
+    for item in items:
+        job_id = job_of(item)
+        if job_id in job_ids and item.sources:
+            sources.setdefault(job_id, []).extend(item.sources)
+    return [Republish(job_id, tuple(srcs)) for job_id, srcs in sources.items()]
 
 
 def _name(r: Rejected, n: int) -> str:

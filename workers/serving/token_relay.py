@@ -4,10 +4,11 @@ kafka-python is pure Python: batching, framing and acknowledging thousands of ev
 worker's GIL for about a second per ten seconds of generation, and the engine loop waited for it after
 torch ops. In a process of its own that work runs beside the engine instead of between its kernels.
 
-Protocol (pipes, both ways length-prefixed): the worker writes `frame(track, key, value)` to stdin; the
-relay answers on stdout for every tracked event (delivered, failed or dropped) and with a count of the
-untracked events it dropped. It exits when stdin closes, after a bounded flush, or at once when the worker
-is gone (a thread watches the parent pid); it ignores SIGINT and SIGTERM, which are the worker's to act on.
+Protocol (pipes, both ways length-prefixed): the worker writes `event_frame(track, key, value, headers)`
+to stdin; the relay answers on stdout for every tracked event (delivered, failed or dropped) and with a
+count of the untracked events it dropped. It exits when stdin closes, after a bounded flush, or at once when
+the worker is gone (a thread watches the parent pid); it ignores SIGINT and SIGTERM, which are the worker's
+to act on.
 Run by the worker as `python -m workers.serving.token_relay`.
 """
 
@@ -21,7 +22,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
 ENV_CONNECTION = "INFERQ_RELAY_CONNECTION"  # the worker's KafkaConnection, as JSON (never on argv)
@@ -31,7 +32,8 @@ FLUSH_S = 5.0  # at exit, the longest wait for the broker to take what is buffer
 DELIVERED, FAILED, DROPPED = 0, 1, 2
 
 _LENGTH = struct.Struct(">I")
-_EVENT = struct.Struct(">QH")  # track id (0: untracked), key length
+_EVENT = struct.Struct(">QHH")  # track id (0: untracked), key length, headers length
+_HEADER = struct.Struct(">HH")  # one header's name length and value length
 _REPLY = struct.Struct(">QBH")  # track id, outcome, message length
 
 log = logging.getLogger("workers.serving.token_relay")
@@ -41,8 +43,19 @@ def frame(payload: bytes) -> bytes:
     return _LENGTH.pack(len(payload)) + payload
 
 
-def event_frame(track: int, key: bytes, value: bytes) -> bytes:
-    return frame(_EVENT.pack(track, len(key)) + key + value)
+def event_frame(track: int, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]] = ()) -> bytes:
+    packed = b"".join(_HEADER.pack(len(n), len(v)) + n + v for n, v in ((n.encode(), v) for n, v in headers))
+    return frame(_EVENT.pack(track, len(key), len(packed)) + key + packed + value)
+
+
+def _unpack_headers(data: bytes) -> list[tuple[str, bytes]]:
+    headers, at = [], 0
+    while at < len(data):
+        name_len, value_len = _HEADER.unpack_from(data, at)
+        at += _HEADER.size
+        headers.append((data[at : at + name_len].decode(), data[at + name_len : at + name_len + value_len]))
+        at += name_len + value_len
+    return headers
 
 
 def reply_frame(track: int, outcome: int, message: str = "") -> bytes:
@@ -63,10 +76,12 @@ def read_frames(stream: BinaryIO) -> Iterator[bytes]:
         yield payload
 
 
-def parse_event(payload: bytes) -> tuple[int, bytes, bytes]:
-    track, key_len = _EVENT.unpack_from(payload)
-    start = _EVENT.size
-    return track, payload[start : start + key_len], payload[start + key_len :]
+def parse_event(payload: bytes) -> tuple[int, bytes, bytes, list[tuple[str, bytes]]]:
+    """(track, key, value, headers) of an event frame's payload."""
+    track, key_len, headers_len = _EVENT.unpack_from(payload)
+    key_end = _EVENT.size + key_len
+    end = key_end + headers_len
+    return track, payload[_EVENT.size : key_end], payload[end:], _unpack_headers(payload[key_end:end])
 
 
 def parse_reply(payload: bytes) -> tuple[int, int, str]:
@@ -136,12 +151,12 @@ def relay(topic: str, client_id: str, conn, source: BinaryIO, replies: _Replies)
     drops = _Drops(replies)
     paused_until = 0.0
     for payload in read_frames(source):
-        track, key, value = parse_event(payload)
+        track, key, value, headers = parse_event(payload)
         if time.monotonic() < paused_until:
             drops.add(track, "the broker was away a moment ago")
             continue
         try:
-            delivery = producer.send(topic, key, value)
+            delivery = producer.send(topic, key, value, headers)
         except Exception as exc:  # noqa: BLE001 - buffer full or no metadata: drop, keep the rest going
             paused_until = time.monotonic() + SEND_PAUSE_S
             log.warning("token events are being dropped for %.0fs: %s", SEND_PAUSE_S, describe_error(exc))

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 
 from schemas.jobs import TokenEvent
 from workers.serving import token_relay
+from workers.serving.headers import job_headers
 from workers.serving.retry import Backoff, describe_error
 from workers.serving.token_relay import DELIVERED, DROPPED, ENV_CONNECTION
 from workers.settings import KafkaConnection
@@ -135,20 +136,21 @@ class TokenEventSender:
         self._env = relay_environment(conn)
         self._on_drop = on_drop
         self._max_queued = max_queued
-        self._queue: queue.Queue[tuple[TokenEvent, Sent | None] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[TokenEvent, str, Sent | None] | None] = queue.Queue()
         self._tracks = itertools.count(1)
         self._relay = _Relay(self._argv, self._env, self._on_drop)
         self._restart = Backoff(base_s=0.5, cap_s=30.0)
         self._thread = threading.Thread(target=self._run, name="inferq-token-events", daemon=True)
         self._thread.start()
 
-    def send(self, event: TokenEvent, track: bool = False) -> Sent | None:
-        """Queue an event; with `track`, a handle to wait for its delivery (the last event of an attempt)."""
+    def send(self, event: TokenEvent, tenant: str = "default", track: bool = False) -> Sent | None:
+        """Queue an event of `tenant`'s job; with `track`, a handle to wait for its delivery (the last event
+        of an attempt)."""
         sent = Sent() if track else None
         if self._queue.qsize() >= self._max_queued:
             self._drop(sent, "too many token events waiting for the relay")
         else:
-            self._queue.put((event, sent))
+            self._queue.put((event, tenant, sent))
         return sent
 
     def close(self, timeout_s: float = 10.0) -> None:
@@ -173,9 +175,9 @@ class TokenEventSender:
             if stop:
                 return
 
-    def _write(self, items: list[tuple[TokenEvent, Sent | None]]) -> None:
+    def _write(self, items: list[tuple[TokenEvent, str, Sent | None]]) -> None:
         relay, frames = self._relay, []
-        for event, sent in items:
+        for event, tenant, sent in items:
             try:
                 value = event.model_dump_json().encode()
             except Exception as exc:  # noqa: BLE001 - one event that cannot be encoded is dropped alone
@@ -185,7 +187,8 @@ class TokenEventSender:
             if sent is not None:
                 track = next(self._tracks)
                 relay.track(track, sent)
-            frames.append(token_relay.event_frame(track, event.job_id.encode(), value))
+            headers = job_headers(event.job_id, event.attempt, tenant)
+            frames.append(token_relay.event_frame(track, event.job_id.encode(), value, headers))
         try:
             relay.write(b"".join(frames))
         except (OSError, ValueError) as exc:  # the relay died: its events are lost, start a new one
@@ -193,7 +196,7 @@ class TokenEventSender:
                 self._restart.reset()  # it had run a good while: this is no crash loop
             delay = self._restart.next_delay()
             log.error("the token-event relay exited (%s); starting it again in %.1fs", exc, delay)
-            self._on_drop(sum(1 for _, sent in items if sent is None))  # tracked ones: swept by close
+            self._on_drop(sum(1 for _, _, sent in items if sent is None))  # tracked ones: swept by close
             relay.close(1.0)
             time.sleep(delay)
             try:

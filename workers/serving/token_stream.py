@@ -9,12 +9,13 @@ from typing import Any
 
 from schemas.jobs import TokenEvent, Usage
 
-Emit = Callable[[TokenEvent], Any]  # sends one event; returns a handle to wait on (or None)
+Emit = Callable[[TokenEvent, str], Any]  # sends one event of a tenant's job; returns a handle (or None)
 
 
 @dataclass
 class _Pending:
     attempt: int
+    tenant: str  # carried in every event's headers
     seq: int = 0
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
@@ -34,8 +35,8 @@ class TokenStreamer:
         self._coalesce_s = coalesce_s
         self._jobs: dict[str, _Pending] = {}
 
-    def start(self, job_id: str, attempt: int) -> None:
-        self._jobs[job_id] = _Pending(attempt=attempt)
+    def start(self, job_id: str, attempt: int, tenant: str = "default") -> None:
+        self._jobs[job_id] = _Pending(attempt=attempt, tenant=tenant)
 
     def add(self, job_id: str, text: str, token_ids: tuple[int, ...]) -> None:
         p = self._jobs[job_id]
@@ -70,7 +71,8 @@ class TokenStreamer:
                 token_ids=list(p.token_ids),
                 finish_reason=finish_reason,
                 usage=usage,
-            )
+            ),
+            p.tenant,
         )
         p.seq += 1
         p.text.clear()

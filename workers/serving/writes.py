@@ -214,7 +214,11 @@ class CancelRequested(_NoFallback):
     sources: tuple[Source, ...] = ()  # the control record, when this worker owns the control partition
 
     def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
-        return _outbox(request_cancel(conn, self.job_id, self.tenant, self.at, ctx.worker_id, ctx.claim))
+        values = ctx.claim
+        if self.sources:  # a `cancelled` row's source is its control record (the sweeper finds it by it)
+            topic, partition, offset = self.sources[0]
+            values = {**values, "source_topic": topic, "source_partition": partition, "source_offset": offset}
+        return _outbox(request_cancel(conn, self.job_id, self.tenant, self.at, ctx.worker_id, values))
 
 
 @dataclass(frozen=True)
@@ -248,6 +252,10 @@ def await_stream_ends(items: Sequence[object], timeout_s: float) -> None:
             )
 
 
+def job_of(item: object) -> str | None:
+    """The job_id an item writes (None for a record without one)."""
+    return getattr(item, "job_id", None) or getattr(getattr(item, "row", None), "job_id", None)
+
+
 def describe_item(item: object) -> str:
-    job_id = getattr(item, "job_id", None) or getattr(getattr(item, "row", None), "job_id", "?")
-    return f"{type(item).__name__.lower()} of job {job_id}"
+    return f"{type(item).__name__.lower()} of job {job_of(item) or '?'}"
