@@ -16,11 +16,19 @@ from gpu.attention.metadata import AttentionMetadata
 from gpu.attention.prefill import PrefillPlan, plan_prefills, prefill_all
 from gpu.kv_cache import KVCache
 
+# Decode attention kernel on CUDA: "sdpa" (below, the reference) or "triton" (gpu/triton_kernels/decode.py:
+# reads blocks in place, split-K). "triton" is not yet validated on a GPU: the device check sets it.
+DECODE_KERNEL = "sdpa"
+
 
 def decode_attention(
     q: torch.Tensor, cache: KVCache, layer: int, tables: torch.Tensor, lens: torch.Tensor, scale: float
 ) -> torch.Tensor:
     """q [B, heads, D]; tables [B, blocks] (every entry a valid block id); lens [B] -> [B, heads, D]."""
+    if DECODE_KERNEL == "triton" and q.is_cuda:  # never taken on the CPU: triton is not even imported
+        from gpu.triton_kernels.decode import paged_decode_attention
+
+        return paged_decode_attention(q, cache.k[layer], cache.v[layer], tables, lens, scale)
     b, blocks = tables.shape
     s = cache.shape
     flat = tables.reshape(-1)

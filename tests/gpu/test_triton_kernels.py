@@ -1,0 +1,370 @@
+"""The Triton kernels (gpu/triton_kernels/) against the repo's torch paths, which stay their references.
+
+Without a GPU they run in triton's interpreter (TRITON_INTERPRET=1, set here only while the kernel modules
+are imported, since triton reads it when a kernel is decorated) on CPU tensors; with one, compiled on
+CUDA. References always run on the CPU in float32. Shapes are tiny (the interpreter runs each program in
+numpy) but keep what matters: several blocks per sequence in scattered order, uneven lengths, GQA with a
+group (3) that is not a power of two, a head size (24) that is not one either, contexts long enough for
+split-K, chunks resuming at a nonzero position, and several query and key tiles per chunk.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpu import triton_kernels
+from gpu.attention import PagedAttention
+from gpu.attention.metadata import AttentionMetadata, PrefillChunk
+from gpu.attention.prefill import plan_prefills, prefill_all
+from gpu.cuda import attention as cuda_attention
+from gpu.forward import rms_norm, rotate
+from gpu.kv_cache import KVCache, KVShape
+
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+
+
+@contextlib.contextmanager
+def _interpreting() -> Iterator[None]:
+    """TRITON_INTERPRET=1 without a GPU. Triton reads it when it is first imported (its own library
+    functions, tl.sum and the like, are kernels too), when a kernel is decorated and when one runs."""
+    with pytest.MonkeyPatch.context() as patch:
+        if not CUDA:
+            patch.setenv("TRITON_INTERPRET", "1")
+        yield
+
+
+def _import_kernels():
+    # Imported earlier in this process without the interpreter (nothing in the repo does): cannot interpret.
+    too_late = not CUDA and "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
+    with _interpreting():
+        if not triton_kernels.importable():
+            pytest.skip(
+                "triton does not import here: the Triton kernels cannot be tested", allow_module_level=True
+            )
+        if too_late:
+            pytest.skip(
+                "triton was imported before this module could turn on its interpreter: run this file on "
+                "its own or with TRITON_INTERPRET=1",
+                allow_module_level=True,
+            )
+        from gpu.triton_kernels import argmax, decode, prefill, rms_norm, rope_cache, silu_mul
+    return argmax, decode, prefill, rms_norm, rope_cache, silu_mul
+
+
+argmax_k, decode_k, prefill_k, rms_norm_k, rope_k, silu_k = _import_kernels()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def interpreter():
+    """Only while this module's tests run: other test modules never see the variable."""
+    with _interpreting():
+        yield
+
+
+HEADS, KV_HEADS, DIM, BLOCK = 6, 2, 16, 4
+REPO = Path(__file__).resolve().parents[2]
+# float32 in float32 throughout; float16 inputs against a float32 reference of the same (rounded) values
+TOLERANCE = {torch.float32: dict(rtol=2e-5, atol=2e-5), torch.float16: dict(rtol=3e-3, atol=3e-3)}
+DTYPES = [torch.float32, torch.float16]
+
+
+def _cache(num_blocks: int, dtype: torch.dtype, dim: int = DIM, seed: int = 0) -> KVCache:
+    """A CPU float32 cache of random values, already rounded to dtype (so both sides see the same)."""
+    torch.manual_seed(seed)
+    cache = KVCache(KVShape(1, KV_HEADS, dim, BLOCK, torch.float32), num_blocks, torch.device("cpu"))
+    cache.k.copy_(torch.randn(cache.k.shape).to(dtype))
+    cache.v.copy_(torch.randn(cache.v.shape).to(dtype))
+    return cache
+
+
+def _on_device(cache: KVCache, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    return cache.k[0].to(DEVICE, dtype), cache.v[0].to(DEVICE, dtype)
+
+
+def _tables(lens: list[int], num_blocks: int, width: int) -> torch.Tensor:
+    """Each row its own blocks in scattered order, then stale (valid, never read) ids up to width."""
+    order = torch.randperm(num_blocks)
+    rows, used = [], 0
+    for length in lens:
+        need = -(-length // BLOCK)
+        stale = torch.randint(0, num_blocks, (width - need,))
+        rows.append(torch.cat((order[used : used + need], stale)))
+        used += need
+    assert used <= num_blocks
+    return torch.stack(rows)
+
+
+# -- paged decode attention --------------------------------------------------------------------------------
+
+
+def test_split_count_follows_context_length_and_occupancy():
+    choose = decode_k.choose_num_splits
+    assert choose(200, 1, 8) == 1  # short: one split
+    assert choose(4096, 1, 8) == 16  # long, one row: up to MAX_SPLITS
+    assert choose(1024, 1, 8) == 4
+    assert choose(4096, 64, 8) == 1  # 512 programs already fill the GPU
+    assert choose(4096, 8, 8) == 8
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("num_splits", [None, 1, 4])
+def test_decode_matches_sdpa_reference(dtype, num_splits):
+    # Uneven lengths: 1 key, part of a block, many blocks, and a long row (150 blocks) that makes the
+    # automatic choice split; with 4 splits the short rows' later splits hold no keys at all.
+    lens = [1, 7, 45, 600]
+    width = -(-max(lens) // BLOCK)
+    cache = _cache(200, dtype)
+    tables = _tables(lens, 200, width)
+    q = torch.randn(len(lens), HEADS, DIM).to(dtype).float()
+    lens_t = torch.tensor(lens)
+    scale = DIM**-0.5
+    want = cuda_attention.decode_attention(q, cache, 0, tables, lens_t, scale)
+    if num_splits is None:
+        assert decode_k.choose_num_splits(width * BLOCK, len(lens), KV_HEADS) == 3
+    k, v = _on_device(cache, dtype)
+    got = decode_k.paged_decode_attention(
+        q.to(DEVICE, dtype), k, v, tables.to(DEVICE), lens_t.to(DEVICE), scale, num_splits=num_splits
+    )
+    assert got.dtype == dtype and got.shape == q.shape
+    torch.testing.assert_close(got.cpu().float(), want, **TOLERANCE[dtype])
+
+
+def test_decode_reads_persistent_tables_by_seat_and_strided_queries():
+    """The engine's own layout: rows pick their table by seat; q is the head slice of a wider qk row."""
+    lens = [9, 70, 33]
+    cache = _cache(64, torch.float32, seed=1)
+    tables = _tables([33, 9, 1, 70], 64, 20)  # seats 0..3; row i uses seat seats[i]
+    seats = torch.tensor([1, 3, 0])
+    qk = torch.randn(len(lens), HEADS + KV_HEADS, DIM)
+    q = qk[:, :HEADS]
+    lens_t = torch.tensor(lens)
+    want = cuda_attention.decode_attention(q, cache, 0, tables[seats], lens_t, 0.3)
+    k, v = _on_device(cache, torch.float32)
+    got = decode_k.paged_decode_attention(
+        qk.to(DEVICE)[:, :HEADS], k, v, tables.to(DEVICE), lens_t.to(DEVICE), 0.3, seats=seats.to(DEVICE)
+    )
+    torch.testing.assert_close(got.cpu(), want, **TOLERANCE[torch.float32])
+
+
+def test_decode_head_size_not_a_power_of_two():
+    dim, lens = 24, [5, 130]
+    cache = _cache(64, torch.float32, dim=dim, seed=2)
+    tables = _tables(lens, 64, -(-130 // BLOCK))
+    q, lens_t = torch.randn(2, HEADS, dim), torch.tensor(lens)
+    want = cuda_attention.decode_attention(q, cache, 0, tables, lens_t, dim**-0.5)
+    k, v = _on_device(cache, torch.float32)
+    got = decode_k.paged_decode_attention(
+        q.to(DEVICE), k, v, tables.to(DEVICE), lens_t.to(DEVICE), dim**-0.5, num_splits=2
+    )
+    torch.testing.assert_close(got.cpu(), want, **TOLERANCE[torch.float32])
+
+
+def test_cuda_decode_hook_defaults_to_sdpa_and_never_routes_cpu_tensors(monkeypatch):
+    assert cuda_attention.DECODE_KERNEL == "sdpa"
+    cache = _cache(8, torch.float32)
+    tables, lens, q = torch.tensor([[3, 1]]), torch.tensor([6]), torch.randn(1, HEADS, DIM)
+    want = cuda_attention.decode_attention(q, cache, 0, tables, lens, 0.25)
+    monkeypatch.setattr(cuda_attention, "DECODE_KERNEL", "triton")
+    assert torch.equal(cuda_attention.decode_attention(q, cache, 0, tables, lens, 0.25), want)
+
+
+# -- varlen paged attention (prefill and mixed steps) --------------------------------------------------------
+
+
+def _mixed_step(dtype: torch.dtype, seed: int = 0):
+    """A mixed step in row order: a decode row, a fresh 19-token prefill, a 21-token chunk resuming at
+    position 23 (chunked prefill or a prefix-cache hit), another decode row. K/V of every sequence, its
+    prefix and its new tokens, are in the cache; new_k/new_v are the step's own rows."""
+    specs = [(36, 1), (0, 19), (23, 21), (5, 1)]  # (start position, new tokens) per seat 0..3
+    cache = _cache(64, dtype, seed=seed)
+    tables = _tables([start + n for start, n in specs], 64, 16)
+    slots = []
+    for seat, (start, n) in enumerate(specs):
+        positions = torch.arange(start, start + n)
+        slots.append(tables[seat, positions // BLOCK] * BLOCK + positions % BLOCK)
+    slots = torch.cat(slots)
+    flat = (KV_HEADS, -1, DIM)
+    new_k = cache.k[0].view(flat)[:, slots].transpose(0, 1)
+    new_v = cache.v[0].view(flat)[:, slots].transpose(0, 1)
+    rows = [0, 1, 20, 41]  # first row of each chunk
+    meta = AttentionMetadata(
+        block_tables=tables,
+        decode_rows=torch.tensor([rows[0], rows[3]]),
+        decode_seats=torch.tensor([0, 3]),
+        decode_lens=torch.tensor([37, 6]),
+        decode_first=None,
+        max_decode_len=37,
+        prefills=(PrefillChunk(rows[1], 19, 0, 1), PrefillChunk(rows[2], 21, 23, 2)),
+    )
+    q = torch.randn(len(slots), HEADS, DIM).to(dtype).float()
+    return cache, meta, q, new_k, new_v
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("tiles", [(16, 16), (64, 64)], ids=["small-tiles", "default-tiles"])
+def test_varlen_mixed_step_matches_paged_attention(dtype, tiles):
+    cache, meta, q, new_k, new_v = _mixed_step(dtype)
+    reference = PagedAttention("torch")  # torch decode buckets + SDPA prefill chunks
+    want = reference(q, new_k, new_v, cache, 0, reference.plan(meta, cache), DIM**-0.5)
+    chunks = prefill_k.VarlenChunks.from_metadata(
+        AttentionMetadata(
+            meta.block_tables.to(DEVICE),
+            *(t.to(DEVICE) for t in (meta.decode_rows, meta.decode_seats, meta.decode_lens)),
+            meta.decode_first,
+            meta.max_decode_len,
+            meta.prefills,
+        )
+    )
+    assert chunks.max_q_len == 21 and chunks.q_lens.tolist() == [1, 1, 19, 21]
+    k, v = _on_device(cache, dtype)
+    got = prefill_k.varlen_paged_attention(
+        q.to(DEVICE, dtype), k, v, meta.block_tables.to(DEVICE), chunks, DIM**-0.5, None, *tiles
+    )
+    torch.testing.assert_close(got.cpu().float(), want, **TOLERANCE[dtype])
+
+
+def test_varlen_prefill_only_from_cu_seqlens_matches_prefill_reference():
+    """Packed chunks back to back (flash-attention's varlen form), GQA, writing into a given out."""
+    cache, meta, q, new_k, new_v = _mixed_step(torch.float32, seed=3)
+    plans = plan_prefills(meta, BLOCK)
+    want = torch.zeros_like(q)
+    prefill_all(q, new_k, new_v, cache, 0, plans, 0.2, want)
+    first, end = meta.prefills[0].row_start, meta.prefills[1].row_start + meta.prefills[1].num_tokens
+    chunks = prefill_k.VarlenChunks.from_cu_seqlens([0, 19, 40], [0, 23], [1, 2], DEVICE)
+    out = torch.zeros(end - first, HEADS, DIM, device=DEVICE)
+    k, v = _on_device(cache, torch.float32)
+    got = prefill_k.varlen_paged_attention(
+        q[first:end].to(DEVICE), k, v, meta.block_tables.to(DEVICE), chunks, 0.2, out, 16, 16
+    )
+    assert got is out
+    torch.testing.assert_close(got.cpu(), want[first:end], **TOLERANCE[torch.float32])
+
+
+# -- fused residual add + RMSNorm, RoPE + cache write, SiLU * up, argmax ----------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("with_delta", [True, False])
+def test_add_rms_norm_matches_forward(dtype, with_delta):
+    torch.manual_seed(0)
+    x, delta = torch.randn(5, 48).to(dtype), torch.randn(5, 48).to(dtype)
+    weight = (1 + 0.1 * torch.randn(48)).to(dtype)
+    residual = x + delta if with_delta else x
+    want = rms_norm(residual, weight, 1e-5)
+    got, got_residual = rms_norm_k.add_rms_norm(
+        x.to(DEVICE), delta.to(DEVICE) if with_delta else None, weight.to(DEVICE), 1e-5
+    )
+    assert torch.equal(got_residual.cpu(), residual)  # one rounding of an exact sum, as torch's add
+    torch.testing.assert_close(got.cpu(), want, **TOLERANCE[dtype])
+
+
+def _rope_tables(max_positions: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's default RoPE tables: cos/sin of [positions, dim], the frequencies repeated in both halves."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    freqs = torch.outer(torch.arange(max_positions).float(), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rope_cache_write_matches_rotate_and_cache_write(dtype):
+    torch.manual_seed(0)
+    tokens, rows = 5, HEADS + KV_HEADS
+    cos, sin = (t.to(dtype) for t in _rope_tables(64, DIM))
+    positions = torch.tensor([0, 17, 3, 63, 40])
+    slots = torch.tensor([13, 2, 30, 7, -1])  # flat slots of the 8-block cache; -1: rotate, do not cache
+    qkv = torch.randn(tokens, (rows + KV_HEADS) * DIM).to(dtype)  # the fused projection's output
+    qk_ref = qkv[:, : rows * DIM].view(tokens, rows, DIM)
+    v_ref = qkv[:, rows * DIM :].view(tokens, KV_HEADS, DIM)
+    want_cache = KVCache(KVShape(1, KV_HEADS, DIM, BLOCK, dtype), 8, torch.device("cpu"))
+    want_qk = rotate(qk_ref, cos[positions][:, None], sin[positions][:, None])
+    want_cache.write(0, slots[:-1], want_qk[:-1, HEADS:], v_ref[:-1])
+
+    cache = KVCache(KVShape(1, KV_HEADS, DIM, BLOCK, dtype), 8, DEVICE)
+    qkv_dev = qkv.to(DEVICE)
+    qk = qkv_dev[:, : rows * DIM].view(tokens, rows, DIM)  # strided rows, as in the forward
+    v = qkv_dev[:, rows * DIM :].view(tokens, KV_HEADS, DIM)
+    rope_k.TritonRopeCacheWrite()(
+        qk, v, positions.to(DEVICE), cos.to(DEVICE), sin.to(DEVICE), cache, 0, slots.to(DEVICE)
+    )
+    # half precision: torch rounds after each product, the kernel once (one unit in the last place)
+    tolerance = TOLERANCE[torch.float32] if dtype == torch.float32 else dict(rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(qk.cpu(), want_qk, **tolerance)
+    torch.testing.assert_close(cache.k.cpu(), want_cache.k, **tolerance)  # untouched slots still 0
+    assert torch.equal(cache.v.cpu(), want_cache.v)
+    assert torch.equal(qkv_dev[:, rows * DIM :].cpu(), qkv[:, rows * DIM :])  # v itself is not modified
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_silu_mul_matches_torch(dtype):
+    torch.manual_seed(0)
+    gate_up = (3 * torch.randn(5, 2 * 40)).to(dtype)
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    want = F.silu(gate) * up
+    got = silu_k.silu_mul(gate_up.to(DEVICE), block=16)  # 3 programs per row, the last one partial
+    torch.testing.assert_close(got.cpu().float(), want, **TOLERANCE[dtype])
+
+
+def test_greedy_argmax_matches_torch_on_ties_infinities_and_nan():
+    torch.manual_seed(0)
+    vocab = 1000
+    logits = torch.randn(7, vocab)
+    logits[1, [700, 90, 400]] = 9.0  # tie across tiles: the first (90) wins
+    logits[2] = float("-inf")  # nothing finite: index 0
+    logits[3, 950] = float("inf")
+    logits[4, [600, 20]] = float("nan")  # NaN counts as the maximum; the first NaN
+    logits[4, 10] = float("inf")
+    logits[5, 999] = 50.0  # the last element, in a partial tile
+    logits[6, 0] = 50.0
+    want = logits.argmax(dim=-1)
+    assert want.tolist()[1:] == [90, 0, 950, 20, 999, 0]
+    got = argmax_k.greedy_argmax(logits.to(DEVICE), block=256)
+    assert torch.equal(got.cpu(), want)
+    half = logits[[0, 1, 5]].half()
+    assert torch.equal(argmax_k.greedy_argmax(half.to(DEVICE), block=256).cpu(), half.float().argmax(-1))
+    strided = torch.randn(3, 2 * vocab)[:, :vocab]  # a view of wider rows
+    assert torch.equal(argmax_k.greedy_argmax(strided.to(DEVICE), block=256).cpu(), strided.argmax(-1))
+
+
+# -- triton stays out of the CPU path ------------------------------------------------------------------------
+
+
+def test_only_gpu_triton_kernels_imports_triton():
+    offenders = []
+    for path in (REPO / "gpu").rglob("*.py"):
+        if "triton_kernels" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            offenders += [f"{path.relative_to(REPO)}: {n}" for n in names if n.split(".")[0] == "triton"]
+    assert not offenders
+
+
+def test_importing_the_engine_and_the_cuda_path_does_not_import_triton():
+    code = (
+        "import sys, gpu.forward, gpu.engine, gpu.cuda.step, gpu.cuda.attention, gpu.triton_kernels\n"
+        "assert 'triton' not in sys.modules, 'triton imported'\n"
+        "assert not gpu.triton_kernels.available('cpu')\n"
+        "assert 'triton' not in sys.modules, 'triton imported'\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(REPO)
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
