@@ -35,6 +35,7 @@ CONFINED = {
     "alembic": ("workers.db", "migrations"),
     "celery": ("workers.bulk", "workers.cli.bulk"),
     "torch": ("gpu", "workers", "bench"),
+    "triton": ("gpu.triton_kernels",),  # imported lazily, on CUDA only
 }
 BENCH_MAY_USE = ("workers.client", "workers.settings", "workers.services")
 

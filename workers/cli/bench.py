@@ -1,5 +1,6 @@
 """`inferq bench ...`: benchmarks. `engine` compares the engine with HF batching on a seeded workload;
-`e2e` runs jobs through Kafka, one worker and Postgres against the engine alone.
+`e2e` runs jobs through Kafka, one worker and Postgres against the engine alone; `host-overhead` times the
+engine's own host work per decode step with the model's forward stubbed.
 
 Room for more verbs as further subparsers sharing bench/report.py.
 """
@@ -10,7 +11,7 @@ import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from bench import e2e, engine  # light: argparse only; torch is imported when the verb runs
+    from bench import e2e, engine, host_overhead  # light: argparse only; torch comes when the verb runs
 
     bench = subparsers.add_parser("bench", help="run a benchmark and write its results as JSON")
     bench.set_defaults(func=lambda _args: _usage(bench))
@@ -30,6 +31,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     e2e.add_arguments(e2e_parser)
     e2e_parser.set_defaults(func=e2e.run)
+    host_parser = verbs.add_parser(
+        "host-overhead",
+        help="the engine's host time per decode step by phase, forward stubbed (runs on CPU)",
+        description=host_overhead.__doc__,
+    )
+    host_overhead.add_arguments(host_parser)
+    host_parser.set_defaults(func=host_overhead.run)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:

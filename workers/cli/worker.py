@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
@@ -75,6 +76,10 @@ def run(args: argparse.Namespace) -> int:
     show_progress = args.log_format == "text" and progress.wanted()
     engine = build_engine(args, settings.cache_dir, show_progress)
     warm_up(engine)
+    # the model, tokenizer and start-up objects live as long as the process: out of the collector's
+    # generations, so a full collection no longer walks them (a pause of ~0.3 s every few thousand steps)
+    gc.collect()
+    gc.freeze()
     metrics = WorkerMetrics(served_model_name(args, settings))
     metrics_port = args.metrics_port if args.metrics_port is not None else settings.metrics_port
     if metrics_port:
