@@ -21,14 +21,15 @@ DEMO_JOBS = (
 )
 
 
+DESCRIPTION = (
+    "Start a worker, post a handful of chat questions across priorities and tenants, show "
+    "their answers as they stream from Kafka, then their rows in PostgreSQL and a few SQL queries "
+    "over job history. Checks that every streamed text equals its stored row. Needs `inferq up`."
+)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "demo",
-        help="run the end-to-end demo",
-        description="Start a worker, post a handful of chat questions across priorities and tenants, show "
-        "their answers as they stream from Kafka, then their rows in PostgreSQL and a few SQL queries "
-        "over job history. Checks that every streamed text equals its stored row. Needs `inferq up`.",
-    )
+    p = subparsers.add_parser("demo", help="run the end-to-end demo", description=DESCRIPTION)
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"{MODEL_HELP} (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--timeout", type=float, default=300.0)

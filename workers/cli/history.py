@@ -66,13 +66,18 @@ TABLE_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
+DESCRIPTION = (
+    "Summaries of the jobs table (latency percentiles, counts, tokens). "
+    "Buckets are in UTC; the same answers come from the SQL functions job_stats/worker_stats "
+    "and the view bulk_progress (see docs/bulk-and-history.md)."
+)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "history",
         help="job history: per tenant/class/bucket, per worker, per bulk job",
-        description="Summaries of the jobs table (latency percentiles, counts, tokens). "
-        "Buckets are in UTC; the same answers come from the SQL functions job_stats/worker_stats "
-        "and the view bulk_progress (see docs/bulk-and-history.md).",
+        description=DESCRIPTION,
     )
     p.add_argument("--since", default="24h", help="start: 24h, 7d, 90m (ago) or an ISO time (default: 24h)")
     p.add_argument("--until", default=None, help="end: same forms as --since (default: now)")

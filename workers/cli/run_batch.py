@@ -13,16 +13,20 @@ from pathlib import Path
 from workers.cli.engine_options import add_engine_options
 from workers.cli.options import add_log_options
 
+DESCRIPTION = (
+    "Read an OpenAI Batch input file (one {custom_id, method, url, body} per line, "
+    "/v1/completions or /v1/chat/completions), generate every request with continuous batching in "
+    "this process, and write one output line per input line, in input order: a response, or an "
+    "error (invalid line, prompt too long). Fields that change nothing (n: 1, logprobs: false, "
+    "presence_penalty: 0, user, stream_options, ...) are accepted. Exit 0 once the file is written."
+)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "run-batch",
         help="run an OpenAI Batch file on the engine in this process (no Kafka, no database)",
-        description="Read an OpenAI Batch input file (one {custom_id, method, url, body} per line, "
-        "/v1/completions or /v1/chat/completions), generate every request with continuous batching in "
-        "this process, and write one output line per input line, in input order: a response, or an "
-        "error (invalid line, prompt too long). Fields that change nothing (n: 1, logprobs: false, "
-        "presence_penalty: 0, user, stream_options, ...) are accepted. Exit 0 once the file is written.",
+        description=DESCRIPTION,
     )
     p.add_argument("-i", "--input-file", type=Path, required=True, metavar="FILE", help="Batch input JSONL")
     p.add_argument("-o", "--output-file", type=Path, required=True, metavar="FILE", help="Batch output JSONL")

@@ -6,15 +6,17 @@ import argparse
 import json
 import sys
 
+DESCRIPTION = (
+    "Start the local Kafka and PostgreSQL (on 127.0.0.1, state in .state/ or "
+    "INFERQ_STATE_DIR) unless already running, wait until they answer, create the contract's topics "
+    "and run `db upgrade`. Idempotent. Services configured elsewhere are only provisioned. An existing "
+    "topic with fewer partitions than configured is reported and left as it is (see --grow-partitions)."
+)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "up",
-        help="start local Kafka + PostgreSQL, create topics, run migrations",
-        description="Start the local Kafka and PostgreSQL (on 127.0.0.1, state in .state/ or "
-        "INFERQ_STATE_DIR) unless already running, wait until they answer, create the contract's topics "
-        "and run `db upgrade`. Idempotent. Services configured elsewhere are only provisioned. An existing "
-        "topic with fewer partitions than configured is reported and left as it is (see --grow-partitions).",
+        "up", help="start local Kafka + PostgreSQL, create topics, run migrations", description=DESCRIPTION
     )
     p.add_argument(
         "--grow-partitions",

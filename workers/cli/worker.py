@@ -22,14 +22,15 @@ from workers.cli.options import add_log_options
 log = logging.getLogger(__name__)
 
 
+DESCRIPTION = (
+    "Consume jobs from the priority topics, generate with continuous batching, stream "
+    "tokens, persist every job in PostgreSQL. SIGTERM/SIGINT: stop intake, finish in-flight jobs "
+    "within the grace period, commit, exit 0; a second signal exits at once."
+)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "worker",
-        help="run an inference worker",
-        description="Consume jobs from the priority topics, generate with continuous batching, stream "
-        "tokens, persist every job in PostgreSQL. SIGTERM/SIGINT: stop intake, finish in-flight jobs "
-        "within the grace period, commit, exit 0; a second signal exits at once.",
-    )
+    p = subparsers.add_parser("worker", help="run an inference worker", description=DESCRIPTION)
     add_engine_options(p)
     p.add_argument("--worker-id", default=None, help="name in the jobs table (default: host-pid)")
     p.add_argument(
