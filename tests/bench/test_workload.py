@@ -148,3 +148,11 @@ def test_table_aligns_columns():
     assert lines[2] == "static    400.0"
     assert lines[3] == "inferq  2,500.2"
     assert len({len(line) for line in lines}) == 1
+
+
+def test_the_backlog_slope_is_a_least_squares_line():
+    from bench.backlog import slope_mib_per_1k_jobs
+
+    assert slope_mib_per_1k_jobs([(0, 100.0), (1000, 110.0), (2000, 120.0)]) == pytest.approx(10.0)
+    assert slope_mib_per_1k_jobs([(0, 100.0), (1000, 100.0)]) == 0.0
+    assert slope_mib_per_1k_jobs([(5, 1.0)]) == 0.0
