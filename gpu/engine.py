@@ -72,7 +72,7 @@ class Engine:
         )
         check_config(scheduler_config)
         self.clock = StepClock()
-        self.last_step: tuple[str, ...] = ()  # the sequences the last step ran
+        self._last_chunks: tuple = ()  # the last step's chunks (their sequences: `last_step`)
         # called with a step's sequences before its forward; test fault injection only (None otherwise)
         self.fault_hook: Callable[[tuple[str, ...]], None] | None = None
         self.runner = ModelRunner(
@@ -147,6 +147,11 @@ class Engine:
         ended = self.scheduler.abort(request_id)
         return None if ended is None else self._finish(ended, (), "")
 
+    @property
+    def last_step(self) -> tuple[str, ...]:
+        """The sequences the last step ran (built on demand: only failing steps and their probes ask)."""
+        return tuple(chunk.seq_id for chunk in self._last_chunks)
+
     def running_ids(self) -> list[str]:
         return self.scheduler.running_ids()
 
@@ -165,7 +170,7 @@ class Engine:
         results = [self._finish(ended, (), "") for ended in output.finished]
         self.clock.lap(SCHEDULE)
         sampled: dict[str, int] = {}
-        self.last_step = tuple(chunk.seq_id for chunk in output.chunks)
+        self._last_chunks = output.chunks
         if output.chunks:
             start = time.perf_counter()
             try:

@@ -171,14 +171,15 @@ class Worker:
         clock.lap("control")
         if self.engine.has_unfinished():
             step_started = utcnow()
-            probe = self.guard.next_step(self.engine.running_ids())
+            probe = self.guard.next_step(self.engine.running_ids()) if self.guard.isolating else None
             try:
                 outputs = self.engine.step(probe)
             except StepFailed as failed:  # one bad step must not stop the worker (or the group)
                 outputs = failed.outputs
                 self._step_failed(failed)
             else:
-                self._convict(self.guard.succeeded(self.engine.last_step))
+                if self.guard.engaged:  # the common step skips this: nothing has failed
+                    self._convict(self.guard.succeeded(self.engine.last_step))
             clock.lap("step")
             self.handle_outputs(outputs, step_started)
             clock.lap("outputs")

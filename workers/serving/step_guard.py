@@ -32,6 +32,11 @@ class StepGuard:
     def isolating(self) -> bool:
         return bool(self._suspects)
 
+    @property
+    def engaged(self) -> bool:
+        """Whether a step has failed and not everything is settled yet (else a step needs no bookkeeping)."""
+        return bool(self.consecutive or self._suspects or self._held)
+
     def allowed(self, seq_id: str) -> bool:
         """Whether the next step may run this sequence (held ones never; while probing, the probe only)."""
         if seq_id in self._held:
@@ -68,6 +73,8 @@ class StepGuard:
         self.consecutive = 0
         for seq_id in ran:
             self._suspects.pop(seq_id, None)
+        if not self._suspects:
+            self._probe = None
         convicted, self._held = self._held, {}
         return convicted
 
