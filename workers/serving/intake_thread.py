@@ -1,7 +1,8 @@
 """The Kafka intake on a thread of its own, so the engine loop never pays for a poll.
 
 kafka-python's consumers are not thread-safe, and every poll costs its caller Python time (hand-offs to the
-client's I/O thread) that the engine loop would otherwise pay each iteration. This thread owns the group consumer and the control reader: it polls them, hands records over in
+client's I/O thread) that the engine loop would otherwise pay each iteration. This thread owns the group
+consumer and the control reader: it polls them, validates and tokenizes job records, hands them over in
 queues, and runs the loop's requests (pause, resume, seek, commit) between polls. Most of a step runs in
 torch kernels that release the GIL, so on a core of its own this thread costs the engine almost nothing.
 """
