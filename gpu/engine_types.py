@@ -34,6 +34,14 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class GrammarSpec:
+    """A constraint on a request's output, as the job states it (compiled by Engine.compile_grammar)."""
+
+    kind: str  # "json_schema" | "json_object" | "regex" | "choice"
+    source: str = ""  # the schema as JSON text, the regex, or the choices as a JSON list of strings
+
+
+@dataclass(frozen=True)
 class EngineRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
@@ -42,6 +50,18 @@ class EngineRequest:
     priority: Priority = Priority.NORMAL
     tenant: str = "default"
     deadline: float | None = None  # a time.monotonic() value
+    n: int = 1  # samples of the prompt, prefilled once; their outputs carry `index` 0..n-1
+    # A GrammarSpec, or what Engine.compile_grammar made of one (compiled off the engine thread); None: free
+    grammar: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's log probability and the most likely alternatives at its position."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
 
 
 @dataclass(slots=True)
@@ -57,6 +77,8 @@ class RequestOutput:
     prompt_tokens: int
     completion_tokens: int
     detail: str = ""  # e.g. why a request was rejected
+    index: int = 0  # which of the request's n samples this output is about
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per new token, when the request asked for logprobs
 
 
 @dataclass(frozen=True)

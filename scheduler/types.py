@@ -33,6 +33,14 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # OpenAI's penalties: minus presence_penalty once, and minus frequency_penalty per occurrence, for every
+    # token already generated; HF's repetition_penalty divides positive (multiplies negative) logits of
+    # prompt and output tokens (1 = off).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), sorted by id
+    logprobs: int | None = None  # None: none; k (0-20): each sampled token's logprob and the k most likely
 
     @property
     def greedy(self) -> bool:
