@@ -59,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
         "step_ms": {str(r.batch): r.step_ms for r in results},
         "phases": {str(r.batch): r.phases_ms for r in results},
         "argmax_ms": {str(r.batch): r.argmax_ms for r in results},
+        # On CUDA the greedy argmax runs on the device (inside the step's graph): what the host is left with.
+        "host_ms_without_argmax": {str(r.batch): r.host_ms - r.argmax_ms for r in results},
         "decode_steps": {str(r.batch): r.decode_steps for r in results},
         "tokens": {str(r.batch): r.tokens for r in results},
         "forward_calls": stub.calls,
@@ -75,7 +77,7 @@ def render(payload: dict) -> str:
     from bench.report import format_table
     from gpu.step_clock import PHASES
 
-    headers = ["batch", "host ms", "us/row", *PHASES, "(argmax)"]
+    headers = ["batch", "host ms", "us/row", *PHASES, "(argmax)", "host - argmax"]
     rows = [
         [
             batch,
@@ -83,10 +85,14 @@ def render(payload: dict) -> str:
             payload["host_us_per_row"][batch],
             *(payload["phases"][batch][p] for p in PHASES),
             payload["argmax_ms"][batch],
+            payload["host_ms_without_argmax"][batch],
         ]
         for batch, host in payload["host_ms_per_step"].items()
     ]
-    note = "ms per decode step (medians); host = the step without the stub forward; argmax: inside sample"
+    note = (
+        "ms per decode step (medians); host = the step without the stub forward; argmax: inside sample\n"
+        "host - argmax: what stays on the host when the argmax runs on the device (CUDA: inside the graph)"
+    )
     return format_table(headers, rows, digits=3) + "\n" + note
 
 
