@@ -164,12 +164,11 @@ def _pack_histories(histories: list[_Tracked], vocab_size: int) -> tuple[np.ndar
     width = max((t.length for t in histories), default=0)
     ids = np.full((len(histories), width), vocab_size, dtype=np.int64)
     for row, t in enumerate(histories):  # one copy per penalised row, not per token
-        ids[row, : t.length] = t.tokens[: t.length]  # type: ignore[index]
+        ids[row, : t.length] = t.tokens[: t.length]
     positions = np.arange(width)
     start = np.array([t.num_prompt for t in histories], dtype=np.int64)[:, None]
     end = np.array([t.length for t in histories], dtype=np.int64)[:, None]
-    generated = ((positions >= start) & (positions < end)).astype(np.float32)
-    return ids, generated.reshape(len(histories), width)
+    return ids, ((positions >= start) & (positions < end)).astype(np.float32)
 
 
 def apply(logits: torch.Tensor, plan: LogitsPlan) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -145,3 +146,26 @@ def test_batched_processing_equals_the_per_row_reference(rows, seed):
     for i, (params, prompt, generated) in enumerate(rows):
         want = reference(logits[i + 1], prompt, generated, params)
         torch.testing.assert_close(got[i + 1], want, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_processing_on_cuda_equals_the_cpu():
+    state = LogitsState(VOCAB)
+    state.add("a", [1, 2, 2], SamplingParams(presence_penalty=0.5, repetition_penalty=1.3, logprobs=4))
+    state.add("b", [3], SamplingParams(frequency_penalty=0.7, logit_bias=((1, -2.0), (5, 4.0)), logprobs=0))
+    for token in (2, 5, 5):
+        state.record(state.plan([chunk("a"), chunk("b")]), [token, token], {})
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(0))
+    plan = state.plan([chunk("a"), chunk("x"), chunk("b")])
+    assert plan is not None
+    cpu, cuda = logits.clone(), logits.cuda()
+    apply(cpu, plan)
+    apply(cuda, plan)
+    torch.testing.assert_close(cuda.cpu(), cpu)
+    tokens = torch.tensor([7, 0, 9])
+    want, got = token_logprobs(cpu, tokens, plan), token_logprobs(cuda, tokens.cuda(), plan)
+    assert want.keys() == got.keys() == {"a", "b"}
+    for seq_id, w in want.items():
+        g = got[seq_id]
+        assert g.token_id == w.token_id and abs(g.logprob - w.logprob) < 1e-5
+        assert [t for t, _ in g.top] == [t for t, _ in w.top]
