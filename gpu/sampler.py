@@ -3,9 +3,9 @@
 The logits of a row go through, in this order: logit_bias, repetition_penalty, presence and frequency
 penalties (gpu/logits_processors.py; only for rows that use them), then temperature, top-k and top-p
 before the draw. Log probabilities are the log_softmax of the logits after bias and penalties and
-before temperature, top-k and top-p: the model's distribution as the request's penalties shaped it,
-the same whatever the temperature, and equal to HF's log_softmax of the logits when no penalty is set
-(vLLM's default, "raw" log probabilities, does the same).
+before temperature, top-k and top-p: the model's distribution as the request's bias and penalties
+shaped it, the same whatever the temperature, and equal to HF's log_softmax of the model's logits when
+no bias or penalty is set.
 
 Greedy rows (the common case) take one argmax. Rows that sample are filtered and drawn together, with no
 per-row Python loop: each draw is an inverse-CDF lookup of one uniform number per row, and that number

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu.logits_processors import LogitsState, apply, token_logprobs
+from gpu.logits_processors import LogitsState, apply, fast_topk, token_logprobs
 from gpu.sampler import fast_argmax
 from scheduler.output import ScheduledChunk
 from scheduler.types import SamplingParams
@@ -169,3 +169,16 @@ def test_processing_on_cuda_equals_the_cpu():
         g = got[seq_id]
         assert g.token_id == w.token_id and abs(g.logprob - w.logprob) < 1e-5
         assert [t for t, _ in g.top] == [t for t, _ in w.top]
+
+
+@pytest.mark.parametrize("vocab", [49152, 32000, 1000, 300])
+@pytest.mark.parametrize("k", [0, 1, 5, 20])
+def test_fast_topk_equals_torch_topk(vocab, k):
+    x = torch.log_softmax(torch.randn(6, vocab, generator=torch.Generator().manual_seed(vocab + k)), dim=-1)
+    x[1, :] = x[1, 0]  # all tied
+    x[2, vocab // 3] = x[2, vocab - 1] = 5.0  # a tie across blocks
+    values, ids = fast_topk(x, k)
+    want = torch.topk(x, k, dim=-1)
+    assert torch.equal(values, want.values)
+    assert torch.equal(x.gather(1, ids), values)  # the ids hold those values (order among ties may differ)
+    assert all(len(set(row)) == k for row in ids.tolist())
