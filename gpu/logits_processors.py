@@ -58,7 +58,7 @@ def uses_processing(p: SamplingParams) -> bool:
 
 
 class _Tracked:
-    """One tracked sequence: its settings, its bias as arrays, and its token history when penalised."""
+    """One tracked sequence: its settings, its bias as arrays, and its token counts when penalised."""
 
     __slots__ = ("sampling", "bias_ids", "bias_values", "penalised", "slots", "seen", "generated", "size")
 

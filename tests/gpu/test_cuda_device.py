@@ -84,6 +84,7 @@ def test_staging_buffers_are_pinned():
 
 def test_penalties_bias_and_logprobs_on_cuda_equal_the_cpu():
     from scheduler.types import SamplingParams
+    from tests.gpu.factories import make_engine
     from tests.gpu.test_penalties_logprobs import run
 
     cpu_model = make_model()
@@ -96,7 +97,7 @@ def test_penalties_bias_and_logprobs_on_cuda_equal_the_cpu():
     ]
     requests = [EngineRequest(f"c{i}", p, s) for i, (p, s) in enumerate(zip(prompts, settings, strict=True))]
     on_device = run(Engine(on_cuda(cpu_model), EngineConfig(num_blocks=256)), requests)
-    on_cpu = run(Engine(cpu_model, EngineConfig(num_blocks=256)), requests)
+    on_cpu = run(make_engine(cpu_model), requests)
     for request in requests:
         got, want = on_device[request.request_id], on_cpu[request.request_id]
         assert [t for t, _ in got] == [t for t, _ in want], request.request_id
