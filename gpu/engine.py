@@ -18,9 +18,11 @@ from gpu.engine_types import (
     EngineStats,
     RequestOutput,
     StepFailed,
+    TokenLogprob,
     resolve_max_model_len,
 )
 from gpu.generation_config import GenerationDefaults, eos_token_ids
+from gpu.logits_processors import LogitsState
 from gpu.model import LoadedModel, load_model
 from gpu.runner import ModelRunner, RunnerConfig
 from gpu.step_clock import OUTPUTS, SCHEDULE, StepClock
@@ -100,6 +102,8 @@ class Engine:
         self.scheduler = Scheduler(dataclasses.replace(scheduler_config, num_blocks=self.runner.num_blocks))
         self._live: dict[str, _Live] = {}
         self._seeds: dict[str, int] = {}  # request id -> its sampling seed, for as long as it is live
+        # live requests using logit_bias, penalties or logprobs (their token history for the penalties)
+        self._logits = LogitsState(model.config.vocab_size)
         self._steps = 0
         self._forward_seconds = 0.0
         self._batch_seqs = 0
@@ -142,6 +146,7 @@ class Engine:
         detokenizer = Detokenizer(self.tokenizer, request.prompt_token_ids, request.stop)
         self._live[request.request_id] = _Live(request, detokenizer, len(request.prompt_token_ids))
         self._seeds[request.request_id] = seed
+        self._logits.add(request.request_id, request.prompt_token_ids, request.sampling)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         ended = self.scheduler.abort(request_id)
@@ -176,7 +181,7 @@ class Engine:
             try:
                 if self.fault_hook is not None:
                     self.fault_hook(self.last_step)
-                sampled = self.runner.execute(output, self._seeds)
+                sampled = self.runner.execute(output, self._seeds, self._logits)
             except Exception as exc:
                 raise StepFailed(self.last_step, results, exc) from exc
             self._record(len(output.chunks), output.num_tokens, time.perf_counter() - start)
@@ -190,6 +195,8 @@ class Engine:
         on_token = self._on_token
         for update in updates:
             results.append(on_token(update, update.seq_id in started))
+        if sampled and (logprobs := self._logits.take_logprobs()):
+            attach_logprobs(results, logprobs)
         self.clock.lap(OUTPUTS)
         return results
 
@@ -227,6 +234,7 @@ class Engine:
         self.runner.release(ended.seq_id)
         live = self._live.pop(ended.seq_id, None)
         self._seeds.pop(ended.seq_id, None)
+        self._logits.drop(ended.seq_id)
         if live is None:  # rejected by add(): the engine never saw it run
             return RequestOutput(ended.seq_id, (), "", ended.reason, False, 0, 0, ended.detail)
         delta += live.detokenizer.flush()
@@ -284,3 +292,10 @@ class Engine:
             for out in self.step():
                 tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
         return tokens
+
+
+def attach_logprobs(results: list[RequestOutput], logprobs: dict[str, TokenLogprob]) -> None:
+    """Give each output that carries a sampled token that token's log probabilities."""
+    for out in results:
+        if out.new_token_ids and (logprob := logprobs.get(out.request_id)) is not None:
+            out.logprobs = (logprob,)

@@ -18,6 +18,7 @@ from gpu.inputs import InputBuilder, StepInputs
 from gpu.kv_cache import KVCache
 from gpu.kv_sizing import KVPlan, activation_estimate, plan_kv
 from gpu.linear import Linear
+from gpu.logits_processors import LogitsState, token_logprobs
 from gpu.model import LoadedModel
 from gpu.rope_cache import RopeCacheWrite
 from gpu.sampler import SamplingBatch, sample
@@ -133,15 +134,19 @@ class ModelRunner:
         """The sequence ended or was preempted: forget its block table."""
         self.inputs.release(seq_id)
 
-    def execute(self, output: SchedulerOutput, seeds: Mapping[str, int]) -> dict[str, int]:
-        """Run every scheduled token through the model and sample for the chunks that ask for it."""
+    def execute(
+        self, output: SchedulerOutput, seeds: Mapping[str, int], logits_state: LogitsState | None = None
+    ) -> dict[str, int]:
+        """Run every scheduled token through the model and sample for the chunks that ask for it.
+        logits_state: the sequences using logit_bias, penalties or logprobs; the step's sampled tokens
+        and log probabilities are recorded into it."""
         if self.threads is None:
-            return self._execute(output, seeds, 0.0)
+            return self._execute(output, seeds, 0.0, logits_state)
         work = self._work(output)
         self.threads.before_step()
         start = time.perf_counter()
         try:
-            return self._execute(output, seeds, work)
+            return self._execute(output, seeds, work, logits_state)
         finally:
             self.threads.after_step(time.perf_counter() - start, work)
 
@@ -150,7 +155,9 @@ class ModelRunner:
         return output.num_tokens + self.lm_head_weight * sum(c.sample for c in output.chunks)
 
     @torch.inference_mode()
-    def _execute(self, output: SchedulerOutput, seeds: Mapping[str, int], work: float) -> dict[str, int]:
+    def _execute(
+        self, output: SchedulerOutput, seeds: Mapping[str, int], work: float, logits_state: LogitsState | None
+    ) -> dict[str, int]:
         inputs = self.inputs.build(output)
         self.clock.lap(INPUTS)
         if self.cuda_step is not None:
@@ -178,7 +185,11 @@ class ModelRunner:
                 [seeds.get(c.seq_id, 0) for c in picked],
                 [c.num_generated for c in picked],
             )
-        tokens = sample(logits, batch).tolist()
+        plan = logits_state.plan(chunks) if logits_state else None  # None: no tracked sequence (common)
+        sampled = sample(logits, batch, plan)
+        tokens = sampled.tolist()
+        if plan is not None and logits_state is not None:
+            logits_state.record(plan, tokens, token_logprobs(logits, sampled, plan))
         self.clock.lap(SAMPLE)
         return {c.seq_id: t for c, t in zip(chunks, tokens, strict=True)}
 

@@ -1,5 +1,12 @@
 """Token sampling for a whole step at once: greedy, temperature, top-k, top-p; per-request seeds.
 
+The logits of a row go through, in this order: logit_bias, repetition_penalty, presence and frequency
+penalties (gpu/logits_processors.py; only for rows that use them), then temperature, top-k and top-p
+before the draw. Log probabilities are the log_softmax of the logits after bias and penalties and
+before temperature, top-k and top-p: the model's distribution as the request's bias and penalties
+shaped it, the same whatever the temperature, and equal to HF's log_softmax of the model's logits when
+no bias or penalty is set.
+
 Greedy rows (the common case) take one argmax. Rows that sample are filtered and drawn together, with no
 per-row Python loop: each draw is an inverse-CDF lookup of one uniform number per row, and that number
 depends only on the request's seed and how many tokens it generated so far, so a request's draws are
@@ -14,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gpu.logits_processors import LogitsPlan, apply
 from scheduler.types import SamplingParams
 
 _ARGMAX_BLOCK = 128
@@ -122,8 +130,11 @@ def draw(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch | None) -> torch.Tensor:
-    """One token per row of logits [S, V]; batch None: every row is greedy."""
+def sample(logits: torch.Tensor, batch: SamplingBatch | None, plan: LogitsPlan | None = None) -> torch.Tensor:
+    """One token per row of logits [S, V]; batch None: every row is greedy. plan: bias and penalties,
+    applied to logits in place (so log probabilities can be read from them afterwards)."""
+    if plan is not None:
+        apply(logits, plan)
     tokens = fast_argmax(logits)
     if batch is not None and batch.random_rows.numel():
         rows = batch.random_rows.to(logits.device)

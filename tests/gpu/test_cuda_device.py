@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from gpu.engine import Engine, EngineConfig
+from gpu.engine import Engine, EngineConfig, EngineRequest
 from gpu.model import LoadedModel
 from tests.gpu.factories import make_model, make_prompts, make_requests
 from tests.gpu.test_gold import OUTPUT_LENS, run_and_check
@@ -80,3 +80,28 @@ def test_staging_buffers_are_pinned():
     engine.generate(make_requests(make_prompts(2, 30, 40), [3, 3]))
     buffers = engine.runner.cuda_step.staging._buffers
     assert buffers and all(buffer.is_pinned() for buffer in buffers.values())
+
+
+def test_penalties_bias_and_logprobs_on_cuda_equal_the_cpu():
+    from scheduler.types import SamplingParams
+    from tests.gpu.factories import make_engine
+    from tests.gpu.test_penalties_logprobs import run
+
+    cpu_model = make_model()
+    prompts = make_prompts(4, 5, 30, seed=31)
+    settings = [
+        SamplingParams(max_tokens=12, logprobs=5),
+        SamplingParams(max_tokens=12, presence_penalty=0.05, frequency_penalty=0.03, logprobs=1),
+        SamplingParams(max_tokens=12, repetition_penalty=1.4),
+        SamplingParams(max_tokens=12, logit_bias=((9, 0.05), (40, -1.0)), logprobs=0),
+    ]
+    requests = [EngineRequest(f"c{i}", p, s) for i, (p, s) in enumerate(zip(prompts, settings, strict=True))]
+    on_device = run(Engine(on_cuda(cpu_model), EngineConfig(num_blocks=256)), requests)
+    on_cpu = run(make_engine(cpu_model), requests)
+    for request in requests:
+        got, want = on_device[request.request_id], on_cpu[request.request_id]
+        assert [t for t, _ in got] == [t for t, _ in want], request.request_id
+        for (_, g), (_, w) in zip(got, want, strict=True):
+            assert (g is None) == (w is None)
+            if g is not None:
+                assert abs(g.logprob - w.logprob) < 1e-4

@@ -1,0 +1,234 @@
+"""logit_bias, penalties and log probabilities for the rows of a step whose requests ask for them.
+
+`LogitsState` knows the live sequences that use any of them (most use none) and keeps, for those with a
+penalty, what the penalties need: the distinct token ids seen in prompt and output and how often each
+was generated, brought up to date with one token per step in O(1) (no history is re-read). It belongs to the
+request, not to its KV blocks, so a preempted sequence recomputed from its tokens keeps its counts.
+
+Each step `plan` picks the step's rows that are tracked (nothing at all is done when no live sequence is)
+and packs them into a `LogitsPlan` of flat tensors, so every row is processed by the same few tensor ops,
+each touching only the logits that change:
+- logit_bias: one scatter-add of (row, token id, bias) triples;
+- penalties: one gather of the (row, seen token) logits, HF's repetition_penalty on them (positive logits
+  divided, negative multiplied), OpenAI's logit -= presence * (count > 0) + frequency * count with the
+  counts of generated tokens, one scatter back: O(distinct tokens), never O(rows x vocabulary);
+- log probabilities: log_softmax of the rows that asked, the sampled token's value and the top k.
+The order (bias, repetition, presence/frequency) is vLLM's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gpu.engine_types import TokenLogprob
+from scheduler.output import ScheduledChunk
+from scheduler.types import SamplingParams
+
+_TOPK_BLOCK = 128
+
+
+def fast_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-wise top k of [R, V] (values and indices, largest first), as torch.topk but far faster on CPU:
+    the k largest values lie in the k blocks of the vocabulary whose maxima are largest, so one max per
+    block and a top k among k blocks' values suffice (equal values may come in another order)."""
+    rows, vocab = x.shape
+    if x.device.type != "cpu" or k == 0 or 4 * k * _TOPK_BLOCK > vocab:
+        return torch.topk(x, k, dim=-1)
+    pad = -vocab % _TOPK_BLOCK
+    if pad:
+        x = torch.nn.functional.pad(x, (0, pad), value=float("-inf"))
+    blocks = x.reshape(rows, -1, _TOPK_BLOCK)
+    best = blocks.amax(dim=-1).topk(k, dim=-1).indices  # [R, k] blocks holding the k largest values
+    candidates = blocks.gather(1, best[:, :, None].expand(-1, -1, _TOPK_BLOCK)).reshape(rows, -1)
+    top = candidates.topk(k, dim=-1)
+    block = best.gather(1, top.indices // _TOPK_BLOCK)
+    return top.values, block * _TOPK_BLOCK + top.indices % _TOPK_BLOCK
+
+
+def uses_penalties(p: SamplingParams) -> bool:
+    return p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
+
+
+def uses_processing(p: SamplingParams) -> bool:
+    return bool(p.logit_bias) or p.logprobs is not None or uses_penalties(p)
+
+
+class _Tracked:
+    """One tracked sequence: its settings, its bias as arrays, and its token counts when penalised."""
+
+    __slots__ = ("sampling", "bias_ids", "bias_values", "penalised", "slots", "seen", "generated", "size")
+
+    def __init__(self, prompt: Sequence[int], sampling: SamplingParams, vocab_size: int) -> None:
+        self.sampling = sampling
+        # Ids outside the vocabulary cannot be logits: dropped here rather than failing every step.
+        pairs = [(t, b) for t, b in sampling.logit_bias if 0 <= t < vocab_size]
+        self.bias_ids = np.array([t for t, _ in pairs], dtype=np.int64)
+        self.bias_values = np.array([b for _, b in pairs], dtype=np.float32)
+        self.penalised = uses_penalties(sampling)
+        # The distinct ids of prompt and output in seen[:size], in order of first sight, with how often each
+        # was generated; slots maps an id to its index there. Penalised sequences only.
+        distinct = list(dict.fromkeys(prompt)) if self.penalised else []
+        self.slots = {token: i for i, token in enumerate(distinct)}
+        self.size = len(distinct)
+        self.seen = np.empty(self.size + 16, dtype=np.int64)
+        self.seen[: self.size] = distinct
+        self.generated = np.zeros(self.size + 16, dtype=np.float32)
+
+    def append(self, token: int) -> None:
+        """Count a generated token."""
+        i = self.slots.get(token)
+        if i is None:
+            i = self.slots[token] = self.size
+            self.size += 1
+            if i == len(self.seen):  # full: double (amortised O(1) per token)
+                self.seen = np.concatenate([self.seen, np.empty_like(self.seen)])
+                self.generated = np.concatenate([self.generated, np.zeros_like(self.generated)])
+            self.seen[i] = token
+        self.generated[i] += 1.0
+
+
+@dataclass(frozen=True)
+class LogitsPlan:
+    """What to do to the logits rows [S, V] of one step's sampling rows (CPU tensors, moved on use)."""
+
+    # logit_bias, as triples: logits[bias_rows[i], bias_ids[i]] += bias_values[i]
+    bias_rows: torch.Tensor  # [B] int64
+    bias_ids: torch.Tensor  # [B] int64
+    bias_values: torch.Tensor  # [B] float32
+    # penalties, per (row, token seen in its prompt or output) pair: N pairs, no row holds an id twice
+    seen_rows: torch.Tensor  # [N] int64
+    seen_ids: torch.Tensor  # [N] int64
+    seen_generated: torch.Tensor  # [N] float32 times the token was generated
+    presence: torch.Tensor  # [N] float32, the pair's row's setting
+    frequency: torch.Tensor  # [N] float32
+    repetition: torch.Tensor  # [N] float32, 1 = off
+    any_repetition: bool
+    # log probabilities of the Q rows that asked
+    logprob_rows: tuple[int, ...]
+    logprob_k: tuple[int, ...]  # top alternatives per row (0..20)
+    logprob_seq_ids: tuple[str, ...]
+    # the penalised sequences, to count the token sampled in their row
+    penalised_rows: tuple[int, ...]
+    penalised: tuple[_Tracked, ...]
+
+
+class LogitsState:
+    """The live sequences that use logit_bias, a penalty or log probabilities (the engine adds and drops
+    them with their requests; the runner plans each step from it and records what it sampled)."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self._tracked: dict[str, _Tracked] = {}
+        self._logprobs: dict[str, TokenLogprob] = {}  # the last step's, until taken
+
+    def __bool__(self) -> bool:
+        return bool(self._tracked)
+
+    def add(self, seq_id: str, prompt: Sequence[int], sampling: SamplingParams) -> None:
+        if uses_processing(sampling):
+            self._tracked[seq_id] = _Tracked(prompt, sampling, self.vocab_size)
+
+    def drop(self, seq_id: str) -> None:
+        self._tracked.pop(seq_id, None)
+
+    def plan(self, chunks: Sequence[ScheduledChunk]) -> LogitsPlan | None:
+        """The plan for the step's sampling chunks (the logits' rows, in order); None: no row is tracked."""
+        tracked = self._tracked
+        rows = [(i, tracked[c.seq_id]) for i, c in enumerate(chunks) if c.seq_id in tracked]
+        if not rows:
+            return None
+        biased = [(i, t) for i, t in rows if len(t.bias_ids)]
+        penalised = [(i, t) for i, t in rows if t.penalised]
+        asked = [
+            (i, chunks[i].seq_id, t.sampling.logprobs) for i, t in rows if t.sampling.logprobs is not None
+        ]
+        seen_counts = [t.size for _, t in penalised]
+        params = [t.sampling for _, t in penalised]
+
+        def per_pair(values: list[float]) -> torch.Tensor:
+            return torch.from_numpy(np.repeat(np.array(values, dtype=np.float32), seen_counts))
+
+        return LogitsPlan(
+            bias_rows=torch.from_numpy(
+                np.repeat(
+                    np.array([i for i, _ in biased], dtype=np.int64), [len(t.bias_ids) for _, t in biased]
+                )
+            ),
+            bias_ids=torch.from_numpy(_concat([t.bias_ids for _, t in biased], np.int64)),
+            bias_values=torch.from_numpy(_concat([t.bias_values for _, t in biased], np.float32)),
+            seen_rows=torch.from_numpy(
+                np.repeat(np.array([i for i, _ in penalised], dtype=np.int64), seen_counts)
+            ),
+            seen_ids=torch.from_numpy(_concat([t.seen[: t.size] for _, t in penalised], np.int64)),
+            seen_generated=torch.from_numpy(
+                _concat([t.generated[: t.size] for _, t in penalised], np.float32)
+            ),
+            presence=per_pair([p.presence_penalty for p in params]),
+            frequency=per_pair([p.frequency_penalty for p in params]),
+            repetition=per_pair([p.repetition_penalty for p in params]),
+            any_repetition=any(p.repetition_penalty != 1.0 for p in params),
+            logprob_rows=tuple(i for i, _, _ in asked),
+            logprob_k=tuple(k for _, _, k in asked),
+            logprob_seq_ids=tuple(s for _, s, _ in asked),
+            penalised_rows=tuple(i for i, _ in penalised),
+            penalised=tuple(t for _, t in penalised),
+        )
+
+    def record(self, plan: LogitsPlan, tokens: Sequence[int], logprobs: dict[str, TokenLogprob]) -> None:
+        """The step sampled `tokens` (one per row) and computed `logprobs`: count the penalised tokens."""
+        self._logprobs = logprobs
+        for row, tracked in zip(plan.penalised_rows, plan.penalised, strict=True):
+            tracked.append(tokens[row])
+
+    def take_logprobs(self) -> dict[str, TokenLogprob]:
+        """The log probabilities the last step computed, by sequence (then forgotten)."""
+        logprobs, self._logprobs = self._logprobs, {}
+        return logprobs
+
+
+def _concat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(arrays) if arrays else np.empty(0, dtype=dtype)
+
+
+def apply(logits: torch.Tensor, plan: LogitsPlan) -> None:
+    """logit_bias, then repetition, presence and frequency penalties, in place on logits [S, V]."""
+    device, vocab = logits.device, logits.shape[-1]
+    flat = logits.view(-1)  # (row, id) pairs as flat indices: 1-D take/put are the fast kernels on CPU
+    if plan.bias_rows.numel():
+        index = plan.bias_rows.to(device) * vocab + plan.bias_ids.to(device)
+        # an id listed twice adds both (the job layer sorts and dedupes anyway)
+        flat.index_add_(0, index, plan.bias_values.to(device, logits.dtype))
+    if not plan.seen_rows.numel():
+        return
+    index = plan.seen_rows.to(device) * vocab + plan.seen_ids.to(device)  # no pair twice
+    values = flat.take(index).float()
+    if plan.any_repetition:
+        penalty = plan.repetition.to(device)
+        values = torch.where(values > 0, values / penalty, values * penalty)
+    generated = plan.seen_generated.to(device)
+    values -= plan.frequency.to(device) * generated + plan.presence.to(device) * (generated > 0)
+    flat.index_copy_(0, index, values.to(logits.dtype))
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, plan: LogitsPlan) -> dict[str, TokenLogprob]:
+    """The sampled token's log probability and the k most likely, per row that asked, from logits [S, V]
+    as `apply` left them (before temperature, top-k and top-p)."""
+    if not plan.logprob_rows:
+        return {}
+    device = logits.device
+    rows = torch.tensor(plan.logprob_rows, dtype=torch.long, device=device)
+    x = logits if len(plan.logprob_rows) == len(logits) else logits[rows]  # every row asked: no copy
+    logprobs = torch.log_softmax(x.float(), dim=-1)
+    picked = tokens.to(device)[rows][:, None]
+    top_values, top_ids = fast_topk(logprobs, max(plan.logprob_k))  # most likely first
+    values = torch.cat([logprobs.gather(1, picked), top_values], dim=1).tolist()
+    ids = torch.cat([picked, top_ids], dim=1).tolist()  # one transfer for the ids, one for the values
+    out = {}
+    for seq_id, row_ids, row_values, n in zip(plan.logprob_seq_ids, ids, values, plan.logprob_k, strict=True):
+        top_n = tuple(zip(row_ids[1 : n + 1], row_values[1 : n + 1], strict=True))
+        out[seq_id] = TokenLogprob(row_ids[0], row_values[0], top_n)
+    return out
