@@ -13,12 +13,20 @@ Emit = Callable[[TokenEvent, str], Any]  # sends one event of a tenant's job; re
 
 
 @dataclass
+class _Delta:
+    """The unsent output of one of a job's samples."""
+
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] | None = None  # one entry per token id, when the job asked for them
+
+
+@dataclass
 class _Pending:
     attempt: int
     tenant: str  # carried in every event's headers
     seq: int = 0
-    text: list[str] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
+    deltas: dict[int, _Delta] = field(default_factory=dict)  # by sample index
     since: float = 0.0  # monotonic time of the oldest unsent delta
 
 
@@ -27,7 +35,8 @@ class TokenStreamer:
 
     The first event of a job goes out at the next flush, so coalescing never delays the first token.
     The last event of an attempt (finish_reason set) is emitted at once, with whatever is buffered.
-    Deltas of one job concatenate exactly to its final output, since nothing is ever dropped.
+    Deltas of one job concatenate exactly to its final output, since nothing is ever dropped; with n > 1
+    samples, each event carries one sample's delta (`index`), and a sample's deltas concatenate to its text.
     """
 
     def __init__(self, emit: Emit, coalesce_s: float) -> None:
@@ -38,13 +47,25 @@ class TokenStreamer:
     def start(self, job_id: str, attempt: int, tenant: str = "default") -> None:
         self._jobs[job_id] = _Pending(attempt=attempt, tenant=tenant)
 
-    def add(self, job_id: str, text: str, token_ids: tuple[int, ...]) -> None:
+    def add(
+        self,
+        job_id: str,
+        text: str,
+        token_ids: tuple[int, ...],
+        index: int = 0,
+        logprobs: list[dict[str, Any]] | None = None,
+    ) -> None:
         p = self._jobs[job_id]
-        if not p.token_ids and not p.text:
+        if not p.deltas:
             # the first delta of a job is due at once: coalescing must not add to time to first token
             p.since = time.monotonic() if p.seq else float("-inf")
-        p.text.append(text)
-        p.token_ids.extend(token_ids)
+        delta = p.deltas.setdefault(index, _Delta())
+        delta.text.append(text)
+        delta.token_ids.extend(token_ids)
+        if logprobs is not None:
+            if delta.logprobs is None:
+                delta.logprobs = []
+            delta.logprobs.extend(logprobs)
 
     def finish(self, job_id: str, finish_reason: str, usage: Usage) -> Any:
         """Send the attempt's last event; returns what `emit` returned for it."""
@@ -58,23 +79,28 @@ class TokenStreamer:
     def flush_due(self, force: bool = False) -> None:
         now = time.monotonic()
         for job_id, p in self._jobs.items():
-            if p.token_ids and (force or now - p.since >= self._coalesce_s):
+            has_tokens = any(d.token_ids for d in p.deltas.values())
+            if has_tokens and (force or now - p.since >= self._coalesce_s):
                 self._send(job_id, p, None, None)
 
     def _send(self, job_id: str, p: _Pending, finish_reason: str | None, usage: Usage | None) -> Any:
-        sent = self._emit(
-            TokenEvent(
+        """One event per sample with unsent output, in index order; the last carries `finish_reason`."""
+        deltas = sorted(p.deltas.items()) or [(0, _Delta())]
+        sent = None
+        for i, (index, delta) in enumerate(deltas):
+            last = i == len(deltas) - 1
+            event = TokenEvent(
                 job_id=job_id,
                 attempt=p.attempt,
                 seq=p.seq,
-                text="".join(p.text),
-                token_ids=list(p.token_ids),
-                finish_reason=finish_reason,
-                usage=usage,
-            ),
-            p.tenant,
-        )
-        p.seq += 1
-        p.text.clear()
-        p.token_ids.clear()
+                text="".join(delta.text),
+                token_ids=delta.token_ids,
+                finish_reason=finish_reason if last else None,
+                usage=usage if last else None,
+                index=index,
+                logprobs=delta.logprobs,
+            )
+            sent = self._emit(event, p.tenant)
+            p.seq += 1
+        p.deltas.clear()
         return sent
