@@ -75,8 +75,10 @@ class BatchRunner:
                     ready[index] = answer
                     _tell(on_answer, answer)
             if running:
-                for out in self.engine.step():
-                    done = self._on_output(out, running)
+                finished = [self._on_output(out, running) for out in self.engine.step()]
+                if running and not self.engine.has_unfinished():  # never wait on samples that cannot come
+                    finished += [self._lost(job_id, running) for job_id in list(running)]
+                for done in finished:
                     if done is not None:
                         ready[done[0]] = done[1]
                         _tell(on_answer, done[1])
@@ -112,7 +114,14 @@ class BatchRunner:
         finish = job.choices.end(out.index, out.finish_reason.value)
         if finish is None:
             return None
-        del running[out.request_id]
+        return self._answer(out.request_id, running, finish, out.detail or None)
+
+    def _lost(self, job_id: str, running: dict) -> tuple[int, Answer]:
+        """A request the engine no longer has, some of whose samples never ended."""
+        return self._answer(job_id, running, "error", "the engine ended the request before all its samples")
+
+    def _answer(self, job_id: str, running: dict, finish: str, error: str | None) -> tuple[int, Answer]:
+        index, job = running.pop(job_id)
         row = {
             "job_id": job.job_id,
             "status": STATUS_OF_FINISH.get(finish, "failed"),
@@ -122,7 +131,7 @@ class BatchRunner:
             "prompt_tokens": job.prompt_tokens,
             "completion_tokens": job.choices.completion_tokens,
             "finished_at": utcnow(),
-            "error": out.detail or None,
+            "error": error,
         }
         if row["status"] == "succeeded":
             return index, (success_line(job.line, row, self.model_name), True)
