@@ -20,7 +20,16 @@ from sqlalchemy.engine import make_url
 from gpu.model import load_model
 from gpu.model_source import DEFAULT_MODEL
 from tests.gpu.factories import make_engine
-from tests.workers.bulk_factories import CHAT, COMPLETIONS, batch_line, write_batch
+from tests.services.factories import run_cli
+from tests.workers.bulk_factories import (
+    CHAT,
+    COMPLETIONS,
+    batch_line,
+    cli_env,
+    read_jsonl,
+    start_bulk_worker,
+    write_batch,
+)
 from tests.workers.worker_factories import (
     now_ms,
     read_topic,
@@ -265,3 +274,35 @@ def test_run_batch_answers_n_choices_with_logprobs_in_each_endpoints_shape(tmp_p
     content = chat_body["choices"][0]["logprobs"]["content"]
     assert len(content) == chat_body["usage"]["completion_tokens"]
     assert all(len(e["top_logprobs"]) == 1 for e in content)
+
+
+def test_bulk_jobs_through_celery_answer_every_choice_with_logprobs(deployment, tmp_path):
+    dep, _, _, _ = deployment
+    lines = [
+        batch_line("c", COMPLETIONS, max_tokens=6, n=2, logprobs=2, temperature=1.0, seed=5),
+        batch_line(
+            "h", CHAT, max_tokens=40, logprobs=True, top_logprobs=1, response_format={"type": "json_object"}
+        ),
+        batch_line("bad", CHAT, guided_regex="(unclosed"),
+    ]
+    path = write_batch(tmp_path / "in.jsonl", lines)
+    env = cli_env(dep, tmp_path / "state")
+    bulk = start_bulk_worker(dep, tmp_path / "state", tmp_path / "bulk-worker.log")
+    try:
+        bulk_id = run_cli("bulk", "submit", str(path), env=env).stdout.strip()
+        run_cli("bulk", "wait", bulk_id, "--interval", "0.5", env=env, check=False)
+        out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
+        run_cli("bulk", "fetch", bulk_id, "-o", str(out), "--errors", str(err), env=env)
+    finally:
+        bulk.stop()
+    ok = {o["custom_id"]: o["response"]["body"] for o in read_jsonl(out)}
+    completion, chat_body = ok["c"], ok["h"]
+    assert [c["index"] for c in completion["choices"]] == [0, 1]
+    assert all(
+        len(c["logprobs"]["tokens"]) == len(c["logprobs"]["text_offset"]) for c in completion["choices"]
+    )
+    content = chat_body["choices"][0]["logprobs"]["content"]
+    assert len(content) == chat_body["usage"]["completion_tokens"]
+    assert isinstance(json.loads(chat_body["choices"][0]["message"]["content"]), dict)
+    [bad] = read_jsonl(err)
+    assert bad["custom_id"] == "bad" and "guided_regex cannot be compiled" in bad["error"]["message"]
