@@ -85,9 +85,13 @@ class JobRequest(_Message):
     @field_validator("logit_bias")
     @classmethod
     def _token_ids(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        seen: set[int] = set()
         for key, value in (bias or {}).items():
             if not (key.isascii() and key.isdigit() and len(key) <= 9):
                 raise ValueError(f"keys must be token ids (non-negative integers), got {key[:20]!r}")
+            if int(key) in seen:  # "7" and "07"
+                raise ValueError(f"token {int(key)} is named twice")
+            seen.add(int(key))
             if not -100.0 <= value <= 100.0:
                 raise ValueError(f"bias of token {key} is {value:g}; it must be within -100..100")
         return bias

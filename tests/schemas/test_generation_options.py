@@ -36,6 +36,9 @@ def test_openai_json_schema_shape_is_kept_on_the_wire():
     dumped = parsed.model_dump(mode="json")["response_format"]["json_schema"]
     assert dumped["schema"] == SCHEMA and "json_schema" not in dumped
     assert JobRequest.model_validate_json(parsed.model_dump_json()) == parsed
+    # as JobClient sends it
+    sent = json.dumps(parsed.model_dump(mode="json", exclude_none=True)).encode()
+    assert parse_job(sent, LIMITS) == parsed
 
 
 def test_every_option_at_a_valid_value():
@@ -77,6 +80,7 @@ def test_every_option_at_a_valid_value():
         ({"logit_bias": {"a": 1}}, "keys must be token ids"),
         ({"logit_bias": {"1" * 10: 1}}, "keys must be token ids"),
         ({"logit_bias": {"5": 100.5}}, "bias of token 5 is 100.5; it must be within -100..100"),
+        ({"logit_bias": {"7": 1, "007": 2}}, "token 7 is named twice"),
         ({"logit_bias": {"5": "up"}}, "logit_bias.5"),
         ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias: Dictionary should have at most 300"),
         ({"response_format": {"type": "yaml"}}, "response_format"),
