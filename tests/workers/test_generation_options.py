@@ -163,11 +163,12 @@ def test_logprob_entries_have_openai_chat_shape():
 
 
 def make_job(**fields) -> InFlightJob:
-    return InFlightJob("j", 1, "normal", request(**fields), datetime.now(UTC), [("t", 0, 1)], prompt_tokens=3)
+    return InFlightJob("j", 1, "normal", request(**fields), datetime.now(UTC), [("t", 0, 1)], prompt_tokens=3,
+                       logprob_format=LogprobFormatter(TOK))  # fmt: skip
 
 
 def test_n_samples_with_logprobs_conclude_when_all_have_ended():
-    job, fmt = make_job(n=2, logprobs=True, top_logprobs=1), LogprobFormatter(TOK)
+    job = make_job(n=2, logprobs=True, top_logprobs=1)
     feed = [
         output(0, (A,), lps=[lp(A, -0.1, (A, -0.1))]),
         output(1, (B,), lps=[lp(B, -0.7, (A, -0.6))]),
@@ -177,7 +178,7 @@ def test_n_samples_with_logprobs_conclude_when_all_have_ended():
     ]
     ends = []
     for out in feed:
-        job.on_tokens(len(out.new_token_ids), out.text_delta, out.index, fmt.entries(out.logprobs))
+        job.on_tokens(len(out.new_token_ids), out.text_delta, out.index, out.logprobs)
         if out.finish_reason is not None:
             ends.append(job.on_end(out.index, out.finish_reason.value))
     assert ends == [None, "stop"]  # sample 1 ended first: the job waits for sample 0
@@ -216,21 +217,20 @@ def test_an_abort_ends_every_sample_at_once():
 
 def test_choices_know_the_longest_sample_for_inter_token_latency():
     choices = Choices(2)
-    choices.add(0, 3, "abc", None)
-    choices.add(1, 5, "abcde", None)
+    choices.add(0, 3, "abc")
+    choices.add(1, 5, "abcde")
     assert (choices.longest, choices.completion_tokens) == (5, 8)
 
 
 # ---- token events ------------------------------------------------------------------------------
 def test_token_events_carry_the_sample_index_and_logprobs():
     sent: list[TokenEvent] = []
-    streamer = TokenStreamer(lambda event, tenant: sent.append(event), coalesce_s=60.0)
+    streamer = TokenStreamer(lambda event, tenant: sent.append(event), 60.0, LogprobFormatter(TOK).entries)
     streamer.start("j", attempt=1)
-    entry = LogprobFormatter(TOK).entry(lp(A, -0.5))
-    streamer.add("j", "a", (A,), 0, [entry])
-    streamer.add("j", "b", (B,), 1, [LogprobFormatter(TOK).entry(lp(B, -0.1))])
+    streamer.add("j", "a", (A,), 0, [lp(A, -0.5)])
+    streamer.add("j", "b", (B,), 1, [lp(B, -0.1)])
     streamer.flush_due()
-    streamer.add("j", "a", (A,), 1, [entry])
+    streamer.add("j", "a", (A,), 1, [lp(A, -0.5)])
     streamer.finish("j", "stop", None)
     assert [(e.seq, e.index, e.text, e.finish_reason) for e in sent] == [
         (0, 0, "a", None), (1, 1, "b", None), (2, 1, "a", "stop"),

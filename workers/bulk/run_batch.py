@@ -100,15 +100,17 @@ class BatchRunner:
         self.engine.add_request(
             EngineRequest(job_id, ids, sampling, stop=tuple(job.stop), n=job.n, grammar=grammar)
         )
-        running[job_id] = (index, _Running(item, job_id, len(ids), Choices(job.n, job.logprobs)))
+        running[job_id] = (
+            index,
+            _Running(item, job_id, len(ids), Choices(job.n, self.logprob_format if job.logprobs else None)),
+        )
         return None
 
     def _on_output(self, out: RequestOutput, running: dict) -> tuple[int, Answer] | None:
         if out.request_id not in running:  # a sample's output after its request ended (aborted, expired)
             return None
         index, job = running[out.request_id]
-        entries = self.logprob_format.entries(out.logprobs) if job.choices.with_logprobs else None
-        job.choices.add(out.index, len(out.new_token_ids), out.text_delta, entries)
+        job.choices.add(out.index, len(out.new_token_ids), out.text_delta, out.logprobs)
         if out.finish_reason is None:
             return None
         finish = job.choices.end(out.index, out.finish_reason.value)

@@ -29,23 +29,27 @@ class LogprobFormatter:
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
         self._token_bytes = getattr(tokenizer, "token_bytes", None)
-        self._cache: dict[int, tuple[str, list[int]]] = {}
+        self._cache: dict[int, tuple[str, bytes]] = {}
 
-    def token(self, token_id: int) -> tuple[str, list[int]]:
+    def token(self, token_id: int) -> tuple[str, bytes]:
         found = self._cache.get(token_id)
         if found is None:
             text = self._tokenizer.decode([token_id]).replace("\x00", "\ufffd")  # storable in jsonb
             raw = self._token_bytes(token_id) if self._token_bytes is not None else text.encode()
-            found = self._cache[token_id] = (text, list(raw))
+            found = self._cache[token_id] = (text, bytes(raw))
         return found
 
     def entry(self, lp: TokenLogprob) -> dict[str, Any]:
-        text, raw = self.token(lp.token_id)
+        return self.kept((lp.token_id, lp.logprob, lp.top))
+
+    def kept(self, item: Kept) -> dict[str, Any]:
+        token_id, logprob, alternatives = item
+        text, raw = self.token(token_id)
         top = []
-        for token_id, logprob in lp.top:
-            top_text, top_raw = self.token(token_id)
-            top.append({"token": top_text, "logprob": _finite(logprob), "bytes": top_raw})
-        return {"token": text, "logprob": _finite(lp.logprob), "bytes": raw, "top_logprobs": top}
+        for top_id, top_logprob in alternatives:
+            top_text, top_raw = self.token(top_id)
+            top.append({"token": top_text, "logprob": _finite(top_logprob), "bytes": list(top_raw)})
+        return {"token": text, "logprob": _finite(logprob), "bytes": list(raw), "top_logprobs": top}
 
     def entries(self, logprobs: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
         return [self.entry(lp) for lp in logprobs]
@@ -55,29 +59,41 @@ def _finite(logprob: float) -> float:
     return logprob if math.isfinite(logprob) else LOGPROB_FLOOR
 
 
+# One token's logprobs as kept until the job ends: (token id, logprob, ((id, logprob), ...)). Tuples of
+# numbers, which the garbage collector stops tracking, where dicts (7 per token with top 5) would be walked
+# by every collection on the engine thread for as long as the job runs; OpenAI's dicts are built once, at
+# the end (and for each token event as it is sent).
+Kept = tuple[int, float, tuple[tuple[int, float], ...]]
+
+
 @dataclass
 class Sample:
     index: int
     text: list[str] = field(default_factory=list)
     tokens: int = 0
     finish_reason: str | None = None
-    logprobs: list[dict[str, Any]] | None = None  # chat entries, one per token, when asked
+    logprobs: list[Kept] | None = None  # one per token, when asked
     last_token_mono: float | None = None
 
 
 class Choices:
-    """The samples of one job; the job is over when every sample has ended, or one ended the request."""
+    """The samples of one job; the job is over when every sample has ended, or one ended the request.
+    `logprobs`: the formatter of the job's log probabilities, None when it asked for none."""
 
-    def __init__(self, n: int = 1, logprobs: bool = False) -> None:
+    def __init__(self, n: int = 1, logprobs: LogprobFormatter | None = None) -> None:
         self.samples = [Sample(i, logprobs=[] if logprobs else None) for i in range(n)]
-        self.with_logprobs = logprobs
+        self.logprob_format = logprobs
 
-    def add(self, index: int, tokens: int, text: str, entries: list[dict[str, Any]] | None) -> Sample:
+    @property
+    def with_logprobs(self) -> bool:
+        return self.logprob_format is not None
+
+    def add(self, index: int, tokens: int, text: str, logprobs: Sequence[TokenLogprob] = ()) -> Sample:
         sample = self.samples[index]
         sample.text.append(text)
         sample.tokens += tokens
-        if sample.logprobs is not None and entries:
-            sample.logprobs.extend(entries)
+        if sample.logprobs is not None and logprobs:
+            sample.logprobs.extend((lp.token_id, lp.logprob, lp.top) for lp in logprobs)
         return sample
 
     def end(self, index: int, reason: str) -> str | None:
@@ -111,12 +127,17 @@ class Choices:
 
     def as_json(self, job_finish: str) -> list[dict[str, Any]]:
         """`choices` of the row and the result; a sample cut short by the job's end carries its reason."""
+        fmt = self.logprob_format
         return [
             {
                 "index": s.index,
                 "text": "".join(s.text),
                 "finish_reason": s.finish_reason or job_finish,
-                "logprobs": {"content": s.logprobs} if s.logprobs is not None else None,
+                "logprobs": (
+                    {"content": [fmt.kept(k) for k in s.logprobs]}
+                    if fmt is not None and s.logprobs is not None
+                    else None
+                ),
             }
             for s in self.samples
         ]

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from gpu.engine_types import TokenLogprob
 from schemas.jobs import JobRequest, Timings, Usage
 from schemas.statuses import STATUS_OF_FINISH
 from workers.clock import utcnow
 from workers.db.jobs import Terminal
 from workers.kafka_io import Coordinates
-from workers.serving.choices import Choices
+from workers.serving.choices import Choices, LogprobFormatter
 
 
 @dataclass
@@ -29,15 +31,16 @@ class InFlightJob:
     first_token_at: datetime | None = None
     first_token_mono: float | None = None
     last_token_mono: float | None = None
+    logprob_format: LogprobFormatter | None = None  # turns the job's logprobs into OpenAI's, if it asked
     choices: Choices = field(init=False)
 
     def __post_init__(self) -> None:
-        self.choices = Choices(self.request.n, self.request.logprobs)
+        self.choices = Choices(self.request.n, self.logprob_format if self.request.logprobs else None)
 
     def on_tokens(
-        self, count: int, text: str, index: int = 0, logprobs: list[dict] | None = None
+        self, count: int, text: str, index: int = 0, logprobs: Sequence[TokenLogprob] = ()
     ) -> float | None:
-        """Record new output of sample `index` (`logprobs`: OpenAI entries, one per token); returns the
+        """Record new output of sample `index` (`logprobs`: the engine's, one per token); returns the
         seconds since that sample's previous token (None for its first tokens)."""
         now = time.monotonic()
         sample = self.choices.add(index, count, text, logprobs)

@@ -88,7 +88,7 @@ class JobLifecycle:
         self.logprob_format = LogprobFormatter(engine.tokenizer)  # the engine thread's tokenizer
         self.admitter = AdmissionThread(Admitter(database, worker_id), self._is_held, ready)
         self.recent_cancels = cancels.RecentCancels()
-        self.streamer = TokenStreamer(send_event, coalesce_s)
+        self.streamer = TokenStreamer(send_event, coalesce_s, self.logprob_format.entries)
         self.items: list[WriteItem] = []
         self._recheck: list[tuple[float, Accepted]] = []  # superseded copies, by when to decide them again
 
@@ -206,6 +206,7 @@ class JobLifecycle:
             created_at=created_at,
             sources=[a.record.coordinates],
             prompt_tokens=len(a.prompt_token_ids),
+            logprob_format=self.logprob_format,
         )
         deadline = None
         if a.job.timeout_s is not None:
@@ -292,11 +293,9 @@ class JobLifecycle:
         if out.new_token_ids or out.text_delta:
             text = storable(out.text_delta)  # a model can emit U+0000; stream and row carry the same text
             first = job.first_token_mono is None and bool(out.new_token_ids)
-            entries = None
-            if job.choices.with_logprobs:
-                entries = self.logprob_format.entries(out.logprobs)
-            gap_s = job.on_tokens(len(out.new_token_ids), text, out.index, entries)
-            self.streamer.add(job.job_id, text, out.new_token_ids, out.index, entries)
+            logprobs = out.logprobs if job.choices.with_logprobs else None
+            gap_s = job.on_tokens(len(out.new_token_ids), text, out.index, out.logprobs)
+            self.streamer.add(job.job_id, text, out.new_token_ids, out.index, logprobs)
             self.metrics.observe_tokens(job.priority, len(out.new_token_ids), gap_s)
             if first:
                 job_event("first_token", job.job_id, job.priority, attempt=job.attempt,
