@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "rejected", "cancelled", "expired"]
 FinishReasonName = Literal["stop", "length", "abort", "expired", "rejected", "error"]
@@ -19,6 +19,35 @@ class _Message(BaseModel):
 class ChatMessage(_Message):
     role: Literal["system", "user", "assistant"]
     content: str
+
+
+class JsonSchemaSpec(_Message):
+    """OpenAI's `response_format.json_schema`: the output is one JSON value valid against `schema`."""
+
+    # `schema` on the wire (a pydantic attribute of that name would shadow BaseModel's own)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, allow_inf_nan=False, validate_by_name=True, serialize_by_alias=True
+    )
+    name: str = Field("response", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = Field(None, max_length=4096)
+    json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")  # {}: any JSON value
+    strict: bool | None = None  # accepted for OpenAI files; the output always follows the schema
+
+
+class TextFormat(_Message):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Message):
+    type: Literal["json_object"]  # any JSON object
+
+
+class JsonSchemaFormat(_Message):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
 
 
 class JobRequest(_Message):
@@ -38,6 +67,34 @@ class JobRequest(_Message):
     timeout_s: float | None = Field(None, gt=0)
     metadata: dict[str, Any] = Field(default_factory=dict)
     bulk_id: str | None = Field(None, max_length=64)  # set by `inferq bulk submit`
+    # Structured output (at most one of a JSON response_format, guided_regex and guided_choice)
+    response_format: ResponseFormat | None = None
+    guided_regex: str | None = Field(None, min_length=1)  # the whole output matches it
+    guided_choice: list[str] | None = Field(None, min_length=1)  # the output is exactly one of these
+    # n samples of the prompt (the cap is Limits.max_n); each is a choice of the result
+    n: int = Field(1, ge=1)
+    # Log probabilities of each generated token (and of the top_logprobs most likely at its position)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)  # None: the model's default, else 1
+    # token id (as a string, as OpenAI's) -> bias added to its logit; ids are checked against the vocabulary
+    logit_bias: dict[str, float] | None = Field(None, max_length=300)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        seen: set[int] = set()
+        for key, value in (bias or {}).items():
+            if not (key.isascii() and key.isdigit() and len(key) <= 9):
+                raise ValueError(f"keys must be token ids (non-negative integers), got {key[:20]!r}")
+            if int(key) in seen:  # "7" and "07"
+                raise ValueError(f"token {int(key)} is named twice")
+            seen.add(int(key))
+            if not -100.0 <= value <= 100.0:
+                raise ValueError(f"bias of token {key} is {value:g}; it must be within -100..100")
+        return bias
 
     @model_validator(mode="after")
     def _one_input(self) -> JobRequest:
@@ -45,7 +102,21 @@ class JobRequest(_Message):
             raise ValueError("give exactly one of 'prompt' and 'messages'")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
+        constraints = [name for name in ("guided_regex", "guided_choice") if getattr(self, name) is not None]
+        if self.response_format is not None and self.response_format.type != "text":
+            constraints.append("response_format")
+        if len(constraints) > 1:
+            raise ValueError(f"give at most one output constraint, got {' and '.join(constraints)}")
+        if any(not c for c in self.guided_choice or ()):
+            raise ValueError("guided_choice entries must not be empty")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
         return self
+
+    @property
+    def logprobs_k(self) -> int | None:
+        """None: no log probabilities; k: each token's and the k most likely alternatives'."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CancelRequest(_Message):
@@ -65,6 +136,21 @@ class Usage(_Message):
         return self.prompt_tokens + self.completion_tokens
 
 
+class TopLogprob(_Message):
+    token: str
+    logprob: float
+    bytes: list[int] | None  # the token's UTF-8 bytes
+
+
+class TokenLogprobEntry(_Message):
+    """One generated token's entry of OpenAI's chat `logprobs.content`."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)  # most likely first
+
+
 class TokenEvent(_Message):
     """A streamed text delta. (job_id, attempt, seq) identifies it; seq counts 0,1,2… per attempt."""
 
@@ -75,6 +161,8 @@ class TokenEvent(_Message):
     token_ids: list[int]
     finish_reason: FinishReasonName | None = None  # set on the last event of the attempt
     usage: Usage | None = None  # set on the last event
+    index: int = 0  # which of the job's n choices the delta belongs to
+    logprobs: list[TokenLogprobEntry] | None = None  # one per token id, when the job asked for logprobs
 
 
 class Timings(_Message):
@@ -86,6 +174,19 @@ class Timings(_Message):
     ttft_ms: float | None = None
     mean_itl_ms: float | None = None
     e2e_ms: float | None = None
+
+
+class ChoiceLogprobs(_Message):
+    content: list[TokenLogprobEntry]
+
+
+class Choice(_Message):
+    """One of a job's n samples, as OpenAI's `choices[i]`."""
+
+    index: int
+    text: str
+    finish_reason: FinishReasonName | None = None
+    logprobs: ChoiceLogprobs | None = None  # when the job asked for logprobs
 
 
 class JobResult(_Message):
@@ -104,6 +205,9 @@ class JobResult(_Message):
     bulk_id: str | None = None
     error: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # every sample of a job that ran, in index order ([] for one that never ran, or a compact result);
+    # output_text and finish_reason are those of choice 0
+    choices: list[Choice] = Field(default_factory=list)
 
 
 class Rejection(_Message):

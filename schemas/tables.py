@@ -35,6 +35,9 @@ jobs = Table(
     Column("prompt", Text),
     Column("params", JSONB),  # the request as received (sampling parameters, stop, metadata)
     Column("output_text", Text),
+    # OpenAI-style choices [{index, text, finish_reason, logprobs}] of a job with n > 1 or logprobs;
+    # NULL for one sample without logprobs (its output_text and finish_reason say it all)
+    Column("choices", JSONB),
     Column("finish_reason", String(32)),
     Column("prompt_tokens", Integer),
     Column("completion_tokens", Integer),

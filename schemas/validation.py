@@ -43,6 +43,17 @@ class Limits:
     dlq_max_bytes: int = 900_000
     # Control tokens spelt in user text (`<|im_start|>`) stay plain text unless an operator allows them.
     special_tokens_in_text: bool = False
+    max_n: int = 16  # samples per job
+    # Output constraints: compiling one costs the intake thread time (and the engine's cache memory)
+    # growing with its size, so their sizes are bounded like a prompt's. A schema's nesting is bounded
+    # by max_depth, as every part of a message.
+    max_schema_bytes: int = 32_000  # response_format.json_schema.schema as compact JSON
+    max_regex_bytes: int = 4_000
+    max_choices: int = 256
+    max_choice_bytes: int = 1_000  # per choice
+    # Log probabilities are stored with the row and published with the result: n x max_tokens x
+    # (top_logprobs + 1) entries (~60 bytes each) at most, so one job's row stays a few MB.
+    max_logprob_entries: int = 100_000
 
 
 def _reject_constant(name: str) -> float:
@@ -126,6 +137,36 @@ def _check_limits(job: JobRequest, limits: Limits) -> None:
         raise InvalidMessage(f"a stop string is longer than {limits.max_stop_bytes} bytes")
     if len(json.dumps(job.metadata)) > limits.max_metadata_bytes:
         raise InvalidMessage(f"metadata is over {limits.max_metadata_bytes} bytes")
+    _check_generation_options(job, limits)
+
+
+def _check_generation_options(job: JobRequest, limits: Limits) -> None:
+    if job.n > limits.max_n:
+        raise InvalidMessage(f"n {job.n} is over the limit {limits.max_n}")
+    fmt = job.response_format
+    if fmt is not None and fmt.type == "json_schema":
+        size = len(json.dumps(fmt.json_schema.json_schema, separators=(",", ":")).encode())
+        if size > limits.max_schema_bytes:
+            raise InvalidMessage(
+                f"response_format.json_schema.schema is {size} bytes; the limit is {limits.max_schema_bytes}"
+            )
+    if job.guided_regex is not None and len(job.guided_regex.encode()) > limits.max_regex_bytes:
+        raise InvalidMessage(f"guided_regex is over {limits.max_regex_bytes} bytes")
+    if job.guided_choice is not None:
+        if len(job.guided_choice) > limits.max_choices:
+            raise InvalidMessage(
+                f"{len(job.guided_choice)} guided_choice entries; at most {limits.max_choices}"
+            )
+        if any(len(c.encode()) > limits.max_choice_bytes for c in job.guided_choice):
+            raise InvalidMessage(f"a guided_choice entry is longer than {limits.max_choice_bytes} bytes")
+    if job.logprobs_k is not None:
+        max_tokens = job.max_tokens or min(limits.default_max_tokens, limits.max_tokens)
+        entries = job.n * max_tokens * (job.logprobs_k + 1)
+        if entries > limits.max_logprob_entries:
+            raise InvalidMessage(
+                f"n x max_tokens x (top_logprobs + 1) is {entries} log probabilities; "
+                f"the limit is {limits.max_logprob_entries}"
+            )
 
 
 def parse_job(value: bytes | None, limits: Limits) -> JobRequest:

@@ -59,7 +59,7 @@ def test_200_lines_come_back_in_input_order_with_invalid_lines_reported(dep):
     settings, env, db, tmp, _ = dep
     lines = [batch_line(f"row-{i:03d}", max_tokens=3) for i in range(200)]
     lines.insert(10, "{broken json")
-    lines.insert(50, batch_line("row-bad", n=4))
+    lines.insert(50, batch_line("row-bad", n=99))
     lines.insert(120, batch_line("row-000"))  # a duplicate custom_id
     path = write_batch(tmp / "in200.jsonl", lines)
     bulk_id = submit(env, path, "--skip-invalid", "--tenant", "bulk-tests")

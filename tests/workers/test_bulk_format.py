@@ -51,12 +51,22 @@ def test_chat_line_with_text_parts_and_max_completion_tokens():
         ({**batch_line("x"), "url": "/v1/embeddings"}, "url must be one of"),
         ({**batch_line("x"), "custom_id": ""}, "custom_id must be"),
         (batch_line("x", tools=[]), "unsupported body fields for /v1/completions: tools"),
-        (batch_line("x", logprobs=2), "body.logprobs must be false or null"),
-        (batch_line("x", n=2), "body.n must be 1"),
-        (batch_line("x", n=True), "body.n must be 1"),
+        (batch_line("x", logprobs=21), "body.logprobs must be an integer 0-20"),
+        (batch_line("x", logprobs=True), "body.logprobs must be an integer 0-20"),
+        (batch_line("x", top_logprobs=2), "unsupported body fields for /v1/completions: top_logprobs"),
+        (batch_line("x", CHAT, top_logprobs=2), "top_logprobs needs logprobs: true"),
+        (batch_line("x", CHAT, logprobs=True, top_logprobs=21), "top_logprobs"),
+        (batch_line("x", n=17), "n 17 is over the limit 16"),
+        (batch_line("x", n=0), "n: Input should be greater than or equal to 1"),
         (batch_line("x", stream=True), "body.stream must be false"),
-        (batch_line("x", presence_penalty=0.5), "body.presence_penalty must be 0"),
-        (batch_line("x", CHAT, response_format={"type": "json_object"}), "body.response_format must be"),
+        (batch_line("x", presence_penalty=2.5), "presence_penalty"),
+        (batch_line("x", frequency_penalty=-3), "frequency_penalty"),
+        (batch_line("x", repetition_penalty=0), "repetition_penalty"),
+        (batch_line("x", logit_bias={"hello": 1}), "keys must be token ids"),
+        (batch_line("x", logit_bias={"5": 101}), "within -100..100"),
+        (batch_line("x", CHAT, response_format={"type": "xml"}), "response_format"),
+        (batch_line("x", guided_regex="a+", guided_choice=["a"]), "at most one output constraint"),
+        (batch_line("x", guided_choice=[]), "guided_choice"),
         (batch_line("x", CHAT, echo=False), "unsupported body fields for /v1/chat/completions: echo"),
         (batch_line("x", prompt=["a", "b"]), "body.prompt must be a string"),
         (batch_line("x", max_tokens=0), "max_tokens"),
@@ -74,6 +84,7 @@ def test_invalid_lines_say_why_with_their_line_number(line, expected):
     assert item.line_no == 17
 
 
+# the generation options at their defaults are accepted as well: they change nothing
 NEUTRAL_BODY = {
     "n": 1,
     "stream": False,
@@ -105,7 +116,7 @@ def test_fields_at_values_that_change_nothing_are_accepted_and_ignored(url, extr
 
 
 def test_custom_id_is_kept_on_an_error_when_readable():
-    item = parse(batch_line("keep-me", n=3))
+    item = parse(batch_line("keep-me", n=99))
     assert isinstance(item, LineError) and item.custom_id == "keep-me"
 
 

@@ -19,7 +19,7 @@ def lines() -> list:
     return [
         batch_line("first", max_tokens=5, **NEUTRAL),
         batch_line("chat", CHAT, max_tokens=3, frequency_penalty=0.0),
-        batch_line("bad", n=2),
+        batch_line("bad", n=17),
         batch_line("long", prompt="x" * 3000, max_tokens=2),  # over the context (512 or 2048 positions)
         "{not json",
         *[batch_line(f"more-{i}", max_tokens=2 + i) for i in range(4)],
@@ -44,7 +44,7 @@ def test_answers_come_in_input_order_with_the_served_model_name(tmp_path):
     assert by_id["first"][0]["response"]["body"]["object"] == "text_completion"
     assert by_id["chat"][0]["response"]["body"]["choices"][0]["message"]["role"] == "assistant"
     bad, ok = by_id["bad"]
-    assert not ok and bad["id"] is None and "body.n must be 1" in bad["error"]["message"]
+    assert not ok and bad["id"] is None and "n 17 is over the limit" in bad["error"]["message"]
     long, ok = by_id["long"]
     assert not ok and long["id"] is not None and "context" in long["error"]["message"]
     tally = Tally()

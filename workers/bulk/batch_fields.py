@@ -1,8 +1,11 @@
 """Which OpenAI Batch body fields inferq reads, and which it accepts without reading them.
 
-A file written for OpenAI or `vllm run-batch` often carries fields at values that change nothing
-(`n: 1`, `logprobs: false`, `presence_penalty: 0`, `user`, `stream_options`, ...). Those are accepted;
-the same fields at a value that would change the output are refused with a reason, for that line only.
+Fields that shape generation (sampling, `n`, penalties, `logit_bias`, `logprobs`, `response_format`, and
+vLLM's `guided_regex` / `guided_choice`) become the job's fields and are validated as the Kafka job
+message is (batch_format.to_job). A file written for OpenAI or `vllm run-batch` also often carries fields
+at values that change nothing (`stream: false`, `best_of: 1`, `user`, `stream_options`, ...). Those are
+accepted; the same fields at a value that would change the output are refused with a reason, for that
+line only.
 """
 
 from __future__ import annotations
@@ -12,18 +15,28 @@ from typing import Any
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 
-# Fields that shape generation; to_job reads them.
-_SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop"}
-GENERATION = {COMPLETIONS: _SAMPLING | {"prompt"}, CHAT: _SAMPLING | {"messages", "max_completion_tokens"}}
+# Fields that shape generation; to_job reads them. The completions API's `logprobs` is a count (of top
+# log probabilities), the chat API's a boolean with `top_logprobs` beside it.
+_SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "logprobs"}
+OPTIONS = (  # the same name and meaning in a body as in the job message
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "response_format",
+    "guided_regex",
+    "guided_choice",
+)
+GENERATION = {
+    COMPLETIONS: _SAMPLING | set(OPTIONS) | {"prompt"},
+    CHAT: _SAMPLING | set(OPTIONS) | {"messages", "max_completion_tokens", "top_logprobs"},
+}
 
 
 def _absent_or(*values: Any) -> Callable[[Any], bool]:
     """None, or equal to one of `values` with the same type (so `true` is not taken for `1`)."""
     return lambda v: v is None or any(type(v) is type(x) and v == x for x in values)
-
-
-def _number(value: float) -> Callable[[Any], bool]:
-    return lambda v: v is None or (type(v) in (int, float) and v == value)
 
 
 def _of_type(*types: type) -> Callable[[Any], bool]:
@@ -33,15 +46,9 @@ def _of_type(*types: type) -> Callable[[Any], bool]:
 # field -> (accepted?, what is accepted, for the error message)
 _Rule = tuple[Callable[[Any], bool], str]
 _COMMON: dict[str, _Rule] = {
-    "n": (_absent_or(1), "1"),
     "stream": (_absent_or(False), "false (a batch is not streamed)"),
     "stream_options": (_of_type(dict), "an object (ignored without streaming)"),
     "user": (_of_type(str), "a string (ignored)"),
-    "logprobs": (_absent_or(False), "false or null (log probabilities are not returned)"),
-    "presence_penalty": (_number(0), "0 (penalties are not applied)"),
-    "frequency_penalty": (_number(0), "0 (penalties are not applied)"),
-    "repetition_penalty": (_number(1), "1 (penalties are not applied)"),
-    "logit_bias": (lambda v: v is None or v == {}, "empty or null"),
     "service_tier": (_of_type(str), "a string (ignored)"),
 }
 NEUTRAL: dict[str, dict[str, _Rule]] = {
@@ -53,8 +60,6 @@ NEUTRAL: dict[str, dict[str, _Rule]] = {
     },
     CHAT: {
         **_COMMON,
-        "top_logprobs": (_absent_or(0), "0 or null"),
-        "response_format": (lambda v: v is None or v == {"type": "text"}, '{"type": "text"} or null'),
         "store": (_of_type(bool), "a boolean (ignored)"),
         "metadata": (_of_type(dict), "an object (ignored)"),
     },

@@ -17,7 +17,7 @@ from typing import Any
 
 from schemas.jobs import JobRequest
 from schemas.validation import InvalidMessage, Limits, parse_job
-from workers.bulk.batch_fields import check_body
+from workers.bulk.batch_fields import OPTIONS, check_body
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 MAX_CUSTOM_ID = 512
@@ -76,14 +76,30 @@ def to_job(line: BatchLine, *, bulk_id: str, tenant: str) -> JobRequest:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
         fields["max_tokens"] = max_tokens
-    for key in ("temperature", "top_p", "top_k", "seed"):
-        if body.get(key) is not None:
+    for key in ("temperature", "top_p", "top_k", "seed", *OPTIONS):
+        if body.get(key) not in (None, {}, {"type": "text"}):  # an empty bias, plain text: the defaults
             fields[key] = body[key]
+    fields.update(_logprobs(line.url, body))
     stop = body.get("stop")
     if stop is not None:
         fields["stop"] = [stop] if isinstance(stop, str) else stop
     # parse_job is what the worker runs on the Kafka message: a line accepted here is accepted there.
     return parse_job(json.dumps(fields).encode(), Limits())
+
+
+def _logprobs(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The job's logprobs/top_logprobs from either API's spelling."""
+    given = body.get("logprobs")
+    if url == "/v1/completions":  # a count of top log probabilities; null or false: none
+        if given is None or given is False:
+            return {}
+        if type(given) is not int or not 0 <= given <= 20:
+            raise InvalidMessage(f"body.logprobs must be an integer 0-20 or null, got {given!r}")
+        return {"logprobs": True, "top_logprobs": given}
+    top = body.get("top_logprobs")
+    if given is not True and top == 0:  # `"top_logprobs": 0` beside no logprobs asks for nothing
+        top = None
+    return {k: v for k, v in (("logprobs", given), ("top_logprobs", top)) if v is not None}
 
 
 def _list(value: Any, name: str) -> list[Any]:

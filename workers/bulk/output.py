@@ -7,6 +7,7 @@ from typing import Any
 
 from workers.bulk.batch_format import BatchLine, LineError
 from workers.db.bulk_jobs import Row
+from workers.db.outbox import choices_of
 
 
 def _created(row: Row) -> int:
@@ -19,22 +20,56 @@ def _usage(row: Row) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+def completion_logprobs(chat: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The completions API's logprobs from the chat shape the row stores (`{"content": [entries]}`):
+    parallel lists, each top list a {token: logprob} map, and each token's character offset in the text."""
+    if chat is None:
+        return None
+    entries = chat["content"]
+    offsets, at = [], 0
+    for e in entries:
+        offsets.append(at)
+        at += len(e["token"])
+    return {
+        "tokens": [e["token"] for e in entries],
+        "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+        "text_offset": offsets,
+    }
+
+
 def response_body(line: BatchLine, row: Row, model_name: str | None = None) -> dict[str, Any]:
-    """The body OpenAI's endpoint would have returned for this request; `model` is the served model's
-    name when known (as vLLM answers), else the name the request gave."""
-    text, finish = row.get("output_text") or "", row.get("finish_reason")
+    """The body OpenAI's endpoint would have returned for this request, every sample a choice; `model`
+    is the served model's name when known (as vLLM answers), else the name the request gave."""
+    stored = choices_of(row.get("output_text") or "", row.get("finish_reason"), row.get("choices"))
     if line.url == "/v1/chat/completions":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
         kind = "chat.completion"
+        choices = [
+            {
+                "index": c["index"],
+                "message": {"role": "assistant", "content": c["text"]},
+                "logprobs": c["logprobs"],
+                "finish_reason": c["finish_reason"],
+            }
+            for c in stored
+        ]
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         kind = "text_completion"
+        choices = [
+            {
+                "index": c["index"],
+                "text": c["text"],
+                "logprobs": completion_logprobs(c["logprobs"]),
+                "finish_reason": c["finish_reason"],
+            }
+            for c in stored
+        ]
     return {
         "id": row["job_id"],
         "object": kind,
         "created": _created(row),
         "model": model_name or line.model,
-        "choices": [choice],
+        "choices": choices,
         "usage": _usage(row),
     }
 

@@ -20,6 +20,7 @@ from schemas.validation import InvalidMessage, Limits
 from workers.bulk.batch_format import BatchLine, LineError, job_id_for, to_job
 from workers.bulk.output import error_line, failed_line, invalid_line, success_line
 from workers.clock import utcnow
+from workers.serving.choices import Choices, LogprobFormatter
 from workers.serving.intake import Intake
 from workers.serving.sampling import sampling_params
 
@@ -31,8 +32,7 @@ class _Running:
     line: BatchLine
     job_id: str
     prompt_tokens: int
-    text: list[str] = field(default_factory=list)
-    completion_tokens: int = 0
+    choices: Choices = field(default_factory=Choices)
 
 
 class BatchRunner:
@@ -42,7 +42,15 @@ class BatchRunner:
         self.engine = engine
         self.model_name = model_name
         max_len = engine.scheduler.config.max_model_len
-        self.intake = Intake(Topics(), limits or Limits(), engine.tokenizer, max_len)
+        self.intake = Intake(
+            Topics(),
+            limits or Limits(),
+            engine.tokenizer,
+            max_len,
+            vocab_size=engine.model.config.vocab_size,
+            compile_grammar=lambda spec: engine.compile_grammar(spec),
+        )
+        self.logprob_format = LogprobFormatter(engine.tokenizer)
         self.window = window or 4 * engine.scheduler.config.max_num_seqs
         self.run_id = f"batch-{uuid.uuid4().hex[:12]}"  # response ids: <run id>:<custom_id>
 
@@ -67,8 +75,10 @@ class BatchRunner:
                     ready[index] = answer
                     _tell(on_answer, answer)
             if running:
-                for out in self.engine.step():
-                    done = self._on_output(out, running)
+                finished = [self._on_output(out, running) for out in self.engine.step()]
+                if running and not self.engine.has_unfinished():  # never wait on samples that cannot come
+                    finished += [self._lost(job_id, running) for job_id in list(running)]
+                for done in finished:
                     if done is not None:
                         ready[done[0]] = done[1]
                         _tell(on_answer, done[1])
@@ -83,31 +93,47 @@ class BatchRunner:
         job_id = job_id_for(self.run_id, item.custom_id)
         try:
             _, ids, max_tokens = self.intake.prepare(job)
+            grammar = self.intake.grammar(job)
         except InvalidMessage as exc:
             return error_line(item.custom_id, item.line_no, "invalid_request", str(exc), job_id), False
+        sampling = sampling_params(job, max_tokens, self.engine)
         self.engine.add_request(
-            EngineRequest(job_id, ids, sampling_params(job, max_tokens, self.engine), stop=tuple(job.stop))
+            EngineRequest(job_id, ids, sampling, stop=tuple(job.stop), n=job.n, grammar=grammar)
         )
-        running[job_id] = (index, _Running(item, job_id, len(ids)))
+        running[job_id] = (
+            index,
+            _Running(item, job_id, len(ids), Choices(job.n, self.logprob_format if job.logprobs else None)),
+        )
         return None
 
     def _on_output(self, out: RequestOutput, running: dict) -> tuple[int, Answer] | None:
+        if out.request_id not in running:  # a sample's output after its request ended (aborted, expired)
+            return None
         index, job = running[out.request_id]
-        job.text.append(out.text_delta)
-        job.completion_tokens += len(out.new_token_ids)
+        job.choices.add(out.index, len(out.new_token_ids), out.text_delta, out.logprobs)
         if out.finish_reason is None:
             return None
-        del running[out.request_id]
-        finish = out.finish_reason.value
+        finish = job.choices.end(out.index, out.finish_reason.value)
+        if finish is None:
+            return None
+        return self._answer(out.request_id, running, finish, out.detail or None)
+
+    def _lost(self, job_id: str, running: dict) -> tuple[int, Answer]:
+        """A request the engine no longer has, some of whose samples never ended."""
+        return self._answer(job_id, running, "error", "the engine ended the request before all its samples")
+
+    def _answer(self, job_id: str, running: dict, finish: str, error: str | None) -> tuple[int, Answer]:
+        index, job = running.pop(job_id)
         row = {
             "job_id": job.job_id,
             "status": STATUS_OF_FINISH.get(finish, "failed"),
-            "output_text": "".join(job.text),
+            "output_text": job.choices.text(0),
+            "choices": job.choices.as_json(finish),
             "finish_reason": finish,
             "prompt_tokens": job.prompt_tokens,
-            "completion_tokens": job.completion_tokens,
+            "completion_tokens": job.choices.completion_tokens,
             "finished_at": utcnow(),
-            "error": out.detail or None,
+            "error": error,
         }
         if row["status"] == "succeeded":
             return index, (success_line(job.line, row, self.model_name), True)

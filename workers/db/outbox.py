@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Connection, Row, bindparam, func, literal, select
 
-from schemas.jobs import JobResult, Timings, Usage
+from schemas.jobs import Choice, JobResult, Timings, Usage
 from schemas.tables import TERMINAL_STATUSES, jobs
 
 # Engine finish reasons that are not in the contract's FinishReasonName map to these.
@@ -37,9 +38,9 @@ COMPACT_ERROR_CHARS = 1000  # of the row's error, in a compact result: it must s
 
 def result_from_row(row: Row) -> JobResult:
     """The row's result message. For a row noted as too large to publish, its compact form: what can grow
-    without bound (output_text, the request's metadata) is left out, the row keeps it; and a result never
-    says `succeeded` without its output, so a succeeded job's compact result is `failed` (finish reason
-    `error`) with the note saying why and where the output is."""
+    without bound (output_text, choices, the request's metadata) is left out, the row keeps it; and a
+    result never says `succeeded` without its output, so a succeeded job's compact result is `failed`
+    (finish reason `error`) with the note saying why and where the output is."""
     usage = None
     if row.prompt_tokens is not None or row.completion_tokens is not None:
         usage = Usage(prompt_tokens=row.prompt_tokens or 0, completion_tokens=row.completion_tokens or 0)
@@ -59,12 +60,25 @@ def result_from_row(row: Row) -> JobResult:
         bulk_id=row.bulk_id,
         error=row.error,
         metadata=params.get("metadata") or {},
+        choices=[Choice(**c) for c in choices_of(row.output_text, finish, row.choices)],
     )
     if is_compact(row.error):
-        fields.update(output_text=None, metadata={}, error=row.error[:COMPACT_ERROR_CHARS])
+        fields.update(output_text=None, metadata={}, choices=[], error=row.error[:COMPACT_ERROR_CHARS])
         if row.status == "succeeded":
             fields.update(status="failed", finish_reason="error")
     return JobResult(**fields)
+
+
+def choices_of(
+    output_text: str | None, finish_reason: str | None, stored: list[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """A job's choices from its row: the stored ones (n > 1 or logprobs), else its one output as choice 0,
+    else none (it never ran)."""
+    if stored:
+        return stored
+    if output_text is None:
+        return []
+    return [{"index": 0, "text": output_text, "finish_reason": finish_reason, "logprobs": None}]
 
 
 def is_compact(error: str | None) -> bool:

@@ -1,16 +1,19 @@
-"""A job this worker is running: where it came from, its timings, its output so far."""
+"""A job this worker is running: where it came from, its timings, its output so far (every sample's)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from gpu.engine_types import TokenLogprob
 from schemas.jobs import JobRequest, Timings, Usage
 from schemas.statuses import STATUS_OF_FINISH
 from workers.clock import utcnow
 from workers.db.jobs import Terminal
 from workers.kafka_io import Coordinates
+from workers.serving.choices import Choices, LogprobFormatter
 
 
 @dataclass
@@ -28,21 +31,34 @@ class InFlightJob:
     first_token_at: datetime | None = None
     first_token_mono: float | None = None
     last_token_mono: float | None = None
-    completion_tokens: int = 0
-    output: list[str] = field(default_factory=list)
+    logprob_format: LogprobFormatter | None = None  # turns the job's logprobs into OpenAI's, if it asked
+    choices: Choices = field(init=False)
 
-    def on_tokens(self, count: int, text: str) -> float | None:
-        """Record new output; returns the seconds since the previous token (None for the first tokens)."""
+    def __post_init__(self) -> None:
+        self.choices = Choices(self.request.n, self.logprob_format if self.request.logprobs else None)
+
+    def on_tokens(
+        self, count: int, text: str, index: int = 0, logprobs: Sequence[TokenLogprob] = ()
+    ) -> float | None:
+        """Record new output of sample `index` (`logprobs`: the engine's, one per token); returns the
+        seconds since that sample's previous token (None for its first tokens)."""
         now = time.monotonic()
-        gap = None if not count or self.last_token_mono is None else now - self.last_token_mono
+        sample = self.choices.add(index, count, text, logprobs)
+        gap = None if not count or sample.last_token_mono is None else now - sample.last_token_mono
         if count and self.first_token_mono is None:
             self.first_token_mono = now
             self.first_token_at = self._wall(now)
         if count:
-            self.last_token_mono = now
-        self.completion_tokens += count
-        self.output.append(text)
+            sample.last_token_mono = self.last_token_mono = now
         return gap
+
+    def on_end(self, index: int, reason: str) -> str | None:
+        """Sample `index` ended; the job's finish reason once every sample has (or one ended the request)."""
+        return self.choices.end(index, reason)
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.choices.completion_tokens
 
     def _wall(self, mono: float) -> datetime:
         return self.queued_at + timedelta(seconds=mono - self.queued_mono)
@@ -53,9 +69,10 @@ class InFlightJob:
                 return None
             return max(0.0, (later - earlier).total_seconds() * 1000)
 
-        itl = None
-        if self.completion_tokens > 1 and self.first_token_mono is not None and self.last_token_mono:
-            itl = (self.last_token_mono - self.first_token_mono) * 1000 / (self.completion_tokens - 1)
+        # per sample: n samples decode side by side, one token each per step
+        itl, steps = None, self.choices.longest
+        if steps > 1 and self.first_token_mono is not None and self.last_token_mono:
+            itl = (self.last_token_mono - self.first_token_mono) * 1000 / (steps - 1)
         return Timings(
             created_at=self.created_at,
             started_at=self.started_at,
@@ -71,11 +88,13 @@ class InFlightJob:
         """The terminal row of how this attempt ended (its result is built from the stored row)."""
         finished_at = utcnow()
         timings = self._timings(finished_at)
+        values = {"choices": self.choices.as_json(finish)} if self.choices.worth_storing else {}
         row = Terminal(
             job_id=self.job_id,
             status=STATUS_OF_FINISH.get(finish, "failed"),
             values={
-                "output_text": "".join(self.output),
+                **values,
+                "output_text": self.choices.text(0),
                 "finish_reason": finish,
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,

@@ -8,13 +8,17 @@ of that one record, and the worker goes on with the next.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from gpu.engine_types import GrammarSpec
 from gpu.tokenizer import Tokenizer
 from schemas.jobs import JobRequest
 from schemas.topics import Topics
 from schemas.validation import InvalidMessage, Limits, parse_job, peek_job_id, peek_tenant
 from workers.kafka_io import Record
+from workers.serving.sampling import grammar_spec
 from workers.serving.writes import Rejected
 
 log = logging.getLogger(__name__)
@@ -22,6 +26,13 @@ log = logging.getLogger(__name__)
 
 class PromptTooLong(InvalidMessage):
     """A prompt that leaves no room in the model's context for a single output token."""
+
+
+class InvalidGrammar(InvalidMessage):
+    """An output constraint (JSON schema, regex, choices) the grammar engine cannot compile."""
+
+
+CompileGrammar = Callable[[GrammarSpec], Any]  # Engine.compile_grammar: raises ValueError for a bad one
 
 
 @dataclass(frozen=True)
@@ -33,6 +44,7 @@ class Accepted:
     prompt_text: str  # what the jobs row stores (the prompt, or the messages rendered one per line)
     prompt_token_ids: tuple[int, ...]
     max_tokens: int  # the request's, clamped to what the context has room for
+    grammar: Any = None  # the job's output constraint, compiled here (None: free text)
 
     @property
     def tenant(self) -> str:
@@ -50,11 +62,22 @@ def rejection(record: Record, priority: str, error: str, reason: str, job_id: st
 
 
 class Intake:
-    def __init__(self, topics: Topics, limits: Limits, tokenizer: Tokenizer, max_model_len: int) -> None:
+    def __init__(
+        self,
+        topics: Topics,
+        limits: Limits,
+        tokenizer: Tokenizer,
+        max_model_len: int,
+        *,
+        vocab_size: int | None = None,  # the model's logits; None: logit_bias ids are not checked
+        compile_grammar: CompileGrammar | None = None,  # None: constrained jobs are rejected
+    ) -> None:
         self.topics = topics
         self.limits = limits
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.compile_grammar = compile_grammar
 
     def accept(self, record: Record) -> Accepted | Rejected:
         priority = self.topics.priority_of(record.topic)
@@ -75,9 +98,27 @@ class Intake:
         job_id = job.job_id or derived_job_id(record)
         try:
             prompt_text, ids, max_tokens = self.prepare(job)
+            grammar = self.grammar(job)
         except PromptTooLong as exc:
             return rejection(record, priority, str(exc), "too_long", job_id)
-        return Accepted(record, job_id, priority, job, prompt_text, ids, max_tokens)
+        except InvalidGrammar as exc:
+            return rejection(record, priority, str(exc), "invalid_grammar", job_id)
+        return Accepted(record, job_id, priority, job, prompt_text, ids, max_tokens, grammar)
+
+    def grammar(self, job: JobRequest) -> Any:
+        """The job's output constraint compiled (the engine caches it by its source), or None; raises
+        InvalidGrammar with the grammar engine's reason. Runs here, off the engine thread: compiling a
+        schema can take far longer than a step."""
+        spec = grammar_spec(job)
+        if spec is None:
+            return None
+        field = "response_format" if spec.kind.startswith("json") else f"guided_{spec.kind}"
+        if self.compile_grammar is None:
+            raise InvalidGrammar(f"{field}: this worker does not support output constraints")
+        try:
+            return self.compile_grammar(spec)
+        except ValueError as exc:  # GrammarError: a message meant for the job's producer
+            raise InvalidGrammar(f"{field} cannot be compiled: {exc}") from None
 
     def prepare(self, job: JobRequest) -> tuple[str, tuple[int, ...], int]:
         """The prompt as stored, its token ids, and max_tokens clamped to the context's room; raises
@@ -89,7 +130,18 @@ class Intake:
                 f"prompt is {len(ids)} tokens; the model's context is {self.max_model_len} tokens"
             )
         wanted = job.max_tokens or min(self.limits.default_max_tokens, self.limits.max_tokens)
+        self._check_vocabulary(job)
         return prompt_text, tuple(ids), min(wanted, room)
+
+    def _check_vocabulary(self, job: JobRequest) -> None:
+        if self.vocab_size is None or not job.logit_bias:
+            return
+        outside = sorted(int(t) for t in job.logit_bias if int(t) >= self.vocab_size)
+        if outside:
+            raise InvalidMessage(
+                f"logit_bias names token {outside[0]}; this model's vocabulary has {self.vocab_size} tokens "
+                f"(ids 0-{self.vocab_size - 1})"
+            )
 
     def _tokenize(self, job: JobRequest) -> tuple[str, list[int]]:
         if job.prompt is not None:

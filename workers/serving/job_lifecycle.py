@@ -24,6 +24,7 @@ from workers.kafka_io import Partition, Record
 from workers.serving import cancels
 from workers.serving.admission import Admitter, Decision
 from workers.serving.admission_thread import AdmissionThread
+from workers.serving.choices import LogprobFormatter
 from workers.serving.delivery import Waitable
 from workers.serving.inflight import InFlightJob
 from workers.serving.intake import Accepted, Intake
@@ -74,11 +75,20 @@ class JobLifecycle:
         self.write = write  # hands row writes to the persister
         self.jobs: dict[str, InFlightJob] = {}
         max_model_len = engine.scheduler.config.max_model_len
-        # its own tokenizer: it runs on the intake thread while the engine thread detokenizes
-        self.intake_rules = Intake(topics, limits, engine.tokenizer.clone(), max_model_len)
+        # its own tokenizer: it runs on the intake thread while the engine thread detokenizes; grammars
+        # are compiled there too (the engine caches them), so a slow schema never holds up a step
+        self.intake_rules = Intake(
+            topics,
+            limits,
+            engine.tokenizer.clone(),
+            max_model_len,
+            vocab_size=engine.model.config.vocab_size,
+            compile_grammar=lambda spec: engine.compile_grammar(spec),
+        )
+        self.logprob_format = LogprobFormatter(engine.tokenizer)  # the engine thread's tokenizer
         self.admitter = AdmissionThread(Admitter(database, worker_id), self._is_held, ready)
         self.recent_cancels = cancels.RecentCancels()
-        self.streamer = TokenStreamer(send_event, coalesce_s)
+        self.streamer = TokenStreamer(send_event, coalesce_s, self.logprob_format.entries)
         self.items: list[WriteItem] = []
         self._recheck: list[tuple[float, Accepted]] = []  # superseded copies, by when to decide them again
 
@@ -196,6 +206,7 @@ class JobLifecycle:
             created_at=created_at,
             sources=[a.record.coordinates],
             prompt_tokens=len(a.prompt_token_ids),
+            logprob_format=self.logprob_format,
         )
         deadline = None
         if a.job.timeout_s is not None:
@@ -213,6 +224,8 @@ class JobLifecycle:
                 priority=PRIORITIES[a.priority],
                 tenant=a.job.tenant,
                 deadline=deadline,
+                n=a.job.n,
+                grammar=a.grammar,
             )
         )
         job_event("admitted", a.job_id, a.priority, tenant=a.tenant, attempt=attempt,
@@ -280,14 +293,15 @@ class JobLifecycle:
         if out.new_token_ids or out.text_delta:
             text = storable(out.text_delta)  # a model can emit U+0000; stream and row carry the same text
             first = job.first_token_mono is None and bool(out.new_token_ids)
-            gap_s = job.on_tokens(len(out.new_token_ids), text)
-            self.streamer.add(job.job_id, text, out.new_token_ids)
+            logprobs = out.logprobs if job.choices.with_logprobs else None
+            gap_s = job.on_tokens(len(out.new_token_ids), text, out.index, out.logprobs)
+            self.streamer.add(job.job_id, text, out.new_token_ids, out.index, logprobs)
             self.metrics.observe_tokens(job.priority, len(out.new_token_ids), gap_s)
             if first:
                 job_event("first_token", job.job_id, job.priority, attempt=job.attempt,
                           ttft_ms=_ms_between(job.created_at, job.first_token_at))  # fmt: skip
-        if out.finish_reason is not None:
-            self._conclude(job, out.finish_reason.value, out.detail or None)
+        if out.finish_reason is not None and (finish := job.on_end(out.index, out.finish_reason.value)):
+            self._conclude(job, finish, out.detail or None)
 
     def _conclude(self, job: InFlightJob, finish: str, detail: str | None) -> None:
         del self.jobs[job.job_id]

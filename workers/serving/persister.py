@@ -265,8 +265,8 @@ class Persister:
             return None
         size = len(result_message(result))
         note = (
-            f"{COMPACT_NOTE} ({size} bytes; {describe_error(exc)}): published without output_text and "
-            "metadata, which this row keeps"
+            f"{COMPACT_NOTE} ({size} bytes; {describe_error(exc)}): published without output_text, "
+            "choices and metadata, which this row keeps"
         )
         noting = lambda conn: note_too_large(conn, job_id, self._worker_id, note, utcnow())  # noqa: E731
         try:
@@ -278,7 +278,7 @@ class Persister:
             return None
         results[job_id] = result_from_row(row)
         log.error("job %s: its result (%d bytes) is too large for the results topic; publishing it "
-                  "without output_text and metadata (its row keeps them)", job_id, size)  # fmt: skip
+                  "without output_text, choices and metadata (its row keeps them)", job_id, size)  # fmt: skip
         return lambda: self._send_result(results[job_id])
 
     def _keep(self, ids: list[str], claimed: float) -> set[str]:

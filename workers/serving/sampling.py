@@ -1,14 +1,17 @@
-"""A job's sampling settings: what the job says, else the model's generation_config, else greedy."""
+"""A job's decoding settings: what the job says, else the model's generation_config, else the house's;
+and the output constraint it states, as the engine's GrammarSpec."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from gpu.engine_types import GrammarSpec
 from scheduler.types import SamplingParams
 from schemas.jobs import JobRequest
 
-# When neither the job nor the model says: greedy decoding, no top-p/top-k filtering.
-HOUSE_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
+# When neither the job nor the model says: greedy decoding, no top-p/top-k filtering, no repetition penalty.
+HOUSE_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0}
 
 
 def sampling_params(job: JobRequest, max_tokens: int, engine: Any) -> SamplingParams:
@@ -19,4 +22,27 @@ def sampling_params(job: JobRequest, max_tokens: int, engine: Any) -> SamplingPa
         if given is None and model is not None:
             given = getattr(model, name, None)
         values[name] = house if given is None else given
-    return SamplingParams(max_tokens=max_tokens, seed=job.seed, **values)
+    bias = tuple(sorted((int(token), value) for token, value in (job.logit_bias or {}).items()))
+    return SamplingParams(
+        max_tokens=max_tokens,
+        seed=job.seed,
+        presence_penalty=job.presence_penalty,
+        frequency_penalty=job.frequency_penalty,
+        logit_bias=bias,
+        logprobs=job.logprobs_k,
+        **values,
+    )
+
+
+def grammar_spec(job: JobRequest) -> GrammarSpec | None:
+    """The job's output constraint (validation allows at most one), or None for free text."""
+    fmt = job.response_format
+    if fmt is not None and fmt.type == "json_schema":
+        return GrammarSpec("json_schema", json.dumps(fmt.json_schema.json_schema, separators=(",", ":")))
+    if fmt is not None and fmt.type == "json_object":
+        return GrammarSpec("json_object")
+    if job.guided_regex is not None:
+        return GrammarSpec("regex", job.guided_regex)
+    if job.guided_choice is not None:
+        return GrammarSpec("choice", json.dumps(job.guided_choice))
+    return None

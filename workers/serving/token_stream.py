@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu.engine_types import TokenLogprob
 from schemas.jobs import TokenEvent, Usage
 
 Emit = Callable[[TokenEvent, str], Any]  # sends one event of a tenant's job; returns a handle (or None)
+
+
+@dataclass
+class _Delta:
+    """The unsent output of one of a job's samples (kept and emptied, not rebuilt, between events)."""
+
+    text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the job asked for them
 
 
 @dataclass
@@ -17,9 +27,9 @@ class _Pending:
     attempt: int
     tenant: str  # carried in every event's headers
     seq: int = 0
-    text: list[str] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    since: float = 0.0  # monotonic time of the oldest unsent delta
+    deltas: dict[int, _Delta] = field(default_factory=dict)  # by sample index
+    tokens: int = 0  # token ids not sent yet
+    since: float | None = None  # monotonic time of the oldest unsent delta; None: nothing unsent
 
 
 class TokenStreamer:
@@ -27,24 +37,48 @@ class TokenStreamer:
 
     The first event of a job goes out at the next flush, so coalescing never delays the first token.
     The last event of an attempt (finish_reason set) is emitted at once, with whatever is buffered.
-    Deltas of one job concatenate exactly to its final output, since nothing is ever dropped.
+    Deltas of one job concatenate exactly to its final output, since nothing is ever dropped; with n > 1
+    samples, each event carries one sample's delta (`index`), and a sample's deltas concatenate to its text.
+    Log probabilities are turned into OpenAI's entries (`format_logprobs`) only when an event is sent.
     """
 
-    def __init__(self, emit: Emit, coalesce_s: float) -> None:
+    def __init__(
+        self,
+        emit: Emit,
+        coalesce_s: float,
+        format_logprobs: Callable[[list[TokenLogprob]], list[dict[str, Any]]] | None = None,
+    ) -> None:
         self._emit = emit
         self._coalesce_s = coalesce_s
+        self._format_logprobs = format_logprobs
         self._jobs: dict[str, _Pending] = {}
 
     def start(self, job_id: str, attempt: int, tenant: str = "default") -> None:
         self._jobs[job_id] = _Pending(attempt=attempt, tenant=tenant)
 
-    def add(self, job_id: str, text: str, token_ids: tuple[int, ...]) -> None:
+    def add(
+        self,
+        job_id: str,
+        text: str,
+        token_ids: tuple[int, ...],
+        index: int = 0,
+        logprobs: Sequence[TokenLogprob] | None = None,
+    ) -> None:
+        """`logprobs`: None when the job asked for none (its events carry none), else one per token id."""
         p = self._jobs[job_id]
-        if not p.token_ids and not p.text:
+        if p.since is None:
             # the first delta of a job is due at once: coalescing must not add to time to first token
             p.since = time.monotonic() if p.seq else float("-inf")
-        p.text.append(text)
-        p.token_ids.extend(token_ids)
+        delta = p.deltas.get(index)
+        if delta is None:
+            delta = p.deltas[index] = _Delta()
+        delta.text.append(text)
+        delta.token_ids.extend(token_ids)
+        p.tokens += len(token_ids)
+        if logprobs is not None:
+            if delta.logprobs is None:
+                delta.logprobs = []
+            delta.logprobs.extend(logprobs)
 
     def finish(self, job_id: str, finish_reason: str, usage: Usage) -> Any:
         """Send the attempt's last event; returns what `emit` returned for it."""
@@ -58,23 +92,36 @@ class TokenStreamer:
     def flush_due(self, force: bool = False) -> None:
         now = time.monotonic()
         for job_id, p in self._jobs.items():
-            if p.token_ids and (force or now - p.since >= self._coalesce_s):
+            if p.tokens and (force or now - p.since >= self._coalesce_s):
                 self._send(job_id, p, None, None)
 
     def _send(self, job_id: str, p: _Pending, finish_reason: str | None, usage: Usage | None) -> Any:
-        sent = self._emit(
-            TokenEvent(
+        """One event per sample with unsent output, in index order; the last carries `finish_reason`."""
+        due = [(i, d) for i, d in sorted(p.deltas.items()) if d.text or d.token_ids]
+        if not due:
+            due = [(0, _Delta())]
+        sent = None
+        for i, (index, delta) in enumerate(due):
+            last = i == len(due) - 1
+            logprobs = None
+            if delta.logprobs is not None and self._format_logprobs is not None:
+                logprobs = self._format_logprobs(delta.logprobs)
+            event = TokenEvent(
                 job_id=job_id,
                 attempt=p.attempt,
                 seq=p.seq,
-                text="".join(p.text),
-                token_ids=list(p.token_ids),
-                finish_reason=finish_reason,
-                usage=usage,
-            ),
-            p.tenant,
-        )
-        p.seq += 1
-        p.text.clear()
-        p.token_ids.clear()
+                text="".join(delta.text),
+                token_ids=list(delta.token_ids),
+                finish_reason=finish_reason if last else None,
+                usage=usage if last else None,
+                index=index,
+                logprobs=logprobs,
+            )
+            sent = self._emit(event, p.tenant)
+            p.seq += 1
+            delta.text.clear()
+            delta.token_ids.clear()
+            delta.logprobs = None
+        p.tokens = 0
+        p.since = None
         return sent
