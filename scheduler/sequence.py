@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 from scheduler.types import FinishReason, Priority, SamplingParams, SequenceRequest
+
+if TYPE_CHECKING:
+    from scheduler.request_group import RequestGroup
 
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    AWAITING_FORK = "awaiting_fork"  # a sample of n > 1 waiting for its prompt's KV (holds nothing)
     FINISHED = "finished"
 
 
@@ -20,10 +25,16 @@ class Sequence:
     with len(token_ids). Prefill, chunked prefill, decode and recompute after preemption are all that rule.
     """
 
-    def __init__(self, request: SequenceRequest, order: int) -> None:
+    def __init__(
+        self, request: SequenceRequest, order: int, group: RequestGroup | None = None, index: int = 0
+    ) -> None:
         self.request = request
         # The request's fields read every step, as plain attributes (a request never changes).
         self.seq_id: str = request.seq_id
+        # One of the n samples of a request (None for n = 1): which one, and the request's own id.
+        self.group = group
+        self.index = index
+        self.request_id: str = group.request_id if group is not None else request.seq_id
         self.sampling: SamplingParams = request.sampling
         self.tenant: str = request.tenant
         self.arrival: float = request.arrival

@@ -59,3 +59,6 @@ class SequenceRequest:
     arrival: float = 0.0  # caller's clock (seconds); orders requests within a class
     deadline: float | None = None  # same clock; past it the sequence ends as EXPIRED
     eos_token_ids: frozenset[int] = frozenset()  # any of them ends the sequence (models have several)
+    # Samples of the prompt: one sequence each (ids from request_group.sample_seq_id), the prompt
+    # prefilled once and its KV blocks shared.
+    n: int = 1
