@@ -7,7 +7,7 @@ preempt the lowest-class, latest-arrived one when KV blocks run out) → admit w
 prefill chunks into the remaining token budget.
 
 A request with n > 1 samples is one sequence per sample in a RequestGroup: one prefills, and when its
-prompt is computed the others fork from it, sharing the prompt's KV blocks (scheduler/request_group.py).
+prompt is computed the others fork from it, sharing the prompt's KV blocks (scheduler/sequence.py).
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ from scheduler.kv_manager import KVCacheManager
 from scheduler.limits import check_config, stop_reason, why_never_fits
 from scheduler.output import FinishedSequence, ScheduledChunk, SchedulerOutput, TokenUpdate
 from scheduler.preemption import block_victims, decodes_deferred_after, seat_victims
-from scheduler.request_group import RequestGroup, sample_seq_id
-from scheduler.sequence import Sequence, SequenceStatus
-from scheduler.types import FinishReason, Priority, SequenceRequest
+from scheduler.sequence import RequestGroup, Sequence, SequenceStatus
+from scheduler.types import FinishReason, Priority, SequenceRequest, sample_seq_id
 from scheduler.waiting_queue import WaitingQueue
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections import Counter
@@ -62,6 +63,8 @@ def arrivals(draw, n_max: int = 14) -> list[Arrival]:
                 st.frozensets(st.integers(0, 11).map(lambda k, i=i: fake_token_for(f"s{i}", k)), max_size=3)
             ),
         )
+        # Often several samples of one prompt, forking from its first.
+        request = dataclasses.replace(request, n=draw(st.sampled_from([1, 1, 2, 3, 4])))
         abort_step = draw(st.one_of(st.none(), st.integers(step, step + 30)))
         out.append(Arrival(step, request, abort_step))
     return out
