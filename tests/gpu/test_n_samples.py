@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from gpu.engine import EngineRequest
+import pytest
+import torch
+
+from gpu.engine import Engine, EngineConfig, EngineRequest
 from gpu.samples import sample_seed
 from scheduler.types import FinishReason, SamplingParams
 from tests.gpu.factories import assert_matches_hf, greedy, make_engine, make_model, make_prompts
+from tests.gpu.test_cuda_device import on_cuda
+from tests.gpu.test_cuda_path import cuda_path_engine
 
 PROMPT = make_prompts(1, 40, 40, seed=21)[0]  # 40 tokens: 2 full blocks of 16 shared, a tail of 8 each
 SAMPLED = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.95, seed=1234)
@@ -124,3 +129,27 @@ def test_a_step_run_alone_runs_every_sample_of_the_request():
     outs = engine.step(only="x")
     assert sorted(o.index for o in outs) == [0, 1, 2] and {o.request_id for o in outs} == {"x"}
     assert engine.last_step == ("x",)
+
+
+def test_samples_through_the_cuda_step_logic_share_blocks_and_match_hf():
+    """The CUDA step's decode buffers (run on the CPU): seats whose tables share blocks, greedy = HF."""
+    model = make_model()
+    engine = cuda_path_engine(model, enable_prefix_caching=False)
+    outs, peak = run(engine, [EngineRequest("g", PROMPT, greedy(8), n=3)])
+    samples = [tokens(outs, "g", i) for i in range(3)]
+    assert samples[0] == samples[1] == samples[2] and peak == 2 + 3
+    assert_matches_hf(model, PROMPT, samples[0], 8)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_samples_on_cuda_are_reproducible_and_greedy_ones_match_hf():
+    model = on_cuda(make_model())
+    runs = []
+    for _ in range(2):
+        outs, _ = run(Engine(model, EngineConfig(num_blocks=64)), [EngineRequest("x", PROMPT, SAMPLED, n=4)])
+        runs.append([tokens(outs, "x", i) for i in range(4)])
+    assert runs[0] == runs[1] and len({tuple(t) for t in runs[0]}) == 4
+    engine = Engine(model, EngineConfig(num_blocks=64, enable_prefix_caching=False))
+    outs, peak = run(engine, [EngineRequest("g", PROMPT, greedy(8), n=2)])
+    assert tokens(outs, "g", 0) == tokens(outs, "g", 1) and peak == 2 + 2
+    assert_matches_hf(model, PROMPT, tokens(outs, "g", 0), 8)
