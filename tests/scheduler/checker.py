@@ -20,7 +20,8 @@ MAX_STEPS = 3_000
 class Arrival:
     step: int
     request: SequenceRequest
-    abort_step: int | None
+    abort_step: int | None  # the whole request (every sample) is aborted at this step
+    sample_aborts: tuple[tuple[int, int], ...] = ()  # (step, index): one sample alone is aborted then
 
 
 class Checker:
@@ -54,6 +55,11 @@ class Checker:
             for a in self.workload:
                 if a.step == now:
                     self.scheduler.add(a.request)
+                for step, index in a.sample_aborts:
+                    if step == now and (
+                        finished := self.scheduler.abort(sample_seq_id(a.request.seq_id, index))
+                    ):
+                        self.end(finished.seq_id, finished.reason)
                 if a.abort_step == now:
                     for finished in self.scheduler.abort_request(a.request.seq_id):
                         assert finished.reason is FinishReason.ABORT
