@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -153,3 +155,21 @@ def test_samples_on_cuda_are_reproducible_and_greedy_ones_match_hf():
     outs, peak = run(engine, [EngineRequest("g", PROMPT, greedy(8), n=2)])
     assert tokens(outs, "g", 0) == tokens(outs, "g", 1) and peak == 2 + 2
     assert_matches_hf(model, PROMPT, tokens(outs, "g", 0), 8)
+
+
+def test_rejection_and_expiry_end_every_sample():
+    engine = make_engine(block_size=4, num_blocks=4)
+    engine.add_request(EngineRequest("big", tuple(range(3, 40)), greedy(4), n=3))
+    outs = engine.step()
+    assert [(o.request_id, o.index, o.finish_reason) for o in outs] == [
+        ("big", i, FinishReason.REJECTED) for i in range(3)
+    ]
+    assert all("KV blocks" in o.detail for o in outs)
+    engine = make_engine()
+    engine.add_request(EngineRequest("late", PROMPT, greedy(5), n=2, deadline=time.monotonic() - 1))
+    outs = engine.step()
+    assert sorted((o.request_id, o.index, o.finish_reason) for o in outs) == [
+        ("late", 0, FinishReason.EXPIRED),
+        ("late", 1, FinishReason.EXPIRED),
+    ]
+    assert not engine.has_unfinished() and engine.stats().steps == 0
