@@ -25,12 +25,13 @@ from gpu.generation_config import GenerationDefaults, eos_token_ids
 from gpu.logits_processors import LogitsState
 from gpu.model import LoadedModel, load_model
 from gpu.runner import ModelRunner, RunnerConfig
+from gpu.samples import sample_seed
 from gpu.step_clock import OUTPUTS, SCHEDULE, StepClock
 from scheduler.config import SchedulerConfig
 from scheduler.limits import check_config
 from scheduler.output import FinishedSequence, SchedulerOutput, TokenUpdate
 from scheduler.scheduler import Scheduler
-from scheduler.types import FinishReason, SequenceRequest
+from scheduler.types import FinishReason, SequenceRequest, sample_seq_id
 
 __all__ = ["Engine", "EngineConfig", "EngineRequest", "EngineStats", "RequestOutput"]
 
@@ -41,11 +42,12 @@ _STOP = FinishReason.STOP  # read per token: an Enum member lookup on the class 
 
 @dataclass(slots=True)
 class _Live:
-    """Engine-side state of one request the scheduler still knows."""
+    """Engine-side state of one sequence (a request, or one of its n samples) the scheduler still knows."""
 
     request: EngineRequest
     detokenizer: Detokenizer
     num_prompt_tokens: int
+    index: int = 0  # which of the request's samples
     num_tokens: int = 0  # tokens generated so far
     started: bool = False
 
@@ -101,8 +103,12 @@ class Engine:
         )
         self.scheduler = Scheduler(dataclasses.replace(scheduler_config, num_blocks=self.runner.num_blocks))
         self._live: dict[str, _Live] = {}
-        self._seeds: dict[str, int] = {}  # request id -> its sampling seed, for as long as it is live
-        # live requests using logit_bias, penalties or logprobs (their token history for the penalties)
+        self._seeds: dict[str, int] = {}  # sequence id -> its sampling seed, for as long as it is live
+        # Sample i > 0 of an n > 1 request: its sequence id -> the request id, kept one step past its end
+        # so `last_step` can still name the request (`_retired` are dropped when the next step starts).
+        self._request_of: dict[str, str] = {}
+        self._retired: list[str] = []
+        # live sequences using logit_bias, penalties or logprobs (their token history for the penalties)
         self._logits = LogitsState(model.config.vocab_size)
         self._steps = 0
         self._forward_seconds = 0.0
@@ -127,7 +133,9 @@ class Engine:
     # ---- requests --------------------------------------------------------------------------------
 
     def add_request(self, request: EngineRequest) -> None:
-        if request.request_id in self._live:
+        """Queue a request; n > 1: n samples of its prompt, prefilled once (outputs carry `index`)."""
+        seq_ids = [sample_seq_id(request.request_id, i) for i in range(max(request.n, 1))]
+        if any(seq_id in self._live for seq_id in seq_ids):
             raise ValueError(f"request {request.request_id!r} is already in the engine")
         eos = frozenset() if request.sampling.ignore_eos else self.eos_token_ids
         self.scheduler.add(
@@ -140,25 +148,32 @@ class Engine:
                 arrival=time.monotonic(),
                 deadline=request.deadline,
                 eos_token_ids=eos,
+                n=request.n,
             )
         )
         seed = request.sampling.seed if request.sampling.seed is not None else secrets.randbits(63)
-        detokenizer = Detokenizer(self.tokenizer, request.prompt_token_ids, request.stop)
-        self._live[request.request_id] = _Live(request, detokenizer, len(request.prompt_token_ids))
-        self._seeds[request.request_id] = seed
-        self._logits.add(request.request_id, request.prompt_token_ids, request.sampling)
+        for index, seq_id in enumerate(seq_ids):
+            detokenizer = Detokenizer(self.tokenizer, request.prompt_token_ids, request.stop)
+            self._live[seq_id] = _Live(request, detokenizer, len(request.prompt_token_ids), index=index)
+            self._seeds[seq_id] = sample_seed(seed, index)
+            self._logits.add(seq_id, request.prompt_token_ids, request.sampling)
+            if index:
+                self._request_of[seq_id] = request.request_id
 
-    def abort_request(self, request_id: str) -> RequestOutput | None:
-        ended = self.scheduler.abort(request_id)
-        return None if ended is None else self._finish(ended, (), "")
+    def abort_request(self, request_id: str) -> list[RequestOutput]:
+        """End every live sample of the request: one ABORT output each, by index (none if none is live)."""
+        return [self._finish(ended, (), "") for ended in self.scheduler.abort_request(request_id)]
 
     @property
     def last_step(self) -> tuple[str, ...]:
-        """The sequences the last step ran (built on demand: only failing steps and their probes ask)."""
-        return tuple(chunk.seq_id for chunk in self._last_chunks)
+        """The requests the last step ran, each once (built on demand: only failing steps and their
+        probes ask)."""
+        request_of = self._request_of
+        return tuple(dict.fromkeys(request_of.get(c.seq_id, c.seq_id) for c in self._last_chunks))
 
     def running_ids(self) -> list[str]:
-        return self.scheduler.running_ids()
+        """Requests with a sample holding a seat (what `step(only=...)` takes)."""
+        return self.scheduler.running_request_ids()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -166,9 +181,13 @@ class Engine:
     # ---- one step --------------------------------------------------------------------------------
 
     def step(self, only: str | None = None) -> list[RequestOutput]:
-        """One iteration: schedule, forward, sample, outputs. `only`: run that sequence alone (to find
+        """One iteration: schedule, forward, sample, outputs. `only`: run that request alone (to find
         which one makes steps fail). Raises StepFailed when the forward or sampling raises."""
         self.clock.start()
+        if self._retired:
+            for seq_id in self._retired:
+                del self._request_of[seq_id]
+            self._retired.clear()
         output = self.scheduler.schedule(time.monotonic(), only)
         for seq_id in output.preempted:  # its blocks are gone; a readmission starts a new table
             self.runner.release(seq_id)
@@ -224,7 +243,15 @@ class Engine:
             finish = _STOP
         if finish is None:
             return RequestOutput(
-                update.seq_id, (token,), delta, None, started, live.num_prompt_tokens, live.num_tokens
+                live.request.request_id,
+                (token,),
+                delta,
+                None,
+                started,
+                live.num_prompt_tokens,
+                live.num_tokens,
+                "",
+                live.index,
             )
         return self._finish(FinishedSequence(update.seq_id, finish), (token,), delta, started)
 
@@ -235,6 +262,8 @@ class Engine:
         live = self._live.pop(ended.seq_id, None)
         self._seeds.pop(ended.seq_id, None)
         self._logits.drop(ended.seq_id)
+        if ended.seq_id in self._request_of:
+            self._retired.append(ended.seq_id)
         if live is None:  # rejected by add(): the engine never saw it run
             return RequestOutput(ended.seq_id, (), "", ended.reason, False, 0, 0, ended.detail)
         delta += live.detokenizer.flush()
@@ -251,7 +280,15 @@ class Engine:
     ) -> RequestOutput:
         request_id = live.request.request_id
         return RequestOutput(
-            request_id, tokens, delta, finish, started, live.num_prompt_tokens, live.num_tokens, detail
+            request_id,
+            tokens,
+            delta,
+            finish,
+            started,
+            live.num_prompt_tokens,
+            live.num_tokens,
+            detail,
+            live.index,
         )
 
     # ---- bookkeeping -----------------------------------------------------------------------------
@@ -274,6 +311,7 @@ class Engine:
             kv_blocks_total=s.kv_blocks_total,
             preemptions=s.preemptions,
             prefix_cache_hits=s.prefix_cache_hits,
+            prompt_tokens_computed=s.prompt_tokens_computed,
             steps=self._steps,
             forward_seconds=self._forward_seconds,
             mean_batch_size=self._batch_seqs / steps,
@@ -282,20 +320,25 @@ class Engine:
         )
 
     def generate(self, requests: Iterable[EngineRequest]) -> dict[str, list[int]]:
-        """Run the requests to completion; the token ids each one produced."""
+        """Run the requests to completion; the token ids each one produced (sample i > 0 of an n > 1
+        request under `sample_seq_id(request_id, i)`, i.e. `request_id#i`)."""
         ids = []
         for request in requests:
             self.add_request(request)
-            ids.append(request.request_id)
+            ids += [sample_seq_id(request.request_id, i) for i in range(max(request.n, 1))]
         tokens: dict[str, list[int]] = {i: [] for i in ids}
         while self.has_unfinished():
             for out in self.step():
-                tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+                tokens.setdefault(sample_seq_id(out.request_id, out.index), []).extend(out.new_token_ids)
         return tokens
 
 
 def attach_logprobs(results: list[RequestOutput], logprobs: dict[str, TokenLogprob]) -> None:
-    """Give each output that carries a sampled token that token's log probabilities."""
+    """Give each output that carries a sampled token that token's log probabilities (keyed by sequence:
+    sample i > 0 of an n > 1 request is `request_id#i`)."""
     for out in results:
-        if out.new_token_ids and (logprob := logprobs.get(out.request_id)) is not None:
+        if not out.new_token_ids:
+            continue
+        logprob = logprobs.get(sample_seq_id(out.request_id, out.index))
+        if logprob is not None:
             out.logprobs = (logprob,)

@@ -94,6 +94,7 @@ class EngineStats:
     mean_batch_size: float  # sequences per model step
     mean_batch_tokens: float  # tokens per model step
     forward_by_batch: dict[int, tuple[int, float]]  # sequences in a step -> (steps, forward seconds)
+    prompt_tokens_computed: int = 0  # prompt tokens run through the model (an n > 1 prompt counts once)
 
 
 def resolve_max_model_len(config: Any, requested: int | None) -> int:

@@ -15,6 +15,8 @@ def why_never_fits(request: SequenceRequest, config: SchedulerConfig) -> str:
         return "empty prompt"
     if max_tokens < 1:
         return f"max_tokens must be at least 1 (got {max_tokens})"
+    if request.n < 1:
+        return f"n must be at least 1 (got {request.n})"
     total = num_prompt + max_tokens
     if total > config.max_model_len:
         return (

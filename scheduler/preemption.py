@@ -31,21 +31,24 @@ def seat_victims(running: Seq[Sequence], waiting: WaitingQueue, max_num_seqs: in
 
 
 def block_victims(
-    head: Sequence, running: Seq[Sequence], kv: KVCacheManager, max_num_batched_tokens: int
+    head: Sequence,
+    cached: list[int],
+    running: Seq[Sequence],
+    kv: KVCacheManager,
+    max_num_batched_tokens: int,
 ) -> list[Sequence]:
     """Worse-class running sequences whose blocks, freed, let the head of the waiting queue in.
 
-    The head needs blocks for its first chunk (after prefix hits) plus what the running sequences of its
-    own class or better take this step, since they are scheduled before it. Victims are taken worst
-    first until that fits; if freeing every worse-class sequence would still not make room, none is
-    taken (preempting them would only waste their work).
+    The head needs blocks for its first chunk (after `cached`, the blocks it would share) plus what the
+    running sequences of its own class or better take this step, since they are scheduled before it.
+    Victims are taken worst first until that fits; if freeing every worse-class sequence would still not
+    make room, none is taken (preempting them would only waste their work).
     """
     worse = sorted(
         (s for s in running if s.queue_class > head.queue_class), key=Sequence.sort_key, reverse=True
     )
     if not worse:
         return []
-    cached = kv.find_cached_prefix(head)
     first_chunk = min(head.num_tokens - len(cached) * kv.block_size, max_num_batched_tokens)
     need = kv.blocks_needed(head, first_chunk, cached)
     for seq in running:

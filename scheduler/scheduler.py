@@ -5,10 +5,14 @@ KV blocks for better-class waiting work (preempting worse-class running sequence
 sequences (decode tokens first, then the rest of their prefills, capped while better-class work waits;
 preempt the lowest-class, latest-arrived one when KV blocks run out) → admit waiting sequences with
 prefill chunks into the remaining token budget.
+
+A request with n > 1 samples is one sequence per sample in a RequestGroup: one prefills, and when its
+prompt is computed the others fork from it, sharing the prompt's KV blocks (scheduler/sequence.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,8 +25,8 @@ from scheduler.kv_manager import KVCacheManager
 from scheduler.limits import check_config, stop_reason, why_never_fits
 from scheduler.output import FinishedSequence, ScheduledChunk, SchedulerOutput, TokenUpdate
 from scheduler.preemption import block_victims, decodes_deferred_after, seat_victims
-from scheduler.sequence import Sequence, SequenceStatus
-from scheduler.types import FinishReason, Priority, SequenceRequest
+from scheduler.sequence import RequestGroup, Sequence, SequenceStatus
+from scheduler.types import FinishReason, Priority, SequenceRequest, sample_seq_id
 from scheduler.waiting_queue import WaitingQueue
 
 
@@ -33,7 +37,8 @@ class SchedulerStats:
     kv_blocks_used: int
     kv_blocks_total: int
     preemptions: int  # total since start
-    prefix_cache_hits: int  # tokens served from the prefix cache, total since start
+    prefix_cache_hits: int  # tokens served from the prefix cache (or a sibling sample), total since start
+    prompt_tokens_computed: int  # prompt tokens run through the model, total since start (recompute too)
 
 
 class Scheduler:
@@ -50,34 +55,67 @@ class Scheduler:
         self._waiting = WaitingQueue(self._ledger, config.aging_s)
         self._running: list[Sequence] = []
         self._running_sorted = True  # removals keep the order; an admission appends out of order
-        self._seqs: dict[str, Sequence] = {}  # every live (waiting or running) sequence
+        self._seqs: dict[str, Sequence] = {}  # every live (waiting, running or unforked) sequence
+        self._groups: dict[str, RequestGroup] = {}  # request id -> its samples, for live n > 1 requests
         self._deadlines = DeadlineHeap()
         self._rejected: list[FinishedSequence] = []  # refused by add(), reported by the next schedule()
         self._order = itertools.count()
         self._num_preemptions = 0
         self._prefix_hit_tokens = 0
+        self._prompt_tokens_computed = 0
         self._deferred_last_step = False
 
     # ---- requests in and out -------------------------------------------------------------------------
 
     def add(self, request: SequenceRequest) -> None:
-        """Queue a request. A request that can never fit is ended as REJECTED by the next schedule()."""
-        if request.seq_id in self._seqs:
-            raise ValueError(f"sequence {request.seq_id!r} is already queued or running")
+        """Queue a request (n > 1: its first sample; the others wait for its prompt, then fork). A request
+        that can never fit is ended as REJECTED, every sample of it, by the next schedule()."""
+        seq_ids = [sample_seq_id(request.seq_id, i) for i in range(max(request.n, 1))]
+        if request.seq_id in self._groups or any(seq_id in self._seqs for seq_id in seq_ids):
+            raise ValueError(f"sequence {request.seq_id!r} (or a sample of it) is already queued or running")
         reason = why_never_fits(request, self.config)
         if reason:
-            self._rejected.append(FinishedSequence(request.seq_id, FinishReason.REJECTED, reason))
+            self._rejected += [FinishedSequence(i, FinishReason.REJECTED, reason) for i in seq_ids]
             return
-        seq = Sequence(request, next(self._order))
+        if request.n == 1:
+            self._enter(Sequence(request, next(self._order)))
+            return
+        group = self._groups[request.seq_id] = RequestGroup(request.seq_id)
+        for index, seq_id in enumerate(seq_ids):
+            sample = dataclasses.replace(request, seq_id=seq_id) if index else request
+            seq = Sequence(sample, next(self._order), group, index)
+            group.members.append(seq)
+            if index:
+                seq.status = SequenceStatus.AWAITING_FORK
+                group.unforked.append(seq)
+            self._enter(seq)
+
+    def _enter(self, seq: Sequence) -> None:
         self._seqs[seq.seq_id] = seq
         self._ledger.join(seq.tenant)
-        self._waiting.add(seq)
-        if request.deadline is not None:
-            self._deadlines.add(seq, request.deadline)
+        if seq.status is SequenceStatus.WAITING:
+            self._waiting.add(seq)
+        if seq.request.deadline is not None:
+            self._deadlines.add(seq, seq.request.deadline)
 
     def abort(self, seq_id: str) -> FinishedSequence | None:
         """Cancel a waiting or running sequence now (blocks freed); None if unknown or already ended."""
         return self.finish(seq_id, FinishReason.ABORT)
+
+    def abort_request(self, request_id: str) -> list[FinishedSequence]:
+        """Cancel every live sample of a request, in index order (empty if none is live)."""
+        members = self._members(request_id)
+        if members and members[0].group is not None:
+            members[0].group.unforked.clear()  # all of them end: no sample takes the prefill over
+        return [self._end(seq, FinishReason.ABORT) for seq in members]
+
+    def _members(self, request_id: str) -> list[Sequence]:
+        """The live samples of a request, by index."""
+        group = self._groups.get(request_id)
+        if group is not None:
+            return list(group.members)
+        seq = self._seqs.get(request_id)
+        return [seq] if seq is not None and seq.group is None else []
 
     def finish(self, seq_id: str, reason: FinishReason) -> FinishedSequence | None:
         """End a running sequence for a reason found outside (e.g. a stop string matched by the engine)."""
@@ -90,6 +128,10 @@ class Scheduler:
     def running_ids(self) -> list[str]:
         return [seq.seq_id for seq in self._running]
 
+    def running_request_ids(self) -> list[str]:
+        """Requests with a sample holding a seat, each once."""
+        return list(dict.fromkeys(seq.request_id for seq in self._running))
+
     def stats(self) -> SchedulerStats:
         return SchedulerStats(
             running=len(self._running),
@@ -98,6 +140,7 @@ class Scheduler:
             kv_blocks_total=self.kv.num_blocks,
             preemptions=self._num_preemptions,
             prefix_cache_hits=self._prefix_hit_tokens,
+            prompt_tokens_computed=self._prompt_tokens_computed,
         )
 
     def sequence(self, seq_id: str) -> Sequence | None:
@@ -112,13 +155,17 @@ class Scheduler:
         """Queued sequences, in no particular order (they hold no KV blocks)."""
         return tuple(self._waiting)
 
+    def live_sequences(self) -> tuple[Sequence, ...]:
+        """Every sequence not ended: running, waiting, and samples waiting for their fork (no blocks)."""
+        return tuple(self._seqs.values())
+
     # ---- one step ------------------------------------------------------------------------------------
 
     def schedule(self, now: float, only: str | None = None) -> SchedulerOutput:
         """Pick this step's chunks under the token, sequence and KV-block budgets.
 
-        `only`: run that running sequence alone (the others wait, keeping their blocks; nothing is
-        admitted), as a worker does to find which sequence makes its steps fail."""
+        `only`: run that request's running samples alone (the others wait, keeping their blocks; nothing
+        is admitted), as a worker does to find which request makes its steps fail."""
         finished, self._rejected = self._rejected, []
         finished += self._expire(now)
         if only is not None:
@@ -154,6 +201,8 @@ class Scheduler:
             computed = seq.num_computed_tokens = chunk.start_position + len(chunk.token_ids)
             if caching and computed // block_size > seq.num_cached_blocks:  # a block just filled up
                 self.kv.cache_full_blocks(seq)
+            if seq.group is not None and seq.group.unforked and computed >= seq.num_prompt_tokens:
+                self._fork(seq)  # before its token may end it: the siblings take their blocks first
             if not chunk.sample:
                 continue
             token = sampled.get(chunk.seq_id)
@@ -168,23 +217,24 @@ class Scheduler:
 
     # ---- steps of schedule() -------------------------------------------------------------------------
 
-    def _schedule_alone(self, seq_id: str, finished: list[FinishedSequence]) -> SchedulerOutput:
-        seq = self._seqs.get(seq_id)
+    def _schedule_alone(self, request_id: str, finished: list[FinishedSequence]) -> SchedulerOutput:
         budget = TokenBudget(self.config.max_num_batched_tokens)
-        chunks: list[ScheduledChunk] = []
-        decode = False
-        if seq is not None and seq.status is SequenceStatus.RUNNING:
+        decodes: list[ScheduledChunk] = []
+        prefills: list[ScheduledChunk] = []
+        for seq in self._members(request_id):
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
             uncomputed = seq.num_uncomputed_tokens
             n = min(uncomputed, budget.left)
             if n > 0 and self.kv.allocate(seq, n) is not None:  # its own blocks, or free ones: no victims
-                chunks.append(self._chunk(seq, n, budget))
-                decode = uncomputed == 1 and chunks[0].num_generated > 0
+                chunk = self._chunk(seq, n, budget)
+                (decodes if uncomputed == 1 and chunk.num_generated else prefills).append(chunk)
         return SchedulerOutput(
-            chunks=tuple(chunks),
+            chunks=(*decodes, *prefills),
             num_tokens=budget.used,
             preempted=(),
             finished=tuple(finished),
-            num_decodes=1 if decode else 0,
+            num_decodes=len(decodes),
         )
 
     def _expire(self, now: float) -> list[FinishedSequence]:
@@ -200,7 +250,8 @@ class Scheduler:
             self._preempt(victim, now)
         head = self._waiting.peek()
         if head is not None and len(self._running) < self.config.max_num_seqs:
-            more = block_victims(head, self._running, self.kv, self.config.max_num_batched_tokens)
+            cached = self._cached_prefix(head)
+            more = block_victims(head, cached, self._running, self.kv, self.config.max_num_batched_tokens)
             for victim in more:
                 self._preempt(victim, now)
             victims += more
@@ -288,7 +339,7 @@ class Scheduler:
             seq = self._waiting.peek()
             if seq is None:
                 break
-            cached = self.kv.find_cached_prefix(seq)
+            cached = self._cached_prefix(seq)
             num_cached_tokens = len(cached) * self.kv.block_size
             n = min(seq.num_tokens - num_cached_tokens, budget.left)
             if self.kv.allocate(seq, n, cached) is None:
@@ -301,9 +352,21 @@ class Scheduler:
             chunks.append(self._chunk(seq, n, budget))
         return chunks
 
+    def _cached_prefix(self, seq: Sequence) -> list[int]:
+        """Leading blocks a sequence about to be admitted can share: prefix-cache hits, or a running
+        sibling sample's prompt blocks (shared whether or not prefix caching is on), the longer."""
+        cached = self.kv.find_cached_prefix(seq)
+        if seq.group is not None:
+            shared = seq.group.shared_prefix(seq, self.kv.block_size)
+            if len(shared) > len(cached):
+                return shared
+        return cached
+
     def _chunk(self, seq: Sequence, n: int, budget: TokenBudget) -> ScheduledChunk:
         start = seq.num_computed_tokens
         budget.take(n)
+        if start < seq.num_prompt_tokens:
+            self._prompt_tokens_computed += min(n, seq.num_prompt_tokens - start)
         self._ledger.charge(seq.tenant, n)
         tokens = seq.token_ids
         return ScheduledChunk(
@@ -328,19 +391,51 @@ class Scheduler:
         self._num_preemptions += 1
         self._waiting.push_front(seq, now)
 
+    def _fork(self, source: Sequence) -> None:
+        """`source` just computed the prompt: its unforked siblings start from it, sharing its full prompt
+        blocks, while seats last (the others queue, and share with a running sibling when admitted)."""
+        group = source.group
+        assert group is not None
+        for child in group.unforked:
+            if len(self._running) < self.config.max_num_seqs:
+                # Takes no free block: sharing can never fail, and the tail is allocated when scheduled.
+                self.kv.allocate(child, 0, group.shared_prefix(child, self.kv.block_size))
+                child.status = SequenceStatus.RUNNING
+                self._running.append(child)
+                self._running_sorted = False
+            else:
+                child.status = SequenceStatus.WAITING
+                self._waiting.add(child)
+        group.unforked.clear()
+
     def _end(self, seq: Sequence, reason: FinishReason, detail: str = "") -> FinishedSequence:
         """The one place a live sequence ends: its blocks are freed here, exactly once."""
         if seq.status is SequenceStatus.RUNNING:
             self._running.remove(seq)
             self.kv.free(seq)
-        else:
+        elif seq.status is SequenceStatus.WAITING:
             self._waiting.remove(seq)  # waiting sequences hold no blocks
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         del self._seqs[seq.seq_id]
         self._deadlines.discard(seq)
         self._ledger.leave(seq.tenant)
+        if seq.group is not None:
+            self._leave_group(seq)
         return FinishedSequence(seq.seq_id, reason, detail)
+
+    def _leave_group(self, seq: Sequence) -> None:
+        group = seq.group
+        assert group is not None
+        was_unforked = seq in group.unforked
+        group.remove(seq)
+        if group.unforked and not was_unforked:
+            # The prefiller ended before the prompt was computed: the next sample prefills instead.
+            heir = group.unforked.pop(0)
+            heir.status = SequenceStatus.WAITING
+            self._waiting.add(heir)
+        if not group.members:
+            del self._groups[group.request_id]
 
 
 def _is_prefill(chunk: ScheduledChunk) -> bool:

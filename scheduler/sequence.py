@@ -1,4 +1,5 @@
-"""One request's mutable state inside the scheduler (never crosses the scheduler boundary)."""
+"""One request's mutable state inside the scheduler (never crosses the scheduler boundary); the n > 1
+samples of one request as a RequestGroup."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from scheduler.types import FinishReason, Priority, SamplingParams, SequenceRequ
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    AWAITING_FORK = "awaiting_fork"  # a sample of n > 1 waiting for its prompt's KV (holds nothing)
     FINISHED = "finished"
 
 
@@ -20,10 +22,16 @@ class Sequence:
     with len(token_ids). Prefill, chunked prefill, decode and recompute after preemption are all that rule.
     """
 
-    def __init__(self, request: SequenceRequest, order: int) -> None:
+    def __init__(
+        self, request: SequenceRequest, order: int, group: RequestGroup | None = None, index: int = 0
+    ) -> None:
         self.request = request
         # The request's fields read every step, as plain attributes (a request never changes).
         self.seq_id: str = request.seq_id
+        # One of the n samples of a request (None for n = 1): which one, and the request's own id.
+        self.group = group
+        self.index = index
+        self.request_id: str = group.request_id if group is not None else request.seq_id
         self.sampling: SamplingParams = request.sampling
         self.tenant: str = request.tenant
         self.arrival: float = request.arrival
@@ -78,3 +86,39 @@ class Sequence:
             f"Sequence({self.seq_id!r}, {self.status.value}, class={self.queue_class.name}, "
             f"computed={self.num_computed_tokens}/{self.num_tokens}, blocks={len(self.block_table)})"
         )
+
+
+class RequestGroup:
+    """The n samples of one request: one prefills the prompt, the others fork from it sharing its KV.
+
+    Every sample is a Sequence of its own (own tokens, block table, preemption and ending). Until the
+    prompt is computed only one of them, the prefiller, runs; the others wait in the group holding
+    nothing. Once the prefiller's prompt is computed they fork: each shares every full prompt block but
+    the one holding the prompt's last token (the pool counts references, so a block outlives whichever
+    sample frees it first) and computes only the rest itself, 1 to block_size tokens. Sharing only full,
+    computed blocks means no shared block is ever written and none has to be copied on the device.
+    """
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.members: list[Sequence] = []  # live samples, by index (the prefiller and the unforked too)
+        self.unforked: list[Sequence] = []  # samples waiting for the prompt to be computed, by index
+
+    def shared_prefix(self, seq: Sequence, block_size: int) -> list[int]:
+        """The longest run of leading blocks some running sibling has computed that `seq`, holding no
+        blocks yet, may share: prompt blocks only, and never the block of its own last token (it must
+        compute at least one token to have logits)."""
+        limit = min(seq.num_prompt_tokens, seq.num_tokens - 1) // block_size
+        best: tuple[int, ...] = ()
+        for other in self.members:
+            if other is seq or other.status is not SequenceStatus.RUNNING:
+                continue
+            k = min(limit, other.num_computed_tokens // block_size, len(other.block_table))
+            if k > len(best):
+                best = other.block_table[:k]
+        return list(best)
+
+    def remove(self, seq: Sequence) -> None:
+        self.members.remove(seq)
+        if seq in self.unforked:
+            self.unforked.remove(seq)

@@ -59,3 +59,12 @@ class SequenceRequest:
     arrival: float = 0.0  # caller's clock (seconds); orders requests within a class
     deadline: float | None = None  # same clock; past it the sequence ends as EXPIRED
     eos_token_ids: frozenset[int] = frozenset()  # any of them ends the sequence (models have several)
+    # Samples of the prompt: one sequence each (ids from sample_seq_id), the prompt
+    # prefilled once and its KV blocks shared.
+    n: int = 1
+
+
+def sample_seq_id(request_id: str, index: int) -> str:
+    """Sample 0 is the request's own id, so an n = 1 request is what it always was; the others `id#i`
+    (job ids cannot hold '#'; a clash with a live id is refused when the request is added)."""
+    return request_id if index == 0 else f"{request_id}#{index}"

@@ -59,9 +59,9 @@ def test_abort_frees_blocks_and_reports_once():
     engine.add_request(EngineRequest("b", make_prompts(1, 30, 30, seed=1)[0], greedy(3)))
     for _ in range(3):
         engine.step()
-    out = engine.abort_request("a")
-    assert out is not None and out.finish_reason is FinishReason.ABORT and out.completion_tokens == 3
-    assert engine.abort_request("a") is None
+    [out] = engine.abort_request("a")
+    assert out.finish_reason is FinishReason.ABORT and out.completion_tokens == 3
+    assert engine.abort_request("a") == []
     while engine.has_unfinished():
         assert all(o.request_id != "a" for o in engine.step())
     assert engine.stats().kv_blocks_used == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
@@ -9,7 +10,7 @@ from scheduler.config import SchedulerConfig
 from scheduler.output import SchedulerOutput
 from scheduler.scheduler import Scheduler
 from scheduler.sequence import SequenceStatus
-from scheduler.types import FinishReason, SequenceRequest
+from scheduler.types import FinishReason, SequenceRequest, sample_seq_id
 from tests.scheduler.factories import fake_token_for, sample_all
 
 MAX_STEPS = 3_000
@@ -19,7 +20,8 @@ MAX_STEPS = 3_000
 class Arrival:
     step: int
     request: SequenceRequest
-    abort_step: int | None
+    abort_step: int | None  # the whole request (every sample) is aborted at this step
+    sample_aborts: tuple[tuple[int, int], ...] = ()  # (step, index): one sample alone is aborted then
 
 
 class Checker:
@@ -31,7 +33,14 @@ class Checker:
         self.workload = workload
         self.endings: Counter[str] = Counter()
         self.reasons: dict[str, FinishReason] = {}
-        self.requests = {a.request.seq_id: a.request for a in workload}
+        # Per sequence: every sample of an n > 1 request is a sequence with its own id.
+        self.requests = {
+            sample_seq_id(a.request.seq_id, i): dataclasses.replace(
+                a.request, seq_id=sample_seq_id(a.request.seq_id, i)
+            )
+            for a in workload
+            for i in range(a.request.n)
+        }
         self.tokens: dict[str, list[int]] = {seq_id: [] for seq_id in self.requests}
         # What each KV slot holds, as the fake runner would have written it: (tenant, the token prefix
         # whose last token's K/V is there). A slot is only ever read by a chunk whose own prefix matches.
@@ -46,8 +55,15 @@ class Checker:
             for a in self.workload:
                 if a.step == now:
                     self.scheduler.add(a.request)
-                if a.abort_step == now and (finished := self.scheduler.abort(a.request.seq_id)):
-                    self.end(finished.seq_id, finished.reason)
+                for step, index in a.sample_aborts:
+                    if step == now and (
+                        finished := self.scheduler.abort(sample_seq_id(a.request.seq_id, index))
+                    ):
+                        self.end(finished.seq_id, finished.reason)
+                if a.abort_step == now:
+                    for finished in self.scheduler.abort_request(a.request.seq_id):
+                        assert finished.reason is FinishReason.ABORT
+                        self.end(finished.seq_id, finished.reason)
             self.step(now)
             now += 1
         self.check_end()
@@ -70,6 +86,7 @@ class Checker:
             if update.finish is not None:
                 self.end(update.seq_id, update.finish)
         self.check_blocks()
+        assert len(s.running_sequences()) <= self.config.max_num_seqs, "a fork took more seats than exist"
 
     def end(self, seq_id: str, reason: FinishReason) -> None:
         self.endings[seq_id] += 1
@@ -143,7 +160,9 @@ class Checker:
         s = self.scheduler
         pool = s.kv.pool
         uses = Counter(b for seq in s.running_sequences() for b in seq.block_table)
-        assert all(not seq.block_table for seq in s.waiting_sequences())
+        running = set(s.running_sequences())
+        assert all(not seq.block_table for seq in s.live_sequences() if seq not in running)
+        assert set(s.waiting_sequences()) <= set(s.live_sequences())
         for block in pool.blocks:
             assert block.ref_count == uses[block.block_id]
         assert pool.num_free == sum(1 for b in pool.blocks if b.ref_count == 0)
@@ -154,6 +173,8 @@ class Checker:
         (or any tenant when sharing is on); then the chunk's tokens are written. This is what prefix
         caching must never break: hash collisions, missing verification or unsalted keys all show here."""
         bs, share = self.config.block_size, self.config.share_prefix_cache_across_tenants
+        pool = self.scheduler.kv.pool
+        written: dict[int, str] = {}
         for chunk in output.chunks:
             seq = self.scheduler.sequence(chunk.seq_id)
             assert seq is not None
@@ -162,7 +183,13 @@ class Checker:
                 assert prefix == tuple(seq.token_ids[: pos + 1]), f"{chunk.seq_id} reads foreign KV at {pos}"
                 assert share or tenant == seq.tenant, f"{chunk.seq_id} reads another tenant's KV"
             for pos in range(chunk.start_position, chunk.start_position + len(chunk.token_ids)):
-                slot = (chunk.block_table[pos // bs], pos % bs)
+                block = chunk.block_table[pos // bs]
+                # A block is written only by its one owner: a shared block is full and computed.
+                assert pool.blocks[block].ref_count == 1, f"{chunk.seq_id} writes shared block {block}"
+                assert written.setdefault(block, chunk.seq_id) == chunk.seq_id, (
+                    f"two chunks write block {block}"
+                )
+                slot = (block, pos % bs)
                 self.slots[slot] = (seq.tenant, tuple(seq.token_ids[: pos + 1]))
 
     def check_long_prefill_cap(self, output: SchedulerOutput, was_waiting: set[str]) -> None:
@@ -183,7 +210,7 @@ class Checker:
     def check_deadline_heap(self) -> None:
         """Ended sequences leave the deadline heap: it tracks exactly the live ones, within 2x entries."""
         s = self.scheduler
-        live = [q for q in (*s.running_sequences(), *s.waiting_sequences()) if q.request.deadline is not None]
+        live = [q for q in s.live_sequences() if q.request.deadline is not None]
         deadlines = s._deadlines  # private on purpose: no public accessor exists just for this check
         assert len(deadlines) == len(live) and deadlines.num_entries <= 2 * len(live) + 1
 
@@ -197,6 +224,8 @@ class Checker:
         assert set(self.endings) == set(self.requests)
         assert all(count == 1 for count in self.endings.values()), "a sequence ended twice"
         assert s.kv.pool.num_used == 0 and not s.running_sequences() and not s.waiting_sequences()
+        assert s.kv.pool.num_free == s.kv.pool.num_blocks and not s.live_sequences()
+        assert all(b.ref_count == 0 for b in s.kv.pool.blocks)
         for seq_id, reason in self.reasons.items():
             request = self.requests[seq_id]
             assert (reason is FinishReason.REJECTED) == self.never_fits(request)

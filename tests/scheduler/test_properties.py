@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections import Counter
@@ -62,8 +63,17 @@ def arrivals(draw, n_max: int = 14) -> list[Arrival]:
                 st.frozensets(st.integers(0, 11).map(lambda k, i=i: fake_token_for(f"s{i}", k)), max_size=3)
             ),
         )
+        # Often several samples of one prompt, forking from its first; now and then one sample aborted
+        # alone (before the fork too: another sample then prefills).
+        n = draw(st.sampled_from([1, 1, 2, 3, 4]))
+        request = dataclasses.replace(request, n=n)
         abort_step = draw(st.one_of(st.none(), st.integers(step, step + 30)))
-        out.append(Arrival(step, request, abort_step))
+        sample_aborts = draw(
+            st.lists(
+                st.tuples(st.integers(step, step + 20), st.integers(0, n - 1)), max_size=2 if n > 1 else 0
+            )
+        )
+        out.append(Arrival(step, request, abort_step, tuple(sample_aborts)))
     return out
 
 

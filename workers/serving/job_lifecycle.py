@@ -275,8 +275,7 @@ class JobLifecycle:
         job = self.jobs.get(job_id)
         if job is None or (tenant is not None and job.request.tenant != tenant):
             return
-        out = self.engine.abort_request(job_id)
-        if out is not None:
+        for out in self.engine.abort_request(job_id):  # one per live sample
             self.on_output(out)
 
     # ---- engine outputs --------------------------------------------------------------------
