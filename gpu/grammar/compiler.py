@@ -28,6 +28,8 @@ COMPILE_TIMEOUT_S = 10.0  # a compile still running then is abandoned and its jo
 MAX_ABANDONED = 2  # compiles past their timeout that may still be running before new ones are refused
 CACHE_BYTES = 64 << 20  # compiled grammars kept, by their own size (a JSON schema's is 10-500 KB)
 _OBJECT_SCHEMA = '{"type": "object"}'
+_LOOSE_CHARACTER = r"[^\"\\\r\n]"  # what xgrammar lets into a string with maxLength or minLength
+_JSON_CHARACTER = r"[^\0-\x1f\"\\\r\n]"  # what JSON lets in unescaped (xgrammar's own unbounded strings)
 _LOCATION = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")  # xgrammar's C++ prefix
 
 
@@ -75,11 +77,10 @@ class GrammarCompiler:
         if len(source) > MAX_SOURCE_CHARS:
             raise GrammarError(f"{kind} is {len(source)} characters long; the limit is {MAX_SOURCE_CHARS}")
         # any_whitespace=False: with free whitespace a small model can loop on spaces and never finish.
-        if kind == "json_schema":
-            _parse_schema(source)
-            return lambda: self._xgr.compile_json_schema(source, any_whitespace=False, strict_mode=True)
-        if kind == "json_object":
-            return lambda: self._xgr.compile_json_schema(_OBJECT_SCHEMA, any_whitespace=False)
+        if kind in ("json_schema", "json_object"):
+            schema = source if kind == "json_schema" else _OBJECT_SCHEMA
+            _parse_schema(schema)
+            return lambda: self._xgr.compile_grammar(_json_ebnf(schema))
         if kind == "regex":
             if not source:
                 raise GrammarError("regex is empty")
@@ -126,6 +127,13 @@ class GrammarCompiler:
             while self._cache_bytes > CACHE_BYTES and len(self._cache) > 1:
                 _, old = self._cache.popitem(last=False)
                 self._cache_bytes -= old.compiled.memory_size_bytes
+
+
+def _json_ebnf(schema: str) -> str:
+    """The schema's grammar, with strings of bounded length kept to valid JSON: xgrammar 0.2.9 lets
+    control characters (U+0000-U+001F, a tab say) into them raw, which JSON forbids and parsers reject."""
+    ebnf = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True))
+    return ebnf.replace(_LOOSE_CHARACTER, _JSON_CHARACTER)
 
 
 def _parse_schema(source: str) -> None:
