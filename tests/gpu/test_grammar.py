@@ -214,3 +214,29 @@ def test_abort_releases_the_matcher():
     assert "r" in engine._matchers
     assert engine.abort_request("r").finish_reason is FinishReason.ABORT
     assert not engine._matchers
+
+
+@pytest.mark.slow
+def test_smollm2_answers_in_the_schema_and_stops_by_itself(smollm2):
+    """On the real default model a constrained answer ends with EOS where the grammar completes."""
+    person = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            "city": {"type": "string"},
+        },
+        "required": ["name", "age", "city"],
+        "additionalProperties": False,
+    }
+    tok = smollm2.tokenizer
+    question = "Describe a fictional person as JSON with name, age and city."
+    prompt = tuple(tok.apply_chat_template([{"role": "user", "content": question}]))
+    requests = [
+        EngineRequest("schema", prompt, greedy(128), grammar=schema_spec(person)),
+        EngineRequest("choice", prompt, greedy(16), grammar=GrammarSpec("choice", '["fictional", "real"]')),
+    ]
+    results = run(make_engine(smollm2), requests)
+    assert_stopped(results)
+    jsonschema.validate(json.loads(results["schema"][0]), person)
+    assert results["choice"][0] in ("fictional", "real")

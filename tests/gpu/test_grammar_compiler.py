@@ -127,6 +127,7 @@ def test_mask_applies_to_its_rows_only():
     assert torch.equal(logits[2][finite], before[2][finite])
 
 
+@pytest.mark.slow
 def test_hf_special_tokens_never_appear_inside_a_json_string(smollm2):
     """SmolLM2's <|im_start|> and the like are special: never text, wherever the grammar is."""
     tok = smollm2.tokenizer
