@@ -32,5 +32,5 @@ class TokenMask:
             return
         bitmask = self.bitmask[: logits.shape[0]]
         if logits.device.type != "cpu":
-            bitmask = bitmask.to(logits.device, non_blocking=True)
+            bitmask = bitmask.to(logits.device)  # before the buffer is refilled: a plain copy
         xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=self.vocab_size, indices=rows)
