@@ -246,7 +246,7 @@ class Engine:
             matcher = matchers.get(update.seq_id)
             if matcher is not None and update.finish is None:
                 if not matcher.accept_token(update.token_id):
-                    # The mask allowed it, so this is a bug: end the sequence rather than emit invalid text.
+                    # The mask should have forbidden it (a bug): end the sequence, never go on off-grammar.
                     log.error("grammar of %s rejected token %d", update.seq_id, update.token_id)
                     self.scheduler.finish(update.seq_id, FinishReason.ABORT)
                     update = TokenUpdate(update.seq_id, update.token_id, FinishReason.ABORT)

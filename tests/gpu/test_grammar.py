@@ -240,3 +240,14 @@ def test_smollm2_answers_in_the_schema_and_stops_by_itself(smollm2):
     assert_stopped(results)
     jsonschema.validate(json.loads(results["schema"][0]), person)
     assert results["choice"][0] in ("fictional", "real")
+
+
+def test_a_token_the_grammar_rejects_ends_the_sequence(monkeypatch):
+    """Defence in depth: with the mask switched off, the first token off the grammar aborts the sequence
+    instead of letting it run on outside the grammar."""
+    engine = make_engine()
+    monkeypatch.setattr(engine.runner, "_constrain", lambda *args: None)
+    spec = GrammarSpec("choice", '["yes", "no"]')
+    _, tokens, last = run(engine, [EngineRequest("r", (5, 6, 7), greedy(20), grammar=spec)])["r"]
+    assert last.finish_reason is FinishReason.ABORT and len(tokens) <= 3
+    assert not engine._matchers
