@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from gpu.engine_types import (
     EngineConfig,
     EngineRequest,
     EngineStats,
+    GrammarSpec,
     RequestOutput,
     StepFailed,
     TokenLogprob,
@@ -110,6 +112,10 @@ class Engine:
         self._retired: list[str] = []
         # live sequences using logit_bias, penalties or logprobs (their token history for the penalties)
         self._logits = LogitsState(model.config.vocab_size)
+        # sequence id -> its grammar's matcher (gpu.grammar), for as long as it is live; constrained only
+        self._matchers: dict[str, Any] = {}
+        self._grammar_compiler: Any = None  # gpu.grammar.compiler.GrammarCompiler, made on first use
+        self._grammar_lock = threading.Lock()
         self._steps = 0
         self._forward_seconds = 0.0
         self._batch_seqs = 0
@@ -132,11 +138,33 @@ class Engine:
 
     # ---- requests --------------------------------------------------------------------------------
 
+    def compile_grammar(self, spec: GrammarSpec) -> Any:
+        """The spec compiled for this engine's vocabulary, for EngineRequest.grammar. Any thread may call it
+        (the worker's intake thread does, off the engine thread); raises gpu.grammar.GrammarError."""
+        with self._grammar_lock:
+            if self._grammar_compiler is None:
+                from gpu.grammar.compiler import GrammarCompiler  # xgrammar loads only once a grammar is used
+
+                vocab_size = self.model.config.vocab_size  # the logits' width, maybe past the tokenizer's
+                self._grammar_compiler = GrammarCompiler(self.tokenizer, vocab_size, self.eos_token_ids)
+            compiler = self._grammar_compiler
+        return compiler.compile(spec)
+
+    def _grammar_matcher(self, grammar: Any) -> Any:
+        """A fresh matcher for a request's grammar: a GrammarSpec, or what compile_grammar returned."""
+        if isinstance(grammar, GrammarSpec):
+            return self.compile_grammar(grammar).matcher()
+        if grammar.compiler is not self._grammar_compiler:  # compiled for another engine's vocabulary
+            return self.compile_grammar(grammar.spec).matcher()
+        return grammar.matcher()
+
     def add_request(self, request: EngineRequest) -> None:
         """Queue a request; n > 1: n samples of its prompt, prefilled once (outputs carry `index`)."""
         seq_ids = [sample_seq_id(request.request_id, i) for i in range(max(request.n, 1))]
         if any(seq_id in self._live for seq_id in seq_ids):
             raise ValueError(f"request {request.request_id!r} is already in the engine")
+        # Compiled before anything is added, so a grammar error leaves the engine as it was.
+        matcher = None if request.grammar is None else self._grammar_matcher(request.grammar)
         eos = frozenset() if request.sampling.ignore_eos else self.eos_token_ids
         self.scheduler.add(
             SequenceRequest(
@@ -159,6 +187,8 @@ class Engine:
             self._logits.add(seq_id, request.prompt_token_ids, request.sampling)
             if index:
                 self._request_of[seq_id] = request.request_id
+            if matcher is not None:  # every sample follows the grammar on its own
+                self._matchers[seq_id] = matcher if index == 0 else self._grammar_matcher(request.grammar)
 
     def abort_request(self, request_id: str) -> list[RequestOutput]:
         """End every live sample of the request: one ABORT output each, by index (none if none is live)."""
@@ -200,12 +230,14 @@ class Engine:
             try:
                 if self.fault_hook is not None:
                     self.fault_hook(self.last_step)
-                sampled = self.runner.execute(output, self._seeds, self._logits)
+                sampled = self.runner.execute(output, self._seeds, self._logits, self._matchers)
             except Exception as exc:
                 raise StepFailed(self.last_step, results, exc) from exc
             self._record(len(output.chunks), output.num_tokens, time.perf_counter() - start)
         started = self._newly_started(output)
         updates = self.scheduler.update(output, sampled)
+        if self._matchers:
+            updates = self._advance_grammars(updates)
         if started:
             sampled_ids = {u.seq_id for u in updates}
             for seq_id in started:
@@ -230,6 +262,25 @@ class Engine:
                 state.started = True
                 started[chunk.seq_id] = None
         return started
+
+    def _advance_grammars(self, updates: list[TokenUpdate]) -> list[TokenUpdate]:
+        """Each constrained sequence's matcher takes its new token. A sequence whose grammar terminated
+        (the token was a stop token the grammar allowed, which the scheduler did not end it for, as with
+        ignore_eos) ends with STOP, like a stop string."""
+        matchers, advanced = self._matchers, []
+        for update in updates:
+            matcher = matchers.get(update.seq_id)
+            if matcher is not None and update.finish is None:
+                if not matcher.accept_token(update.token_id):
+                    # The mask should have forbidden it (a bug): end the sequence, never go on off-grammar.
+                    log.error("grammar of %s rejected token %d", update.seq_id, update.token_id)
+                    self.scheduler.finish(update.seq_id, FinishReason.ABORT)
+                    update = TokenUpdate(update.seq_id, update.token_id, FinishReason.ABORT)
+                elif matcher.is_terminated():
+                    self.scheduler.finish(update.seq_id, _STOP)
+                    update = TokenUpdate(update.seq_id, update.token_id, _STOP)
+            advanced.append(update)
+        return advanced
 
     def _on_token(self, update: TokenUpdate, started: bool) -> RequestOutput:
         live = self._live[update.seq_id]
@@ -264,6 +315,7 @@ class Engine:
         self._logits.drop(ended.seq_id)
         if ended.seq_id in self._request_of:
             self._retired.append(ended.seq_id)
+        self._matchers.pop(ended.seq_id, None)
         if live is None:  # rejected by add(): the engine never saw it run
             return RequestOutput(ended.seq_id, (), "", ended.reason, False, 0, 0, ended.detail)
         delta += live.detokenizer.flush()

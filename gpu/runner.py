@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -100,6 +101,7 @@ class ModelRunner:
         # layer, in weights multiplied (2.4 for the tiny model, 0.27 for SmolLM2).
         layer_weights = sum(m.weight.numel() for m in linears_of(self.forward))
         self.lm_head_weight = self.forward.lm_head.weight.numel() / max(layer_weights, 1)
+        self.token_mask: Any = None  # a gpu.grammar.mask.TokenMask, made on the first constrained step
 
     def _choose_attention(self) -> PagedAttention:
         shape, heads = self.cache.shape, self.forward.num_heads
@@ -135,18 +137,23 @@ class ModelRunner:
         self.inputs.release(seq_id)
 
     def execute(
-        self, output: SchedulerOutput, seeds: Mapping[str, int], logits_state: LogitsState | None = None
+        self,
+        output: SchedulerOutput,
+        seeds: Mapping[str, int],
+        logits_state: LogitsState | None = None,
+        grammars: Mapping[str, Any] | None = None,
     ) -> dict[str, int]:
         """Run every scheduled token through the model and sample for the chunks that ask for it.
         logits_state: the sequences using logit_bias, penalties or logprobs; the step's sampled tokens
-        and log probabilities are recorded into it."""
+        and log probabilities are recorded into it. `grammars`: each constrained sequence's grammar
+        matcher (gpu.grammar); the others sample freely."""
         if self.threads is None:
-            return self._execute(output, seeds, 0.0, logits_state)
+            return self._execute(output, seeds, 0.0, logits_state, grammars)
         work = self._work(output)
         self.threads.before_step()
         start = time.perf_counter()
         try:
-            return self._execute(output, seeds, work, logits_state)
+            return self._execute(output, seeds, work, logits_state, grammars)
         finally:
             self.threads.after_step(time.perf_counter() - start, work)
 
@@ -156,7 +163,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _execute(
-        self, output: SchedulerOutput, seeds: Mapping[str, int], work: float, logits_state: LogitsState | None
+        self,
+        output: SchedulerOutput,
+        seeds: Mapping[str, int],
+        work: float,
+        logits_state: LogitsState | None,
+        grammars: Mapping[str, Any] | None,
     ) -> dict[str, int]:
         inputs = self.inputs.build(output)
         self.clock.lap(INPUTS)
@@ -175,6 +187,8 @@ class ModelRunner:
             logits = self.forward(inputs, self.cache, self.attention)
         self.clock.lap(FORWARD)
         chunks = inputs.sample_chunks
+        if grammars:
+            self._constrain(logits, chunks, grammars)
         random = [i for i, c in enumerate(chunks) if not c.sampling.greedy]
         batch = None  # all greedy, the common case: one argmax and no per-row settings
         if random:
@@ -192,6 +206,17 @@ class ModelRunner:
             logits_state.record(plan, tokens, token_logprobs(logits, sampled, plan))
         self.clock.lap(SAMPLE)
         return {c.seq_id: t for c, t in zip(chunks, tokens, strict=True)}
+
+    def _constrain(self, logits: torch.Tensor, chunks: tuple, grammars: Mapping[str, Any]) -> None:
+        """Forbid, in the rows of constrained sequences, every token their grammar does not allow next."""
+        matchers = [(i, grammars[c.seq_id]) for i, c in enumerate(chunks) if c.seq_id in grammars]
+        if not matchers:
+            return
+        if self.token_mask is None:
+            from gpu.grammar.mask import TokenMask  # xgrammar loads only once a grammar is used
+
+            self.token_mask = TokenMask(logits.shape[-1], self.config.max_num_seqs)
+        self.token_mask.apply(logits, self.token_mask.fill(matchers))
 
 
 def linears_of(forward: LlamaForward) -> list[Linear]:

@@ -5,7 +5,8 @@ penalties (gpu/logits_processors.py; only for rows that use them), then temperat
 before the draw. Log probabilities are the log_softmax of the logits after bias and penalties and
 before temperature, top-k and top-p: the model's distribution as the request's bias and penalties
 shaped it, the same whatever the temperature, and equal to HF's log_softmax of the model's logits when
-no bias or penalty is set.
+no bias or penalty is set. A grammar's mask (gpu/runner.py) comes first of all, so under a grammar the
+forbidden tokens have no probability.
 
 Greedy rows (the common case) take one argmax. Rows that sample are filtered and drawn together, with no
 per-row Python loop: each draw is an inverse-CDF lookup of one uniform number per row, and that number

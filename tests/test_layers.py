@@ -36,6 +36,7 @@ CONFINED = {
     "celery": ("workers.bulk", "workers.cli.bulk"),
     "torch": ("gpu", "workers", "bench"),
     "triton": ("gpu.triton_kernels",),  # imported lazily, on CUDA only
+    "xgrammar": ("gpu.grammar",),  # structured outputs; imported once a grammar is used
 }
 BENCH_MAY_USE = ("workers.client", "workers.settings", "workers.services")
 
@@ -123,6 +124,7 @@ def test_every_worker_module_has_a_layer():
         ("scheduler.scheduler", "gpu.engine"),
         ("scheduler.scheduler", "torch"),
         ("bench.e2e", "workers.serving.loop"),
+        ("gpu.runner", "xgrammar"),
     ],
 )
 def test_the_check_refuses_edges_against_the_layers(importer, imported):

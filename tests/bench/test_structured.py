@@ -1,0 +1,31 @@
+"""`bench.structured` at a tiny size: both runs make the same tokens, the schema jobs end by their grammar."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bench.structured import main
+
+
+@pytest.fixture(autouse=True)
+def _keep_threads(monkeypatch):
+    """The bench sets torch threads and OMP_NUM_THREADS for its process: the session gets its own back."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_structured_runs_both_batches_on_the_same_tokens(tmp_path, capsys):
+    path = tmp_path / "structured.json"
+    argv = ["--requests", "4", "--reps", "1", "--free-len", "6", "--prompt-len", "4:8", "--threads", "1"]
+    assert main([*argv, "--json", str(path)]) == 0
+    payload = json.loads(path.read_text())
+    assert payload["constrained_jobs"] == 2
+    assert payload["same_tokens"] and payload["constrained_stopped"]
+    assert set(payload["summary"]) == {"constrained", "free"}
+    assert payload["summary"]["free"]["tokens"] == payload["summary"]["constrained"]["tokens"]
+    assert "overhead of the constrained run" in capsys.readouterr().out
