@@ -212,7 +212,29 @@ def test_abort_releases_the_matcher():
     engine.add_request(EngineRequest("r", (5, 6, 7), greedy(MAX_TOKENS), grammar=schema_spec()))
     engine.step()
     assert "r" in engine._matchers
-    assert engine.abort_request("r").finish_reason is FinishReason.ABORT
+    [aborted] = engine.abort_request("r")
+    assert aborted.finish_reason is FinishReason.ABORT
+    assert not engine._matchers
+
+
+def test_every_sample_of_an_n_request_follows_the_grammar_on_its_own():
+    """n = 3 sampled samples of one constrained prompt: each has its own matcher, so each output is
+    valid and ends by itself, and the samples differ (their matchers do not share state)."""
+    engine = make_engine()
+    [prompt] = make_prompts(1, 3, 12, seed=7)
+    engine.add_request(EngineRequest("n", prompt, sampled(11), n=3, grammar=schema_spec()))
+    texts: dict[int, list[str]] = {0: [], 1: [], 2: []}
+    finish: dict[int, FinishReason] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            texts[out.index].append(out.text_delta)
+            if out.finish_reason is not None:
+                finish[out.index] = out.finish_reason
+    outputs = ["".join(t) for t in texts.values()]
+    for text in outputs:
+        jsonschema.validate(json.loads(text), PERSON)
+    assert finish == {0: FinishReason.STOP, 1: FinishReason.STOP, 2: FinishReason.STOP}
+    assert len(set(outputs)) > 1
     assert not engine._matchers
 
 
