@@ -10,6 +10,7 @@ import torch
 from gpu.cuda.attention import CudaPagedAttention, decode_attention
 from gpu.cuda.graphs import block_buckets, bucket_of
 from gpu.cuda.step import CudaStep
+from gpu.forward import LlamaForward
 from gpu.kv_cache import KVCache, KVShape
 from tests.gpu.factories import make_engine, make_model, make_prompts
 from tests.gpu.test_attention import BLOCK, DIM, HEADS, KV_HEADS, dense_reference, run_step
@@ -50,14 +51,16 @@ def test_eager_cuda_backend_matches_dense_on_a_mixed_step(monkeypatch):
     run_step("torch", specs, num_blocks=13)
 
 
-def cuda_path_engine(model, **config):
-    """An engine on the CPU whose runner takes the CUDA step: a trash block, static decode buffers."""
+def cuda_path_engine(model, kernels=None, **config):
+    """An engine on the CPU whose runner takes the CUDA step: a trash block, static decode buffers, and the
+    given Triton kernels (None: the torch paths), all without graph capture."""
     engine = make_engine(model, **config)
     runner = engine.runner
     cache = KVCache(runner.cache.shape, runner.num_blocks + 1, torch.device("cpu"))
     runner.cache = cache
-    runner.cuda_step = CudaStep(runner.forward, cache, engine.config.max_num_seqs, runner.inputs.max_blocks,
-                                trash_block=runner.num_blocks, capture_graphs=False)  # fmt: skip
+    runner.forward = LlamaForward(model, engine.runner.config.max_model_len)  # the hooks unset: as on CUDA
+    seqs, blocks = engine.config.max_num_seqs, runner.inputs.max_blocks
+    runner.cuda_step = CudaStep(runner.forward, cache, seqs, blocks, runner.num_blocks, False, kernels)
     return engine
 
 
