@@ -72,7 +72,7 @@ class CudaPagedAttention:
 
     def __init__(self, kernels: CudaKernels | None = None) -> None:
         self.kernels = kernels or CudaKernels()
-        self.decode = "cuda-triton" if self.kernels.varlen else "cuda-sdpa"
+        self.decode = "cuda-triton" if self.kernels.decode else "cuda-sdpa"  # the name the engine logs
 
     def plan(self, meta: AttentionMetadata, cache: KVCache) -> CudaPlan:
         if self.kernels.varlen:

@@ -96,10 +96,11 @@ class DecodeGraphs:
         reuse its pool; returns the seconds it took."""
         start = time.perf_counter()
         if self.capture and self.paged:
-            for b in reversed(self.batches):
-                key = (b, self.blocks[-1])
-                if key not in self._graphs:
-                    self._graphs[key] = self._capture(*key)
+            with torch.no_grad():
+                for b in reversed(self.batches):
+                    key = (b, self.blocks[-1])
+                    if key not in self._graphs:
+                        self._graphs[key] = self._capture(*key, warm_ups=1 if self._graphs else 2)
             torch.cuda.synchronize()
         return time.perf_counter() - start
 
@@ -117,12 +118,13 @@ class DecodeGraphs:
             return DecodeOutput(logits, greedy_argmax(logits))
         return DecodeOutput(logits, logits.argmax(dim=-1))
 
-    def _capture(self, b: int, nb: int) -> tuple[torch.cuda.CUDAGraph, DecodeOutput]:
-        # A warm-up on a side stream first: kernels compiled, library handles and choices made outside.
+    def _capture(self, b: int, nb: int, warm_ups: int = 2) -> tuple[torch.cuda.CUDAGraph, DecodeOutput]:
+        # Warm-ups on a side stream first: kernels compiled, library handles and choices made outside.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._body(b, nb)
+            for _ in range(warm_ups):
+                self._body(b, nb)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
