@@ -3,7 +3,8 @@ padding to the batch bucket and keying by batch alone, the paged decode kernel o
 argmax computed with the logits, the varlen kernel for prefill and mixed steps (chunked prefill, prefix
 hits, preemption), and the fused add+RMSNorm, RoPE+cache write and SiLU*up in the forward. Graph capture
 is off (capture=False: the same bodies, run eagerly on CPU tensors) and the kernels run in triton's
-interpreter; on a GPU the same tests run compiled. Greedy output must equal HF's and the torch path's.
+interpreter; on a GPU the same tests run compiled, on CUDA tensors, with the graphs captured. Greedy
+output must equal HF's and the torch path's.
 Also the kernel choice made at start: every kernel checked against its torch path, a wrong one refused.
 """
 
@@ -16,12 +17,13 @@ import torch
 
 from gpu.cuda import choice as cuda_kernels
 from gpu.cuda.kernels import CudaKernels
+from gpu.cuda.step import CudaStep
 from gpu.forward import LlamaForward
 from gpu.model import LoadedModel
-from tests.gpu.factories import make_model, make_prompts, make_requests
+from tests.gpu.factories import make_engine, make_model, make_prompts, make_requests
 from tests.gpu.test_cuda_path import cuda_path_engine
 from tests.gpu.test_gold import OUTPUT_LENS, run_and_check
-from tests.gpu.triton_interpreter import import_kernels, interpreting
+from tests.gpu.triton_interpreter import CUDA, DEVICE, import_kernels, interpreting
 
 import_kernels("decode", "prefill", "argmax", "rms_norm", "rope_cache", "silu_mul")
 TRITON = CudaKernels.all_triton()
@@ -31,6 +33,37 @@ TRITON = CudaKernels.all_triton()
 def interpreter():
     with interpreting():
         yield
+
+
+@pytest.fixture(autouse=True)
+def exact_fp32_matmuls():
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # HF and the engine both in true fp32 on a GPU
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def on_device(model: LoadedModel, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    if DEVICE.type == "cpu" and dtype == model.dtype:
+        return model
+    hf = copy.deepcopy(model.model).to(device=DEVICE, dtype=dtype).eval()
+    return LoadedModel(hf, hf.config, model.tokenizer, DEVICE, dtype)
+
+
+def triton_engine(model: LoadedModel, kernels: CudaKernels | None = TRITON, **config):
+    """The CUDA step with the given kernels: on a GPU a real engine with its graphs captured, on the CPU
+    the CUDA step's logic without capture (tests/gpu/test_cuda_path.py)."""
+    if not CUDA:
+        return cuda_path_engine(model, kernels, **config)
+    engine = make_engine(on_device(model), **config)
+    runner = engine.runner
+    forward = LlamaForward(engine.model, runner.config.max_model_len)  # no kernels installed yet
+    runner.cuda_step = CudaStep(
+        forward, runner.cache, engine.config.max_num_seqs, runner.inputs.max_blocks, runner.num_blocks,
+        True, kernels,
+    )  # fmt: skip
+    runner.cuda_step.capture_graphs()
+    return engine
 
 
 def record_decode_steps(graphs) -> list[tuple[int, tuple[int, int]]]:
@@ -52,12 +85,12 @@ def test_cuda_step_with_triton_kernels_matches_hf_and_the_torch_path():
     """With 5 seats (buckets 1, 2, 4, 5) sequences come and go, so the batch bucket changes mid-run and
     3-row steps run padded to 4; every decode step is keyed by its batch bucket alone."""
     model, max_num_seqs = make_model(), 5
-    engine = cuda_path_engine(model, TRITON, max_num_seqs=max_num_seqs)
+    engine = triton_engine(model, max_num_seqs=max_num_seqs)
     step = engine.runner.cuda_step
     assert step.attention.kernels.varlen and step.forward.add_rms_norm is not None
     assert step.forward.silu_mul is not None and step.forward.rope_write is not None
     graphs = step.graphs
-    assert graphs.paged and graphs.argmax and not graphs.capture
+    assert graphs.paged and graphs.argmax and graphs.capture == CUDA
     steps = record_decode_steps(graphs)
     prompts = make_prompts(8, 1, 60)
     run_and_check(engine, model, prompts, OUTPUT_LENS)
@@ -65,7 +98,7 @@ def test_cuda_step_with_triton_kernels_matches_hf_and_the_torch_path():
     assert {key[1] for _, key in steps} == {graphs.tables.shape[1]}  # no block bucket: keyed by batch
     assert {key[0] for _, key in steps} <= set(graphs.batches)
     assert any(rows < key[0] for rows, key in steps)  # padding rows ran (and wrote only the trash block)
-    torch_path = cuda_path_engine(model, None, max_num_seqs=max_num_seqs)
+    torch_path = triton_engine(model, None, max_num_seqs=max_num_seqs)
     requests = make_requests(prompts, OUTPUT_LENS)
     assert engine.generate(make_requests(prompts, OUTPUT_LENS, "again")) == {
         f"again{k[1:]}": v for k, v in torch_path.generate(requests).items()
@@ -76,18 +109,18 @@ def test_triton_cuda_step_with_chunked_prefill_preemption_and_prefix_hits():
     """The varlen kernel's cases: chunks resuming mid-prompt, prompts resumed after preemption, chunks
     after a prefix-cache hit, and mixed steps of decode rows and prefill chunks."""
     model = make_model()
-    engine = cuda_path_engine(model, TRITON, block_size=4, num_blocks=14, max_num_batched_tokens=16)
+    engine = triton_engine(model, block_size=4, num_blocks=14, max_num_batched_tokens=16)
     stats = run_and_check(engine, model, make_prompts(5, 10, 20, seed=5), [20, 25, 15, 22, 18])
     assert stats.preemptions > 0
     shared = make_prompts(1, 40, 40, seed=3)[0]
-    engine = cuda_path_engine(model, TRITON, block_size=8)
+    engine = triton_engine(model, block_size=8)
     run_and_check(engine, model, [shared + t for t in make_prompts(3, 1, 12, seed=4)], [10, 5, 8], prefix="a")
     run_and_check(engine, model, [shared + t for t in make_prompts(3, 1, 12, seed=6)], [6, 9, 4], prefix="b")
     assert engine.stats().prefix_cache_hits > 0
 
 
 def _forward() -> LlamaForward:
-    return LlamaForward(make_model(), max_positions=128)
+    return LlamaForward(on_device(make_model()), max_positions=128)
 
 
 def test_kernel_choice_checks_each_kernel_against_torch_and_skips_fused_ones_in_float32():
@@ -115,9 +148,7 @@ def test_kernel_choice_refuses_a_kernel_that_disagrees_or_fails(monkeypatch):
 
 
 def test_kernel_choice_in_half_precision_covers_the_fused_kernels():
-    model = make_model()
-    hf = copy.deepcopy(model.model).to(torch.float16)
-    forward = LlamaForward(LoadedModel(hf, hf.config, model.tokenizer, model.device, torch.float16), 128)
+    forward = LlamaForward(on_device(make_model(), torch.float16), 128)
     kernels, trials = cuda_kernels.choose(forward, forward.kv_shape(4), 8, 10, allow_cpu=True)
     assert [t.name for t in trials] == [
         "decode",
