@@ -14,6 +14,7 @@ Dry run on any machine (no GPU needed): `python -m bench.device_bench smollm2-13
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import statistics
@@ -89,7 +90,7 @@ def run_hf_cb(model: Any, requests: tuple[BenchRequest, ...], max_batch_tokens: 
     # The contender loads its model from a path; here the engine's in-memory one (HF only reads it).
     contender = HfContinuousBatchingContender.__new__(HfContinuousBatchingContender)
     contender.model, contender.max_batch_tokens, contender.page_size = model, max_batch_tokens, 256
-    contender.run(requests[: min(4, len(requests))])  # warm-up
+    contender.run(tuple(BenchRequest(f"w{r.request_id}", r.prompt_token_ids, 4) for r in requests[:4]))
     result = contender.run(requests)
     return {"wall_s": result.wall_s, "tok_s": useful_tokens(requests) / result.wall_s}
 
@@ -203,6 +204,7 @@ def run_shape(args: argparse.Namespace) -> int:
         "kernels": step.kernels.describe() if step else None,
         "start_s": step.start_seconds if step else None,
         "graphs": len(step.graphs._graphs) if step and step.graphs else 0,
+        "trials": [dataclasses.asdict(t) for t in step.trials] if step else [],
     })  # fmt: skip
     _log(f"{args.shape}: engine started in {startup:.1f} s ({report.data['cuda_step']})")
 
@@ -265,6 +267,14 @@ def summarize(paths: list[Path]) -> str:
                 )
     for r in results:
         lines.append(f"\n{r['shape']}: kernels {r.get('cuda_step', {}).get('kernels')}")
+        trials = r.get("cuda_step", {}).get("trials", [])
+        if trials:
+            lines += ["| kernel | chosen | triton ms | torch ms | why |", "|---|---|---|---|---|"]
+            lines += [
+                f"| {t['name']} | {'triton' if t['chosen'] else 'torch'} | {num(t['triton_ms'], '.4f')} | "
+                f"{num(t['torch_ms'], '.4f')} | {t['reason'].replace('|', '/')} |"
+                for t in trials
+            ]
         for b, s in r.get("decode_steps", {}).items():
             if s.get("profile"):
                 lines += [f"\nprofile, batch {b} (per step)", "| us | calls | name |", "|---|---|---|"]

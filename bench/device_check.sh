@@ -48,8 +48,8 @@ run_for() {
 }
 
 # Per phase: seconds, then the bench's arguments. Full: <= 350 s of the 360; QUICK: <= 175 of 180.
-TESTS_ALL=(tests/gpu/test_cuda_device.py tests/gpu/test_cuda_triton_step.py tests/gpu/test_triton_kernels.py
-    tests/gpu/test_cuda_path.py tests/gpu/test_gold.py)
+# The tests that need the device (the CPU-only gold and CUDA-step-logic tests run in CI), most telling first.
+TESTS_ALL=(tests/gpu/test_cuda_device.py tests/gpu/test_cuda_triton_step.py tests/gpu/test_triton_kernels.py)
 if [[ $TINY == 1 ]]; then  # the dry run: tiny models, a few requests, the tests that are quick on a CPU
     PLAN_S=${PLAN_S:-600}
     TESTS=(tests/gpu/test_cuda_triton_step.py -k choice)
@@ -59,16 +59,16 @@ if [[ $TINY == 1 ]]; then  # the dry run: tiny models, a few requests, the tests
     declare -A HF=()
 elif [[ $QUICK == 1 ]]; then
     PLAN_S=${PLAN_S:-175}
-    TESTS=(tests/gpu/test_cuda_triton_step.py tests/gpu/test_cuda_device.py)
-    TEST_S=55
-    SHAPES=(llama-1.1b-shape:55 llama-3-8b-shape:60)
+    TESTS=(tests/gpu/test_cuda_triton_step.py)
+    TEST_S=60
+    SHAPES=(llama-1.1b-shape:50 llama-3-8b-shape:60)
     ARGS=(--requests 128 --batches 1,64,256 --profile 64 --steps 16 --kv-cache-gib 24)
     declare -A HF=([llama-1.1b-shape]=16 [llama-3-8b-shape]=0)
 else
     PLAN_S=${PLAN_S:-350}
     TESTS=("${TESTS_ALL[@]}")
-    TEST_S=95
-    SHAPES=(smollm2-135m-shape:55 llama-1.1b-shape:70 llama-3-8b-shape:110)
+    TEST_S=100
+    SHAPES=(smollm2-135m-shape:50 llama-1.1b-shape:70 llama-3-8b-shape:110)
     ARGS=(--requests 256 --batches 1,16,64,128,256 --profile 64,256 --steps 32 --kv-cache-gib 24)
     declare -A HF=([smollm2-135m-shape]=64 [llama-1.1b-shape]=64 [llama-3-8b-shape]=32)
 fi

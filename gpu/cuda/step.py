@@ -55,6 +55,7 @@ class CudaStep:
             else None
         )
         self.start_seconds = 0.0  # kernel choice and graph capture at start (set by build_cuda_step)
+        self.trials: list[choice.Trial] = []  # the measurements behind the kernel choice (idem)
 
     def capture_graphs(self) -> float:
         """Capture every decode graph that can be captured up front; returns the seconds it took."""
@@ -114,13 +115,14 @@ def build_cuda_step(
 ) -> CudaStep:
     """The engine-start sequence on CUDA: kernels measured (unless given), graphs captured, both logged."""
     start = time.perf_counter()
+    trials: list[choice.Trial] = []
     if kernels is None:
         kernels, trials = choice.choose(forward, cache.shape, max_num_seqs, max_blocks)
         choice.log_choice(kernels, trials)
     chosen = time.perf_counter()
     step = CudaStep(forward, cache, max_num_seqs, max_blocks, trash_block, capture_graphs, kernels)
     captured = step.capture_graphs()
-    step.start_seconds = time.perf_counter() - start
+    step.start_seconds, step.trials = time.perf_counter() - start, trials
     graphs = len(step.graphs._graphs) if step.graphs is not None else 0
     log.info(
         "CUDA step ready in %.2f s: kernels measured in %.2f s, %d decode graphs captured in %.2f s",
