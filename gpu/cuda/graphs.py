@@ -78,6 +78,10 @@ class DecodeGraphs:
         self._trash_slot = trash_block * cache.shape.block_size
         self.vectors = torch.zeros(4, max_batch, dtype=torch.long, device=device)
         self.ids, self.positions, self.slots, self.lens = self.vectors.unbind(0)
+        # As padding rows until a step fills them: the warm-ups and captures at start write only the trash
+        # block and attend to one key
+        self.slots.fill_(self._trash_slot)
+        self.lens.fill_(1)
         self.tables = torch.full((max_batch, max_blocks), trash_block, dtype=torch.long, device=device)
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, DecodeOutput]] = {}
         self.capture = capture

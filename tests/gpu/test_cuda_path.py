@@ -92,3 +92,15 @@ def test_cuda_step_logic_with_preemption_and_prefix_hits():
     run_and_check(engine, model, [shared + t for t in make_prompts(3, 1, 12, seed=4)], [10, 5, 8], prefix="a")
     run_and_check(engine, model, [shared + t for t in make_prompts(3, 1, 12, seed=6)], [6, 9, 4], prefix="b")
     assert engine.stats().prefix_cache_hits > 0
+
+
+def test_a_graph_body_run_before_any_step_touches_only_the_trash_block():
+    """What the warm-ups and captures at engine start run: every row a padding row."""
+    engine = cuda_path_engine(make_model(), max_num_seqs=8)
+    graphs, cache = engine.runner.cuda_step.graphs, engine.runner.cache
+    graphs.ids.fill_(7)  # token 0 (the padding token) embeds to zeros here: its K/V would not show
+    out = graphs._body(8, graphs.blocks[-1])
+    trash = graphs.trash_block
+    assert torch.isfinite(out.logits).all() and out.greedy.shape == (8,)
+    assert not cache.k[:, :, :trash].any() and not cache.v[:, :, :trash].any()
+    assert cache.k[:, :, trash].any()
