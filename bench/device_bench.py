@@ -122,7 +122,7 @@ def decode_steps(
         started.update(o.request_id for o in engine.step() if o.new_token_ids)
         if len(started) == batch:
             break
-    times = []
+    times, spans = [], _GraphSpans(engine, device)
     for _ in range(steps):
         _sync(device)
         start = time.perf_counter()
@@ -131,12 +131,49 @@ def decode_steps(
         assert sum(1 for o in outputs if o.new_token_ids) == batch, "the batch did not decode together"
     result: dict[str, Any] = {"step_ms": statistics.median(times) * 1000}
     result["decode_tok_s"] = batch / (result["step_ms"] / 1000)
+    span = spans.close()
+    if span is not None:  # without the profiler: the graph's device time from its input copies to its end
+        result["graph_span_ms"], result["graph_span_fraction"] = span, span / result["step_ms"]
     if profile:
         result.update(_profile(engine, steps, device, result["step_ms"]))
     for request in requests:
         engine.abort_request(request.request_id)
     engine.step()  # let the aborts take effect
     return result
+
+
+class _GraphSpans:
+    """CUDA events around each decode graph's run (input copies, replay): its device time per step, a
+    cross-check of the profiler's kernel time that needs no CUPTI. Records nothing off CUDA."""
+
+    def __init__(self, engine: Any, device: str) -> None:
+        step = engine.runner.cuda_step
+        self.graphs = step.graphs if step is not None and device.startswith("cuda") else None
+        self.events: list[tuple[Any, Any]] = []
+        if self.graphs is None:
+            return
+        import torch
+
+        run = self.run = self.graphs.run
+
+        def timed(*args: Any) -> Any:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = run(*args)
+            end.record()
+            self.events.append((start, end))
+            return out
+
+        self.graphs.run = timed
+
+    def close(self) -> float | None:
+        """Median span in ms (None: no graphed step ran), the wrapper removed."""
+        if self.graphs is None:
+            return None
+        del self.graphs.run  # the instance attribute: the class's method again
+        _sync("cuda")
+        spans = [start.elapsed_time(end) for start, end in self.events]
+        return statistics.median(spans) if spans else None
 
 
 def _profile(engine: Any, steps: int, device: str, step_ms: float) -> dict[str, Any]:
@@ -206,7 +243,8 @@ def run_shape(args: argparse.Namespace) -> int:
         "graphs": len(step.graphs._graphs) if step and step.graphs else 0,
         "trials": [dataclasses.asdict(t) for t in step.trials] if step else [],
     })  # fmt: skip
-    _log(f"{args.shape}: engine started in {startup:.1f} s ({report.data['cuda_step']})")
+    cuda = {k: v for k, v in report.data["cuda_step"].items() if k != "trials"}  # trials: logged at start
+    _log(f"{args.shape}: engine started in {startup:.1f} s ({cuda})")
 
     vocab = loaded.config.vocab_size
     requests = make_workload(WorkloadSpec(args.requests, (16, 128), (8, 256), 0), vocab)
@@ -257,13 +295,18 @@ def summarize(paths: list[Path]) -> str:
             *(num(steps.get(str(b), {}).get("step_ms"), ".2f") for b in batches),
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "| shape | batch | step ms | kernel us/step | launches/step | GPU busy |", "|---" * 6 + "|"]
+    lines += [
+        "",
+        "| shape | batch | step ms | kernel us/step | launches/step | GPU busy (profiler) | graph span |",
+        "|---" * 7 + "|",
+    ]
     for r in results:
         for b, s in r.get("decode_steps", {}).items():
             if "profile" in s:
                 lines.append(
                     f"| {r['shape']} | {b} | {s['step_ms']:.2f} | {num(s.get('kernel_us_per_step'))} | "
-                    f"{num(s.get('launches_per_step'))} | {num(s.get('gpu_busy_fraction'), '.0%')} |"
+                    f"{num(s.get('launches_per_step'))} | {num(s.get('gpu_busy_fraction'), '.0%')} | "
+                    f"{num(s.get('graph_span_fraction'), '.0%')} |"
                 )
     for r in results:
         lines.append(f"\n{r['shape']}: kernels {r.get('cuda_step', {}).get('kernels')}")

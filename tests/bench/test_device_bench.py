@@ -25,8 +25,8 @@ def test_summary_tables_show_missing_phases_as_dashes(tmp_path):
         "x_hf_cb": 31.0,
         "decode_steps": {
             "64": {"step_ms": 1.4, "kernel_us_per_step": 1200.0, "launches_per_step": 300.0,
-                   "gpu_busy_fraction": 0.857, "profile": [{"name": "gemm", "us_per_step": 800.0,
-                                                            "calls_per_step": 88.0}]},
+                   "gpu_busy_fraction": 0.857, "graph_span_fraction": 0.9,
+                   "profile": [{"name": "gemm", "us_per_step": 800.0, "calls_per_step": 88.0}]},
             "256": {"step_ms": 2.9},
         },
     }  # fmt: skip
@@ -38,6 +38,6 @@ def test_summary_tables_show_missing_phases_as_dashes(tmp_path):
     assert lines[0].endswith("| step ms @64 | step ms @256 |")
     assert lines[2] == "| llama-1.1b-shape | 12.5 | 17 | 31,000 (256) | 1,000 (64) | 31.0 | 1.40 | 2.90 |"
     assert lines[3] == "| llama-3-8b-shape | 30.0 | - | - (-) | - (-) | - | - | - |"
-    assert "| llama-1.1b-shape | 64 | 1.40 | 1,200 | 300 | 86% |" in lines
+    assert "| llama-1.1b-shape | 64 | 1.40 | 1,200 | 300 | 86% | 90% |" in lines
     assert "| varlen | torch | - | - | bad/x |" in lines  # a '|' would break the table
     assert "| 800.0 | 88.0 | `gemm` |" in lines
