@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import random
 import statistics
 import sys
@@ -351,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.shape is None:
         parser.error("a shape, or --summarize")
+    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.WARNING)
+    logging.getLogger("gpu.cuda").setLevel(logging.INFO)  # the kernel choice and the capture time
     args.dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     args.batches = [int(b) for b in args.batches.split(",") if b]
     args.profile = {int(b) for b in args.profile.split(",") if b}
