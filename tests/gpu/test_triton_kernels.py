@@ -28,7 +28,7 @@ from gpu.cuda import attention as cuda_attention
 from gpu.cuda.kernels import CudaKernels
 from gpu.forward import rms_norm, rotate
 from gpu.kv_cache import KVCache, KVShape
-from tests.gpu.triton_interpreter import DEVICE, import_kernels, interpreting
+from tests.gpu.triton_interpreter import CUDA, DEVICE, import_kernels, interpreting
 
 argmax_k, decode_k, prefill_k, rms_norm_k, rope_k, silu_k = import_kernels(
     "argmax", "decode", "prefill", "rms_norm", "rope_cache", "silu_mul"
@@ -45,8 +45,13 @@ def interpreter():
 HEADS, KV_HEADS, DIM, BLOCK = 6, 2, 16, 4
 REPO = Path(__file__).resolve().parents[2]
 # float32 in float32 throughout; float16 inputs against a float32 reference of the same (rounded) values
-TOLERANCE = {torch.float32: dict(rtol=2e-5, atol=2e-5), torch.float16: dict(rtol=3e-3, atol=3e-3)}
-DTYPES = [torch.float32, torch.float16]
+TOLERANCE = {
+    torch.float32: dict(rtol=2e-5, atol=2e-5),
+    torch.float16: dict(rtol=3e-3, atol=3e-3),
+    torch.bfloat16: dict(rtol=2e-2, atol=2e-2),  # 8 mantissa bits: one unit in the last place is 0.4-0.8%
+}
+# bfloat16 only compiled on a GPU: the interpreter runs kernels in numpy, which has no bfloat16
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if CUDA else [])
 
 
 def _cache(num_blocks: int, dtype: torch.dtype, dim: int = DIM, seed: int = 0) -> KVCache:
@@ -278,7 +283,9 @@ def test_rope_cache_write_matches_rotate_and_cache_write(dtype):
         qk, v, positions.to(DEVICE), cos.to(DEVICE), sin.to(DEVICE), cache, 0, slots.to(DEVICE)
     )
     # half precision: torch rounds after each product, the kernel once (one unit in the last place)
-    tolerance = TOLERANCE[torch.float32] if dtype == torch.float32 else dict(rtol=2e-3, atol=2e-3)
+    tolerance = {torch.float32: TOLERANCE[torch.float32], torch.float16: dict(rtol=2e-3, atol=2e-3)}.get(
+        dtype, TOLERANCE[dtype]
+    )
     torch.testing.assert_close(qk.cpu(), want_qk, **tolerance)
     torch.testing.assert_close(cache.k.cpu(), want_cache.k, **tolerance)  # untouched slots still 0
     assert torch.equal(cache.v.cpu(), want_cache.v)
