@@ -19,6 +19,11 @@ from gpu.rope_cache import RopeCacheWrite
 # Attention of one layer: (q [T, heads, D], k/v [T, kv_heads, D] of the new tokens, layer) -> [T, heads, D].
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
+# Residual add + RMSNorm: (x, delta or None, weight, eps) -> (rms_norm(x + delta), x + delta).
+AddRmsNorm = Callable[
+    [torch.Tensor, torch.Tensor | None, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]
+]
+
 # RoPE variants whose frequencies do not depend on the batch, so one cos/sin table serves every step.
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}
 
@@ -73,16 +78,22 @@ class LlamaForward:
         from transformers.activations import ACT2FN
 
         self.act = ACT2FN[config.hidden_act]
+        self.silu = config.hidden_act == "silu"  # the fused SiLU*up kernel applies
         self.embed = hf.embed_tokens.weight.detach()
         self.final_norm = hf.norm.weight.detach()
         self.lm_head = Linear(loaded.model.lm_head.weight.detach(), None, packed)
         self.layers = [self._layer(block, packed) for block in hf.layers]
         self._rotary = hf.rotary_emb
         self._static_rope = getattr(hf.rotary_emb, "rope_type", "default") in _STATIC_ROPE
+        self.max_positions = max_positions
         cos, sin = self._rope(torch.arange(max_positions, device=self.device))
-        self._cos, self._sin = cos.contiguous(), sin.contiguous()
-        # RoPE and the K/V cache write fused in one native pass; None: torch operators (set by the runner)
+        self.rope_cos, self.rope_sin = cos.contiguous(), sin.contiguous()
+        # Fused kernels, set by the runner where measured faster; None: the torch operators.
+        # RoPE and the K/V cache write in one pass (the native C kernel on CPU, Triton on CUDA):
         self.rope_write: RopeCacheWrite | None = None
+        self.rope_write_checked = True  # check positions and slots on the host first (the C kernel's need)
+        self.add_rms_norm: AddRmsNorm | None = None
+        self.silu_mul: Callable[[torch.Tensor], torch.Tensor] | None = None  # [T, 2I] gate|up -> [T, I]
 
     @staticmethod
     def _layer(block: Any, packed: bool) -> Layer:
@@ -102,8 +113,10 @@ class LlamaForward:
         """The native kernel indexes without bounds checks: check the step's positions and slots once."""
         if self.rope_write is None or not self._static_rope:  # it reads the static cos/sin tables
             return False
+        if not self.rope_write_checked:
+            return True
         slots_total = cache.num_blocks * cache.shape.block_size
-        return int(positions.max()) < self._cos.shape[0] and int(slots.max()) < slots_total
+        return int(positions.max()) < self.rope_cos.shape[0] and int(slots.max()) < slots_total
 
     @property
     def graph_safe(self) -> bool:
@@ -145,27 +158,43 @@ class LlamaForward:
         fused = self.rope_write if t and self._fits(positions, slots, cache) else None
         if fused is None:
             cos, sin = (
-                (self._cos[positions], self._sin[positions]) if self._static_rope else self._rope(positions)
+                (self.rope_cos[positions], self.rope_sin[positions])
+                if self._static_rope
+                else self._rope(positions)
             )
             cos, sin = cos[:, None, :], sin[:, None, :]
-        x = self.embed[input_ids]
+        x, delta = self.embed[input_ids], None  # delta: the last block's output, not yet added to x
         for index, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.input_norm, self.eps)
+            h, x = self._add_norm(x, delta, layer.input_norm)
             qk, v = layer.qkv(h).split((q_size + kv_size, kv_size), dim=-1)
             qk = qk.view(t, self.num_heads + self.num_kv_heads, self.head_dim)
             v = v.view(t, self.num_kv_heads, self.head_dim)
             if fused is not None:
-                fused(qk, v, positions, self._cos, self._sin, cache, index, slots)  # in place
+                fused(qk, v, positions, self.rope_cos, self.rope_sin, cache, index, slots)  # in place
             else:
                 qk = rotate(qk, cos, sin)  # one RoPE call for q and k
                 cache.write(index, slots, qk[:, self.num_heads :], v)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-            x = x + layer.o(attend(q, k, v, index).reshape(t, q_size))
-            h = rms_norm(x, layer.post_norm, self.eps)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(self.act(gate) * up)
+            h, x = self._add_norm(x, layer.o(attend(q, k, v, index).reshape(t, q_size)), layer.post_norm)
+            delta = layer.down(self._activation(layer.gate_up(h)))
         if sample_rows is not None:
             if sample_rows.numel() == 0:  # only prefill chunks that end before their last token
                 return x.new_empty(0, self.lm_head.out_features, dtype=torch.float32)
-            x = x[sample_rows]
-        return self.lm_head(rms_norm(x, self.final_norm, self.eps)).float()
+            x, delta = x[sample_rows], delta[sample_rows] if delta is not None else None
+        return self.lm_head(self._add_norm(x, delta, self.final_norm)[0]).float()
+
+    def _add_norm(
+        self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rms_norm(x + delta), x + delta): one fused kernel where set, else HF's operators in order."""
+        if self.add_rms_norm is not None:
+            return self.add_rms_norm(x, delta, weight, self.eps)
+        if delta is not None:
+            x = x + delta
+        return rms_norm(x, weight, self.eps), x
+
+    def _activation(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.silu_mul is not None:
+            return self.silu_mul(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.act(gate) * up

@@ -84,11 +84,11 @@ class ModelRunner:
         self.inputs = InputBuilder(config.block_size, config.max_model_len, config.max_num_seqs)
         self.cuda_step = None
         if cuda:
-            from gpu.cuda.step import CudaStep
+            from gpu.cuda.step import build_cuda_step
 
-            max_blocks = self.inputs.max_blocks
-            self.cuda_step = CudaStep(
-                self.forward, self.cache, config.max_num_seqs, max_blocks, self.num_blocks
+            # Triton kernels measured against the torch paths, then every decode graph captured: logged.
+            self.cuda_step = build_cuda_step(
+                self.forward, self.cache, config.max_num_seqs, self.inputs.max_blocks, self.num_blocks
             )
             self.attention = self.cuda_step.attention
         else:

@@ -1,34 +1,47 @@
-"""Attention over the paged cache on CUDA with torch's SDPA kernels (memory-efficient / flash backends).
+"""Attention over the paged cache on CUDA: the Triton kernels where chosen at start (gpu/cuda/kernels.py),
+torch's SDPA otherwise (their reference and fallback).
 
-Decode rows gather a fixed number of blocks per row and mask past each row's length, so the shapes
-depend only on (rows, blocks): the same code runs eagerly and inside a captured CUDA graph. Prefill
-chunks use the same SDPA path as the CPU (gpu/attention/prefill.py).
+- Decode rows, Triton: `paged_decode` reads each row's blocks in place by block table, up to its own
+  length; the shapes depend only on the rows, so a decode graph is keyed by batch size alone.
+- Decode rows, SDPA: `decode_attention` gathers a fixed number of blocks per row and masks past each
+  row's length, so the shapes depend on (rows, blocks): graphs are keyed by both.
+- Prefill and mixed steps, Triton: one varlen call per layer covers every chunk and decode row.
+- Prefill chunks, SDPA: one call per chunk (gpu/attention/prefill.py, as on the CPU).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from gpu.attention.metadata import AttentionMetadata
 from gpu.attention.prefill import PrefillPlan, plan_prefills, prefill_all
+from gpu.cuda.kernels import CudaKernels
 from gpu.kv_cache import KVCache
 
-# Decode attention kernel on CUDA: "sdpa" (below, the reference) or "triton" (gpu/triton_kernels/decode.py:
-# reads blocks in place, split-K). "triton" is not yet validated on a GPU: the device check sets it.
-DECODE_KERNEL = "sdpa"
+
+def paged_decode(
+    q: torch.Tensor,
+    cache: KVCache,
+    layer: int,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+    scale: float,
+    seats: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The Triton kernel: tables [B or seats, blocks], read at row i (or seats[i]) up to lens[i] keys."""
+    from gpu.triton_kernels.decode import paged_decode_attention
+
+    return paged_decode_attention(q, cache.k[layer], cache.v[layer], tables, lens, scale, seats)
 
 
 def decode_attention(
     q: torch.Tensor, cache: KVCache, layer: int, tables: torch.Tensor, lens: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """q [B, heads, D]; tables [B, blocks] (every entry a valid block id); lens [B] -> [B, heads, D]."""
-    if DECODE_KERNEL == "triton" and q.is_cuda:  # never taken on the CPU: triton is not even imported
-        from gpu.triton_kernels.decode import paged_decode_attention
-
-        return paged_decode_attention(q, cache.k[layer], cache.v[layer], tables, lens, scale)
+    """The SDPA reference: q [B, heads, D]; tables [B, blocks] (every entry a valid block id); lens [B]."""
     b, blocks = tables.shape
     s = cache.shape
     flat = tables.reshape(-1)
@@ -49,19 +62,28 @@ def decode_attention(
 @dataclass(frozen=True)
 class CudaPlan:
     meta: AttentionMetadata
-    decode_tables: torch.Tensor | None  # [B, blocks] on the device
-    prefills: tuple[PrefillPlan, ...]
+    decode_tables: torch.Tensor | None  # [B, blocks] on the device (the SDPA decode path)
+    prefills: tuple[PrefillPlan, ...]  # the SDPA prefill path
+    varlen: Any = None  # gpu.triton_kernels.prefill.VarlenChunks: the whole step in one call per layer
 
 
 class CudaPagedAttention:
-    """The eager (mixed-step) backend; same interface as gpu.attention.PagedAttention."""
+    """The eager (prefill and mixed-step) backend; same interface as gpu.attention.PagedAttention."""
 
-    decode = "cuda-sdpa"
+    def __init__(self, kernels: CudaKernels | None = None) -> None:
+        self.kernels = kernels or CudaKernels()
+        self.decode = "cuda-triton" if self.kernels.decode else "cuda-sdpa"  # the name the engine logs
 
     def plan(self, meta: AttentionMetadata, cache: KVCache) -> CudaPlan:
+        if self.kernels.varlen:
+            from gpu.triton_kernels.prefill import VarlenChunks
+
+            return CudaPlan(meta, None, (), VarlenChunks.from_metadata(meta))
         prefills = plan_prefills(meta, cache.shape.block_size)
         if meta.num_decodes == 0:
             return CudaPlan(meta, None, prefills)
+        if self.kernels.decode:  # the kernel reads the persistent table by seat
+            return CudaPlan(meta, meta.block_tables, prefills)
         blocks = -(-meta.max_decode_len // cache.shape.block_size)
         tables = meta.block_tables[meta.decode_seats, :blocks]
         # Entries past a row's own blocks are stale ids of earlier sequences: valid ids, masked anyway.
@@ -78,10 +100,18 @@ class CudaPagedAttention:
         scale: float,
     ) -> torch.Tensor:
         meta = plan.meta
+        if plan.varlen is not None:  # decode rows are one-token chunks of the same call
+            from gpu.triton_kernels.prefill import varlen_paged_attention
+
+            k, v = cache.k[layer], cache.v[layer]
+            return varlen_paged_attention(q, k, v, meta.block_tables, plan.varlen, scale)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if plan.decode_tables is not None:
-            rows = meta.decode_rows
-            out[rows] = decode_attention(q[rows], cache, layer, plan.decode_tables, meta.decode_lens, scale)
+            rows, lens, tables = meta.decode_rows, meta.decode_lens, plan.decode_tables
+            if self.kernels.decode:
+                out[rows] = paged_decode(q[rows], cache, layer, tables, lens, scale, meta.decode_seats)
+            else:
+                out[rows] = decode_attention(q[rows], cache, layer, tables, lens, scale)
         if plan.prefills:
             prefill_all(q, k_new, v_new, cache, layer, plan.prefills, scale, out)
         return out

@@ -1,23 +1,39 @@
-"""Decode steps replayed as CUDA graphs: one graph per (batch bucket, context-blocks bucket), captured the
-first time that shape is needed and replayed from then on.
+"""Decode steps replayed as CUDA graphs, all captured at engine start.
 
-A decode-only step's host work is then a few copies into the graphs' static inputs and one replay: no
-per-layer kernel launches from Python and no host syncs inside. Rows past the real batch (padding up
-to the bucket) read one reserved "trash" block and write their K/V into it, so they never touch a live
-sequence's cache. All graphs share one memory pool: they never run at the same time, and a step's
-logits are read back before the next replay.
+A decode-only step's host work is then two copies into the graphs' static inputs and one replay: no
+per-layer kernel launches from Python and no host syncs inside; the greedy argmax runs inside the graph.
+
+Keys: with the Triton paged decode kernel (which reads each row's blocks in place up to its own length),
+shapes depend on the batch alone, so there is one graph per batch bucket up to max_num_seqs, captured
+largest first at start (`capture_all`). The SDPA fallback gathers a fixed number of blocks per row, so
+its graphs are keyed by (batch bucket, power-of-two block bucket): too many to capture up front, they are
+captured the first time a shape appears.
+
+Rows past the real batch (padding up to the bucket) read one reserved "trash" block and write their K/V
+into it, so they never touch a live sequence's cache. All graphs share one memory pool: they never run at
+the same time, and a step's outputs are read back before the next replay.
 """
 
 from __future__ import annotations
 
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
-from gpu.cuda.attention import decode_attention
+from gpu.cuda.attention import decode_attention, paged_decode
+from gpu.cuda.kernels import CudaKernels
 from gpu.cuda.staging import PinnedStaging
 from gpu.forward import LlamaForward
 from gpu.kv_cache import KVCache
 
+log = logging.getLogger(__name__)
+
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256)
+# Static input vectors, one row each of DecodeGraphs.vectors
+IDS, POSITIONS, SLOTS, LENS = range(4)
 
 
 def bucket_of(n: int, buckets: tuple[int, ...] | list[int]) -> int:
@@ -33,6 +49,12 @@ def block_buckets(max_blocks: int) -> list[int]:
     return [*out, max_blocks]
 
 
+@dataclass(frozen=True)
+class DecodeOutput:
+    logits: torch.Tensor  # [rows, vocab] float32 on the device
+    greedy: torch.Tensor  # [rows] int64: each row's argmax, computed with the logits
+
+
 class DecodeGraphs:
     def __init__(
         self,
@@ -41,44 +63,71 @@ class DecodeGraphs:
         max_batch: int,
         max_blocks: int,
         trash_block: int,
+        kernels: CudaKernels | None = None,
         capture: bool = True,
     ) -> None:
-        """capture=False runs each step's body eagerly on the same static buffers: the bucketing and
-        padding logic without CUDA graphs (how the CPU tests exercise it)."""
+        """capture=False runs each step's body eagerly on the same static buffers: the bucketing, padding
+        and kernels without CUDA graphs (how the CPU tests exercise it, on CPU tensors)."""
         device = cache.k.device
+        kernels = kernels or CudaKernels()
         self.forward, self.cache = forward, cache
+        self.paged, self.argmax = kernels.decode, kernels.argmax
         self.batches = sorted({b for b in BATCH_BUCKETS if b < max_batch} | {max_batch})
-        self.blocks = block_buckets(max_blocks)
+        self.blocks = [max_blocks] if self.paged else block_buckets(max_blocks)
         self.trash_block = trash_block
-        trash_slot = trash_block * cache.shape.block_size
-        long = dict(dtype=torch.long, device=device)
-        self.ids = torch.zeros(max_batch, **long)
-        self.positions = torch.zeros(max_batch, **long)
-        self.slots = torch.full((max_batch,), trash_slot, **long)
-        self.tables = torch.full((max_batch, max_blocks), trash_block, **long)
-        self.lens = torch.ones(max_batch, **long)
-        self._trash_slot = trash_slot
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._trash_slot = trash_block * cache.shape.block_size
+        self.vectors = torch.zeros(4, max_batch, dtype=torch.long, device=device)
+        self.ids, self.positions, self.slots, self.lens = self.vectors.unbind(0)
+        # As padding rows until a step fills them: the warm-ups and captures at start write only the trash
+        # block and attend to one key
+        self.slots.fill_(self._trash_slot)
+        self.lens.fill_(1)
+        self.tables = torch.full((max_batch, max_blocks), trash_block, dtype=torch.long, device=device)
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, DecodeOutput]] = {}
         self.capture = capture
         self._pool = torch.cuda.graph_pool_handle() if capture else None
 
     def covers(self, rows: int, blocks: int) -> bool:
         return rows <= self.batches[-1] and blocks <= self.blocks[-1]
 
-    def _body(self, b: int, nb: int) -> torch.Tensor:
+    def key(self, rows: int, blocks: int) -> tuple[int, int]:
+        """(batch bucket, block bucket); the block bucket is always the widest with the paged kernel."""
+        nb = self.blocks[-1] if self.paged else bucket_of(blocks, self.blocks)
+        return bucket_of(rows, self.batches), nb
+
+    def capture_all(self) -> float:
+        """Capture every batch bucket's graph (paged kernel only), largest first so the smaller ones
+        reuse its pool; returns the seconds it took."""
+        start = time.perf_counter()
+        if self.capture and self.paged:
+            with torch.no_grad():
+                for b in reversed(self.batches):
+                    key = (b, self.blocks[-1])
+                    if key not in self._graphs:
+                        self._graphs[key] = self._capture(*key, warm_ups=1 if self._graphs else 2)
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    def _body(self, b: int, nb: int) -> DecodeOutput:
         tables, lens, scale = self.tables[:b, :nb], self.lens[:b], self.forward.scale
+        attention = paged_decode if self.paged else decode_attention
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-            return decode_attention(q, self.cache, layer, tables, lens, scale)
+            return attention(q, self.cache, layer, tables, lens, scale)
 
-        return self.forward.run(self.ids[:b], self.positions[:b], self.slots[:b], self.cache, attend, None)
+        logits = self.forward.run(self.ids[:b], self.positions[:b], self.slots[:b], self.cache, attend, None)
+        if self.argmax:
+            from gpu.triton_kernels.argmax import greedy_argmax
 
-    def _capture(self, b: int, nb: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        # Warm-up on a side stream first: library handles and kernel choices are made outside the graph.
+            return DecodeOutput(logits, greedy_argmax(logits))
+        return DecodeOutput(logits, logits.argmax(dim=-1))
+
+    def _capture(self, b: int, nb: int, warm_ups: int = 2) -> tuple[torch.cuda.CUDAGraph, DecodeOutput]:
+        # Warm-ups on a side stream first: kernels compiled, library handles and choices made outside.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(2):
+            for _ in range(warm_ups):
                 self._body(b, nb)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
@@ -89,33 +138,40 @@ class DecodeGraphs:
     def run(
         self,
         staging: PinnedStaging,
-        ids: torch.Tensor,
-        positions: torch.Tensor,
-        slots: torch.Tensor,
-        tables: torch.Tensor,
-        lens: torch.Tensor,
-    ) -> torch.Tensor:
-        """Logits [rows, vocab] of a decode-only step; all inputs are host tensors of its real rows."""
-        rows, blocks = tables.shape
-        b, nb = bucket_of(rows, self.batches), bucket_of(blocks, self.blocks)
-        if rows < b:  # padding rows: the trash block, one key, token 0 at position 0
-            self.ids[rows:b].zero_()
-            self.positions[rows:b].zero_()
-            self.slots[rows:b].fill_(self._trash_slot)
-            self.tables[rows:b, :nb].fill_(self.trash_block)
-            self.lens[rows:b].fill_(1)
-        if blocks < nb:
-            self.tables[:rows, blocks:nb].fill_(self.trash_block)
-        staging.into("graph_ids", ids, self.ids)
-        staging.into("graph_positions", positions, self.positions)
-        staging.into("graph_slots", slots, self.slots)
-        staging.into("graph_lens", lens, self.lens)
-        staging.into("graph_tables", tables, self.tables[:, :blocks])
+        ids: np.ndarray,
+        positions: np.ndarray,
+        slots: np.ndarray,
+        lens: np.ndarray,
+        block_tables: np.ndarray,
+        seats: np.ndarray,
+        blocks: int,
+    ) -> DecodeOutput:
+        """A decode-only step of `rows` real rows (host arrays), each reading block_tables[seats[i]] up to
+        lens[i] keys, the longest `blocks` blocks. Padding and both copies are prepared on the host."""
+        rows = len(ids)
+        b, nb = self.key(rows, blocks)
+        staged = staging.buffer("graph_vectors", (4, b), torch.long)
+        vectors = staged.numpy()
+        vectors[IDS, :rows], vectors[POSITIONS, :rows], vectors[SLOTS, :rows] = ids, positions, slots
+        vectors[LENS, :rows] = lens
+        # padding rows: token 0 at position 0, one key, in the trash block
+        vectors[IDS:SLOTS, rows:] = 0
+        vectors[SLOTS, rows:], vectors[LENS, rows:] = self._trash_slot, 1
+        # The paged kernel reads no entry past a row's length; the SDPA path reads all nb, masked.
+        width = blocks if self.paged else nb
+        tables = staging.buffer("graph_tables", (b, width), torch.long)
+        table_rows = tables.numpy()
+        table_rows[:rows, :blocks] = block_tables[seats, :blocks]
+        table_rows[:rows, blocks:] = self.trash_block
+        table_rows[rows:] = self.trash_block
+        self.vectors[:, :b].copy_(staged, non_blocking=True)
+        self.tables[:b, :width].copy_(tables, non_blocking=True)
         if not self.capture:
-            return self._body(b, nb)[:rows]
-        key = (b, nb)
-        if key not in self._graphs:
-            self._graphs[key] = self._capture(b, nb)
-        graph, out = self._graphs[key]
-        graph.replay()
-        return out[:rows]
+            out = self._body(b, nb)
+        else:
+            key = (b, nb)
+            if key not in self._graphs:  # only the SDPA path's lazily captured shapes
+                self._graphs[key] = self._capture(b, nb)
+            graph, out = self._graphs[key]
+            graph.replay()
+        return DecodeOutput(out.logits[:rows], out.greedy[:rows])

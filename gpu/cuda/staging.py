@@ -23,12 +23,20 @@ class PinnedStaging:
         """Copy a CPU tensor into the leading rows of a device tensor (a graph's static input)."""
         target[: host.shape[0]].copy_(self._pinned(name, host), non_blocking=True)
 
-    def _pinned(self, name: str, host: torch.Tensor) -> torch.Tensor:
-        key = (name, host.dtype)
+    def buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """The pinned buffer under `name` as a contiguous tensor of `shape`, to fill in place (its
+        contents are whatever was last there)."""
+        numel = 1
+        for n in shape:
+            numel *= n
+        key = (name, dtype)
         buffer = self._buffers.get(key)
-        if buffer is None or buffer.numel() < host.numel():
-            size = max(host.numel(), 2 * buffer.numel() if buffer is not None else 1)
-            buffer = self._buffers[key] = torch.empty(size, dtype=host.dtype, pin_memory=self.pin)
-        staged = buffer[: host.numel()].view(host.shape)
+        if buffer is None or buffer.numel() < numel:
+            size = max(numel, 2 * buffer.numel() if buffer is not None else 1)
+            buffer = self._buffers[key] = torch.empty(size, dtype=dtype, pin_memory=self.pin)
+        return buffer[:numel].view(shape)
+
+    def _pinned(self, name: str, host: torch.Tensor) -> torch.Tensor:
+        staged = self.buffer(name, tuple(host.shape), host.dtype)
         staged.copy_(host)
         return staged

@@ -1,17 +1,35 @@
-"""One model step on CUDA: decode-only steps through captured graphs, everything else eagerly."""
+"""One model step on CUDA: decode-only steps through captured graphs, everything else eagerly.
+
+`build_cuda_step` is the engine-start sequence: measure the Triton kernels against their torch paths
+(gpu/cuda/kernels.py), install the chosen ones, then capture the decode graphs, logging the choice and
+the time it all took.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 
 import torch
 
+from gpu.cuda import choice
+from gpu.cuda import kernels as cuda_kernels
 from gpu.cuda.attention import CudaPagedAttention
-from gpu.cuda.graphs import DecodeGraphs
+from gpu.cuda.graphs import DecodeGraphs, DecodeOutput
+from gpu.cuda.kernels import CudaKernels
 from gpu.cuda.staging import PinnedStaging
 from gpu.forward import LlamaForward
 from gpu.inputs import StepInputs
 from gpu.kv_cache import KVCache
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepLogits:
+    logits: torch.Tensor  # [S, vocab] float32 on the device, for inputs.sample_rows
+    greedy: torch.Tensor | None  # [S] int64 argmax of each row, computed in the graph; None: eager step
 
 
 class CudaStep:
@@ -23,28 +41,48 @@ class CudaStep:
         max_blocks: int,
         trash_block: int | None,
         capture_graphs: bool = True,
+        kernels: CudaKernels | None = None,
     ) -> None:
+        """kernels: the Triton kernels to use (installed into `forward` here); None: torch paths only."""
         self.forward, self.cache = forward, cache
-        self.attention = CudaPagedAttention()
+        self.kernels = kernels or CudaKernels()
+        cuda_kernels.install(forward, self.kernels)
+        self.attention = CudaPagedAttention(self.kernels)
         self.staging = PinnedStaging(cache.k.device)
         self.graphs = (
-            DecodeGraphs(forward, cache, max_num_seqs, max_blocks, trash_block, capture_graphs)
+            DecodeGraphs(forward, cache, max_num_seqs, max_blocks, trash_block, self.kernels, capture_graphs)
             if trash_block is not None and forward.graph_safe
             else None
         )
+        self.start_seconds = 0.0  # kernel choice and graph capture at start (set by build_cuda_step)
+        self.trials: list[choice.Trial] = []  # the measurements behind the kernel choice (idem)
+
+    def capture_graphs(self) -> float:
+        """Capture every decode graph that can be captured up front; returns the seconds it took."""
+        return self.graphs.capture_all() if self.graphs is not None else 0.0
 
     def logits(self, inputs: StepInputs) -> torch.Tensor:
         """Logits of the sampling rows; inputs are built on the host."""
+        return self.run(inputs).logits
+
+    def run(self, inputs: StepInputs) -> StepLogits:
         meta = inputs.attention
         rows = inputs.input_ids.numel()
         if self.graphs is not None and meta.num_decodes == rows == len(inputs.sample_chunks):
             blocks = -(-meta.max_decode_len // self.cache.shape.block_size)
             if self.graphs.covers(rows, blocks):
-                tables = meta.block_tables[meta.decode_seats, :blocks]
-                return self.graphs.run(
-                    self.staging, inputs.input_ids, inputs.positions, inputs.slots, tables, meta.decode_lens
+                out: DecodeOutput = self.graphs.run(
+                    self.staging,
+                    inputs.input_ids.numpy(),
+                    inputs.positions.numpy(),
+                    inputs.slots.numpy(),
+                    meta.decode_lens.numpy(),
+                    meta.block_tables.numpy(),
+                    meta.decode_seats.numpy(),
+                    blocks,
                 )
-        return self.forward(self._to_device(inputs), self.cache, self.attention)
+                return StepLogits(out.logits, out.greedy)
+        return StepLogits(self.forward(self._to_device(inputs), self.cache, self.attention), None)
 
     def _to_device(self, inputs: StepInputs) -> StepInputs:
         stage = self.staging.to_device
@@ -64,3 +102,33 @@ class CudaStep:
             attention=attention,
             sample_rows=stage("sample_rows", inputs.sample_rows),
         )
+
+
+def build_cuda_step(
+    forward: LlamaForward,
+    cache: KVCache,
+    max_num_seqs: int,
+    max_blocks: int,
+    trash_block: int,
+    kernels: CudaKernels | None = None,
+    capture_graphs: bool = True,
+) -> CudaStep:
+    """The engine-start sequence on CUDA: kernels measured (unless given), graphs captured, both logged."""
+    start = time.perf_counter()
+    trials: list[choice.Trial] = []
+    if kernels is None:
+        kernels, trials = choice.choose(forward, cache.shape, max_num_seqs, max_blocks)
+        choice.log_choice(kernels, trials)
+    chosen = time.perf_counter()
+    step = CudaStep(forward, cache, max_num_seqs, max_blocks, trash_block, capture_graphs, kernels)
+    captured = step.capture_graphs()
+    step.start_seconds, step.trials = time.perf_counter() - start, trials
+    graphs = len(step.graphs._graphs) if step.graphs is not None else 0
+    log.info(
+        "CUDA step ready in %.2f s: kernels measured in %.2f s, %d decode graphs captured in %.2f s",
+        step.start_seconds,
+        chosen - start,
+        graphs,
+        captured,
+    )
+    return step

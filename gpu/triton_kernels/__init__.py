@@ -14,9 +14,10 @@
 
 They run only on CUDA tensors and only where triton imports: nothing in `gpu/` imports these modules (or
 triton) on a CPU code path, and this package's `__init__` imports neither. Callers check `available()` and
-keep the torch path otherwise. The one hook is `gpu.cuda.attention.DECODE_KERNEL`, "sdpa" by default.
-Written against Triton 3.6's language (masked loads and stores, `tl.dot`, constexpr tile sizes); verified
-on the CPU with TRITON_INTERPRET=1 (tests/gpu/test_triton_kernels.py), not yet compiled on a GPU.
+keep the torch path otherwise. Which ones the CUDA step uses is measured at engine start against the torch
+paths (gpu/cuda/choice.py). Written against Triton 3.6's language (masked loads and stores, `tl.dot`,
+constexpr tile sizes); verified on the CPU with TRITON_INTERPRET=1 (tests/gpu/test_triton_kernels.py,
+and the whole CUDA step in tests/gpu/test_cuda_triton_step.py), not yet compiled on a GPU.
 """
 
 from __future__ import annotations

@@ -36,7 +36,9 @@ def choose_num_splits(max_context: int, rows: int, kv_heads: int) -> int:
     return max(1, min(MAX_SPLITS, by_length, by_occupancy))
 
 
-@triton.jit
+# The split count is a runtime argument (never specialised on): the decode graphs' batch buckets use up to
+# eight different counts, and each constant would be one more compilation at engine start.
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_kernel(
     q_ptr,
     k_ptr,
@@ -51,6 +53,7 @@ def _decode_kernel(
     qk_scale,  # softmax scale * log2(e): exponentials are exp2
     num_heads,
     split_len,  # keys per split, a multiple of BLOCK_N
+    num_splits,
     stride_qt,
     stride_qh,
     stride_kh,
@@ -62,7 +65,7 @@ def _decode_kernel(
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE: tl.constexpr,  # the cache's block size
-    NUM_SPLITS: tl.constexpr,
+    SPLIT: tl.constexpr,  # num_splits > 1: write partials for the reduce kernel
     HAS_SEATS: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -114,7 +117,7 @@ def _decode_kernel(
         m_i = m_new
 
     out_mask = g_mask[:, None] & d_mask[None, :]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         out = acc / l_i[:, None]  # every row has >= 1 key, so l_i > 0
         tl.store(
             out_ptr + row.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
@@ -123,33 +126,33 @@ def _decode_kernel(
         )
     else:
         # A split past the row's context ran no tile: m = -inf, l = 0, acc = 0, weighted 0 by the reduce.
-        part = (row * num_heads + heads).to(tl.int64) * NUM_SPLITS + split  # [G] into [B, H, S]
+        part = (row * num_heads + heads).to(tl.int64) * num_splits + split  # [G] into [B, H, S]
         tl.store(part_m_ptr + part, m_i, mask=g_mask)
         tl.store(part_l_ptr + part, l_i, mask=g_mask)
         tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _reduce_kernel(
     part_acc_ptr,
     part_m_ptr,
     part_l_ptr,
     out_ptr,
     num_heads,
+    num_splits,
     stride_ot,
     stride_oh,
     HEAD_DIM: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # >= num_splits
     BLOCK_D: tl.constexpr,
 ):
     row = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < NUM_SPLITS
+    s_mask = offs_s < num_splits
     d_mask = offs_d < HEAD_DIM
-    part = (row * num_heads + head).to(tl.int64) * NUM_SPLITS + offs_s
+    part = (row * num_heads + head).to(tl.int64) * num_splits + offs_s
     m = tl.load(part_m_ptr + part, mask=s_mask, other=float("-inf"))
     l_s = tl.load(part_l_ptr + part, mask=s_mask, other=0.0)
     weight = tl.exp2(m - tl.max(m, 0))  # split 0 always holds keys, so the max is finite
@@ -219,6 +222,7 @@ def paged_decode_attention(
         scale * LOG2E,
         heads,
         split_len,
+        num_splits,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -230,7 +234,7 @@ def paged_decode_attention(
         GROUP=group,
         HEAD_DIM=dim,
         PAGE=page,
-        NUM_SPLITS=num_splits,
+        SPLIT=num_splits > 1,
         HAS_SEATS=seats is not None,
         BLOCK_G=max(16, next_pow2(group)),  # tl.dot needs >= 16 rows; padded heads are masked
         BLOCK_N=block_n,
@@ -245,11 +249,11 @@ def paged_decode_attention(
             part_l,
             out,
             heads,
+            num_splits,
             out.stride(0),
             out.stride(1),
             HEAD_DIM=dim,
-            NUM_SPLITS=num_splits,
-            BLOCK_S=max(2, next_pow2(num_splits)),
+            BLOCK_S=max(next_pow2(MAX_SPLITS), next_pow2(num_splits)),  # one compilation for every count
             BLOCK_D=block_d,
             num_warps=4,
         )

@@ -1,6 +1,7 @@
 """The CUDA path on a real GPU (skipped without one; bench/device_check.sh runs these on an H200):
-greedy equals HF on the device, decode graphs are captured and agree with eager steps, the KV cache is
-sized from device memory, bfloat16 is the default there."""
+greedy equals HF on the device, decode graphs are captured (every batch bucket at start with the paged
+kernel) and agree with eager steps, every Triton kernel agrees with its torch path in bfloat16 at start,
+the KV cache is sized from device memory, bfloat16 is the default there."""
 
 from __future__ import annotations
 
@@ -105,3 +106,35 @@ def test_penalties_bias_and_logprobs_on_cuda_equal_the_cpu():
             assert (g is None) == (w is None)
             if g is not None:
                 assert abs(g.logprob - w.logprob) < 1e-4
+
+
+def test_every_batch_bucket_captured_at_start_with_the_paged_kernel():
+    engine = Engine(on_cuda(make_model()), EngineConfig(num_blocks=256, max_num_seqs=24))
+    step = engine.runner.cuda_step
+    graphs = step.graphs
+    assert step.start_seconds > 0 and {t.name for t in step.trials} >= {"decode", "varlen", "argmax"}
+    if not step.kernels.decode:
+        pytest.skip(f"the SDPA decode path was measured faster here ({step.trials}): graphs are lazy")
+    assert set(graphs._graphs) == {(b, graphs.tables.shape[1]) for b in (1, 2, 4, 8, 12, 16, 24)}
+    before = len(graphs._graphs)
+    run_and_check(engine, engine.model, make_prompts(8, 1, 60), OUTPUT_LENS)
+    assert len(graphs._graphs) == before  # nothing captured mid-run
+
+
+def test_every_triton_kernel_agrees_with_torch_in_bfloat16_at_start():
+    """The start-up trials in the device's default dtype, at a real model's proportions (GQA 8:2, head
+    size 64): each kernel compiled, ran and agreed with its torch path; only speed decided the choice."""
+    model = make_model(hidden_size=512, num_attention_heads=8, num_key_value_heads=2, intermediate_size=1024)
+    engine = Engine(on_cuda(model, torch.bfloat16), EngineConfig(num_blocks=512, max_num_seqs=64))
+    trials = engine.runner.cuda_step.trials
+    assert [t.name for t in trials] == [
+        "decode",
+        "varlen",
+        "argmax",
+        "add_rms_norm",
+        "rope_write",
+        "silu_mul",
+    ]
+    assert all(t.reason in ("faster", "slower") for t in trials), trials
+    out = engine.generate(make_requests(make_prompts(6, 5, 40), [12] * 6))
+    assert all(len(tokens) == 12 for tokens in out.values())

@@ -10,6 +10,7 @@ import torch
 from gpu.cuda.attention import CudaPagedAttention, decode_attention
 from gpu.cuda.graphs import block_buckets, bucket_of
 from gpu.cuda.step import CudaStep
+from gpu.forward import LlamaForward
 from gpu.kv_cache import KVCache, KVShape
 from tests.gpu.factories import make_engine, make_model, make_prompts
 from tests.gpu.test_attention import BLOCK, DIM, HEADS, KV_HEADS, dense_reference, run_step
@@ -50,14 +51,16 @@ def test_eager_cuda_backend_matches_dense_on_a_mixed_step(monkeypatch):
     run_step("torch", specs, num_blocks=13)
 
 
-def cuda_path_engine(model, **config):
-    """An engine on the CPU whose runner takes the CUDA step: a trash block, static decode buffers."""
+def cuda_path_engine(model, kernels=None, **config):
+    """An engine on the CPU whose runner takes the CUDA step: a trash block, static decode buffers, and the
+    given Triton kernels (None: the torch paths), all without graph capture."""
     engine = make_engine(model, **config)
     runner = engine.runner
     cache = KVCache(runner.cache.shape, runner.num_blocks + 1, torch.device("cpu"))
     runner.cache = cache
-    runner.cuda_step = CudaStep(runner.forward, cache, engine.config.max_num_seqs, runner.inputs.max_blocks,
-                                trash_block=runner.num_blocks, capture_graphs=False)  # fmt: skip
+    runner.forward = LlamaForward(model, engine.runner.config.max_model_len)  # the hooks unset: as on CUDA
+    seqs, blocks = engine.config.max_num_seqs, runner.inputs.max_blocks
+    runner.cuda_step = CudaStep(runner.forward, cache, seqs, blocks, runner.num_blocks, False, kernels)
     return engine
 
 
@@ -89,3 +92,15 @@ def test_cuda_step_logic_with_preemption_and_prefix_hits():
     run_and_check(engine, model, [shared + t for t in make_prompts(3, 1, 12, seed=4)], [10, 5, 8], prefix="a")
     run_and_check(engine, model, [shared + t for t in make_prompts(3, 1, 12, seed=6)], [6, 9, 4], prefix="b")
     assert engine.stats().prefix_cache_hits > 0
+
+
+def test_a_graph_body_run_before_any_step_touches_only_the_trash_block():
+    """What the warm-ups and captures at engine start run: every row a padding row."""
+    engine = cuda_path_engine(make_model(), max_num_seqs=8)
+    graphs, cache = engine.runner.cuda_step.graphs, engine.runner.cache
+    graphs.ids.fill_(7)  # token 0 (the padding token) embeds to zeros here: its K/V would not show
+    out = graphs._body(8, graphs.blocks[-1])
+    trash = graphs.trash_block
+    assert torch.isfinite(out.logits).all() and out.greedy.shape == (8,)
+    assert not cache.k[:, :, :trash].any() and not cache.v[:, :, :trash].any()
+    assert cache.k[:, :, trash].any()

@@ -11,72 +11,47 @@ split-K, chunks resuming at a nonzero position, and several query and key tiles 
 from __future__ import annotations
 
 import ast
-import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from gpu import triton_kernels
 from gpu.attention import PagedAttention
 from gpu.attention.metadata import AttentionMetadata, PrefillChunk
 from gpu.attention.prefill import plan_prefills, prefill_all
 from gpu.cuda import attention as cuda_attention
+from gpu.cuda.kernels import CudaKernels
 from gpu.forward import rms_norm, rotate
 from gpu.kv_cache import KVCache, KVShape
+from tests.gpu.triton_interpreter import CUDA, DEVICE, import_kernels, interpreting
 
-CUDA = torch.cuda.is_available()
-DEVICE = torch.device("cuda" if CUDA else "cpu")
-
-
-@contextlib.contextmanager
-def _interpreting() -> Iterator[None]:
-    """TRITON_INTERPRET=1 without a GPU. Triton reads it when it is first imported (its own library
-    functions, tl.sum and the like, are kernels too), when a kernel is decorated and when one runs."""
-    with pytest.MonkeyPatch.context() as patch:
-        if not CUDA:
-            patch.setenv("TRITON_INTERPRET", "1")
-        yield
-
-
-def _import_kernels():
-    # Imported earlier in this process without the interpreter (nothing in the repo does): cannot interpret.
-    too_late = not CUDA and "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
-    with _interpreting():
-        if not triton_kernels.importable():
-            pytest.skip(
-                "triton does not import here: the Triton kernels cannot be tested", allow_module_level=True
-            )
-        if too_late:
-            pytest.skip(
-                "triton was imported before this module could turn on its interpreter: run this file on "
-                "its own or with TRITON_INTERPRET=1",
-                allow_module_level=True,
-            )
-        from gpu.triton_kernels import argmax, decode, prefill, rms_norm, rope_cache, silu_mul
-    return argmax, decode, prefill, rms_norm, rope_cache, silu_mul
-
-
-argmax_k, decode_k, prefill_k, rms_norm_k, rope_k, silu_k = _import_kernels()
+argmax_k, decode_k, prefill_k, rms_norm_k, rope_k, silu_k = import_kernels(
+    "argmax", "decode", "prefill", "rms_norm", "rope_cache", "silu_mul"
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
 def interpreter():
     """Only while this module's tests run: other test modules never see the variable."""
-    with _interpreting():
+    with interpreting():
         yield
 
 
 HEADS, KV_HEADS, DIM, BLOCK = 6, 2, 16, 4
 REPO = Path(__file__).resolve().parents[2]
 # float32 in float32 throughout; float16 inputs against a float32 reference of the same (rounded) values
-TOLERANCE = {torch.float32: dict(rtol=2e-5, atol=2e-5), torch.float16: dict(rtol=3e-3, atol=3e-3)}
-DTYPES = [torch.float32, torch.float16]
+TOLERANCE = {
+    torch.float32: dict(rtol=2e-5, atol=2e-5),
+    torch.float16: dict(rtol=3e-3, atol=3e-3),
+    torch.bfloat16: dict(rtol=2e-2, atol=2e-2),  # 8 mantissa bits: one unit in the last place is 0.4-0.8%
+}
+# bfloat16 only compiled on a GPU: the interpreter runs kernels in numpy, which has no bfloat16
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if CUDA else [])
 
 
 def _cache(num_blocks: int, dtype: torch.dtype, dim: int = DIM, seed: int = 0) -> KVCache:
@@ -170,13 +145,22 @@ def test_decode_head_size_not_a_power_of_two():
     torch.testing.assert_close(got.cpu(), want, **TOLERANCE[torch.float32])
 
 
-def test_cuda_decode_hook_defaults_to_sdpa_and_never_routes_cpu_tensors(monkeypatch):
-    assert cuda_attention.DECODE_KERNEL == "sdpa"
-    cache = _cache(8, torch.float32)
-    tables, lens, q = torch.tensor([[3, 1]]), torch.tensor([6]), torch.randn(1, HEADS, DIM)
-    want = cuda_attention.decode_attention(q, cache, 0, tables, lens, 0.25)
-    monkeypatch.setattr(cuda_attention, "DECODE_KERNEL", "triton")
-    assert torch.equal(cuda_attention.decode_attention(q, cache, 0, tables, lens, 0.25), want)
+@pytest.mark.parametrize("kernels", [CudaKernels(decode=True), CudaKernels(varlen=True)], ids=str)
+def test_eager_cuda_backend_with_triton_kernels_matches_torch_on_a_mixed_step(kernels):
+    """The CUDA backend's eager (mixed-step) path with the Triton decode kernel (decode rows by seat from
+    the persistent tables) or with one varlen call for the whole step, against its SDPA path."""
+    cache, meta, q, new_k, new_v = _mixed_step(torch.float32, seed=4)
+    reference = cuda_attention.CudaPagedAttention()
+    want = reference(q, new_k, new_v, cache, 0, reference.plan(meta, cache), DIM**-0.5)
+    cache.k, cache.v = cache.k.to(DEVICE), cache.v.to(DEVICE)
+    moved = {
+        f: getattr(meta, f).to(DEVICE) for f in ("block_tables", "decode_rows", "decode_seats", "decode_lens")
+    }
+    meta = dataclasses.replace(meta, **moved)
+    backend = cuda_attention.CudaPagedAttention(kernels)
+    q, new_k, new_v = q.to(DEVICE), new_k.to(DEVICE), new_v.to(DEVICE)
+    got = backend(q, new_k, new_v, cache, 0, backend.plan(meta, cache), DIM**-0.5)
+    torch.testing.assert_close(got.cpu(), want, **TOLERANCE[torch.float32])
 
 
 # -- varlen paged attention (prefill and mixed steps) --------------------------------------------------------
@@ -299,7 +283,9 @@ def test_rope_cache_write_matches_rotate_and_cache_write(dtype):
         qk, v, positions.to(DEVICE), cos.to(DEVICE), sin.to(DEVICE), cache, 0, slots.to(DEVICE)
     )
     # half precision: torch rounds after each product, the kernel once (one unit in the last place)
-    tolerance = TOLERANCE[torch.float32] if dtype == torch.float32 else dict(rtol=2e-3, atol=2e-3)
+    tolerance = {torch.float32: TOLERANCE[torch.float32], torch.float16: dict(rtol=2e-3, atol=2e-3)}.get(
+        dtype, TOLERANCE[dtype]
+    )
     torch.testing.assert_close(qk.cpu(), want_qk, **tolerance)
     torch.testing.assert_close(cache.k.cpu(), want_cache.k, **tolerance)  # untouched slots still 0
     assert torch.equal(cache.v.cpu(), want_cache.v)
