@@ -172,8 +172,10 @@ class ModelRunner:
     ) -> dict[str, int]:
         inputs = self.inputs.build(output)
         self.clock.lap(INPUTS)
+        greedy = None  # each row's argmax, when the device computed it inside the step's graph
         if self.cuda_step is not None:
-            logits = self.cuda_step.logits(inputs)
+            step = self.cuda_step.run(inputs)
+            logits, greedy = step.logits, step.greedy
         elif self.device.type != "cpu":
             inputs = to_device(inputs, self.device)
             logits = self.forward(inputs, self.cache, self.attention)
@@ -187,8 +189,8 @@ class ModelRunner:
             logits = self.forward(inputs, self.cache, self.attention)
         self.clock.lap(FORWARD)
         chunks = inputs.sample_chunks
-        if grammars:
-            self._constrain(logits, chunks, grammars)
+        if grammars and self._constrain(logits, chunks, grammars):
+            greedy = None  # the mask changed the logits after the graph's argmax
         random = [i for i, c in enumerate(chunks) if not c.sampling.greedy]
         batch = None  # all greedy, the common case: one argmax and no per-row settings
         if random:
@@ -200,23 +202,25 @@ class ModelRunner:
                 [c.num_generated for c in picked],
             )
         plan = logits_state.plan(chunks) if logits_state else None  # None: no tracked sequence (common)
-        sampled = sample(logits, batch, plan)
+        sampled = sample(logits, batch, plan, greedy if plan is None else None)
         tokens = sampled.tolist()
         if plan is not None and logits_state is not None:
             logits_state.record(plan, tokens, token_logprobs(logits, sampled, plan))
         self.clock.lap(SAMPLE)
         return {c.seq_id: t for c, t in zip(chunks, tokens, strict=True)}
 
-    def _constrain(self, logits: torch.Tensor, chunks: tuple, grammars: Mapping[str, Any]) -> None:
-        """Forbid, in the rows of constrained sequences, every token their grammar does not allow next."""
+    def _constrain(self, logits: torch.Tensor, chunks: tuple, grammars: Mapping[str, Any]) -> bool:
+        """Forbid, in the rows of constrained sequences, every token their grammar does not allow next.
+        False when no row of this step is constrained."""
         matchers = [(i, grammars[c.seq_id]) for i, c in enumerate(chunks) if c.seq_id in grammars]
         if not matchers:
-            return
+            return False
         if self.token_mask is None:
             from gpu.grammar.mask import TokenMask  # xgrammar loads only once a grammar is used
 
             self.token_mask = TokenMask(logits.shape[-1], self.config.max_num_seqs)
         self.token_mask.apply(logits, self.token_mask.fill(matchers))
+        return True
 
 
 def linears_of(forward: LlamaForward) -> list[Linear]:

@@ -131,12 +131,20 @@ def draw(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch | None, plan: LogitsPlan | None = None) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor,
+    batch: SamplingBatch | None,
+    plan: LogitsPlan | None = None,
+    greedy: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One token per row of logits [S, V]; batch None: every row is greedy. plan: bias and penalties,
-    applied to logits in place (so log probabilities can be read from them afterwards)."""
+    applied to logits in place (so log probabilities can be read from them afterwards). greedy: each
+    row's argmax of these very logits when the device already computed it (inside a CUDA graph)."""
     if plan is not None:
         apply(logits, plan)
-    tokens = fast_argmax(logits)
+    if greedy is not None and batch is not None:
+        greedy = greedy.clone()  # a graph's output buffer: the draws below write into a copy
+    tokens = fast_argmax(logits) if greedy is None else greedy
     if batch is not None and batch.random_rows.numel():
         rows = batch.random_rows.to(logits.device)
         filtered = filter_logits(

@@ -101,6 +101,20 @@ def test_greedy_rows_are_argmax_beside_sampling_rows():
     assert tokens[0] == int(logits[0].argmax()) and tokens[2] == int(logits[2].argmax())
 
 
+def test_an_argmax_computed_on_the_device_gives_the_same_tokens_and_is_never_written_into():
+    """The CUDA graphs return each row's argmax with the logits: sampling rows still draw, greedy rows take
+    it as is, and the graph's output buffer keeps its values (the next replay owns it)."""
+    torch.manual_seed(4)
+    logits = torch.randn(4, 100)
+    params = [SamplingParams(), SamplingParams(temperature=1.0), SamplingParams(), SamplingParams(top_k=3)]
+    batch = SamplingBatch.build(params, [1, 2, 3, 4], [0, 5, 0, 7])
+    greedy = logits.argmax(dim=-1)
+    before = greedy.clone()
+    assert sample(logits, batch, greedy=greedy).tolist() == sample(logits, batch).tolist()
+    assert torch.equal(greedy, before)
+    assert sample(logits, None, greedy=greedy).tolist() == before.tolist()
+
+
 def test_seeded_sampling_is_reproducible_regardless_of_batch_mates():
     prompt = make_prompts(1, 20, 20, seed=11)[0]
     params = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.95, seed=1234)
