@@ -49,7 +49,9 @@ run_for() {
 
 # Per phase: seconds, then the bench's arguments. Full: <= 350 s of the 360; QUICK: <= 175 of 180.
 # The tests that need the device (the CPU-only gold and CUDA-step-logic tests run in CI), most telling first.
-TESTS_ALL=(tests/gpu/test_cuda_device.py tests/gpu/test_cuda_triton_step.py tests/gpu/test_triton_kernels.py)
+TESTS_ALL=(tests/gpu/test_cuda_device.py tests/gpu/test_cuda_triton_step.py tests/gpu/test_triton_kernels.py
+    tests/gpu/test_grammar_cuda.py tests/gpu/test_n_samples.py::test_samples_on_cuda_are_reproducible_and_greedy_ones_match_hf
+    tests/gpu/test_logits_processors.py::test_processing_on_cuda_equals_the_cpu)
 if [[ $TINY == 1 ]]; then  # the dry run: tiny models, a few requests, the tests that are quick on a CPU
     PLAN_S=${PLAN_S:-600}
     TESTS=(tests/gpu/test_cuda_triton_step.py -k choice)
