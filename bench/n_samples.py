@@ -3,18 +3,19 @@
 Counts what the fork saves: prompt tokens run through the model, the peak of KV blocks in use, and the
 wall time of the whole run. Prints a table and writes JSON.
 
-    python -m bench.n_samples [--model tiny] [--device cpu] [--n 4] [--prompt-len 512] [--out n.json]
+    python -m bench.n_samples [--model tiny] [--device cpu] [--n 4] [--prompt-len 512] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 from pathlib import Path
 from typing import Any
 
+from bench.machine import machine_info
+from bench.report import default_json_path, format_table, write_json
 from gpu.engine import Engine, EngineRequest
 from scheduler.types import SamplingParams
 
@@ -39,15 +40,17 @@ def run(engine: Engine, requests: list[EngineRequest]) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.n_samples", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="a model spec (default: the tiny built-in model)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--out", type=Path, default=Path("n_samples.json"))
-    args = parser.parse_args()
+    parser.add_argument(
+        "--json", type=Path, default=None, help="result file (default: bench/results/n-samples-*.json)"
+    )
+    args = parser.parse_args(argv)
     rng = random.Random(7)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=11, ignore_eos=True)
     results: dict[str, dict[str, Any]] = {}
@@ -60,13 +63,13 @@ def main() -> None:
         results[name] = run(engine, separate)
         if not caching:  # the fork shares without the prefix cache
             results[f"one request, n={args.n}"] = run(engine, [EngineRequest("g", prompt, params, n=args.n)])
-    print(f"{'':32} {'prompt tokens':>14} {'peak KV blocks':>15} {'tokens/s':>10} {'seconds':>9}")
-    for name, r in results.items():
-        print(
-            f"{name:32} {r['prompt_tokens_computed']:>14} {r['peak_kv_blocks']:>15} "
-            f"{r['tokens_per_s']:>10} {r['seconds']:>9}"
-        )
-    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}))
+    keys = ("prompt_tokens_computed", "peak_kv_blocks", "tokens_per_s", "seconds")
+    headers = ["", "prompt tokens", "peak KV blocks", "tokens/s", "seconds"]
+    print(format_table(headers, [[name, *(r[k] for k in keys)] for name, r in results.items()]))
+    options = {k: str(v) for k, v in vars(args).items()}
+    path = write_json(args.json or default_json_path("n-samples"), {"options": options, "results": results,
+                                                                    "machine": machine_info()})  # fmt: skip
+    print(f"\nresults: {path}")
 
 
 if __name__ == "__main__":
