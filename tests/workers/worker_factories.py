@@ -76,6 +76,13 @@ def job_rows(db: Engine, job_ids: Iterable[str]) -> dict[str, dict]:
         return {r.job_id: dict(r._mapping) for r in result}
 
 
+def tenant_rows(db: Engine, job_id: str) -> dict[str, dict]:
+    """Every tenant's row of one job id, by tenant (job ids are scoped by tenant)."""
+    with db.connect() as conn:
+        result = conn.execute(select(jobs).where(jobs.c.job_id == job_id))
+        return {r.tenant: dict(r._mapping) for r in result}
+
+
 def wait_terminal(db: Engine, job_ids: list[str], timeout_s: float = 180) -> dict[str, dict]:
     deadline = time.monotonic() + timeout_s
     while True:

@@ -142,6 +142,18 @@ class _Drops:
         self._reported = time.monotonic()
 
 
+TENANT_SLOT = "{tenant}"
+
+
+def topic_of(topic: str, headers: Sequence[tuple[str, bytes]]) -> str:
+    """The event's topic: with per-tenant topics (`topic` holds TENANT_SLOT) its tenant's, named by its
+    `tenant` header (the worker sets it from the job's proven tenant)."""
+    if TENANT_SLOT not in topic:
+        return topic
+    tenant = next((v for k, v in headers if k == "tenant"), b"").decode()
+    return topic.replace(TENANT_SLOT, tenant)
+
+
 def relay(topic: str, client_id: str, conn, source: BinaryIO, replies: _Replies) -> None:
     from workers.kafka_io import Producer
     from workers.serving.retry import describe_error, until_available
@@ -156,7 +168,7 @@ def relay(topic: str, client_id: str, conn, source: BinaryIO, replies: _Replies)
             drops.add(track, "the broker was away a moment ago")
             continue
         try:
-            delivery = producer.send(topic, key, value, headers)
+            delivery = producer.send(topic_of(topic, headers), key, value, headers)
         except Exception as exc:  # noqa: BLE001 - buffer full or no metadata: drop, keep the rest going
             paused_until = time.monotonic() + SEND_PAUSE_S
             log.warning("token events are being dropped for %.0fs: %s", SEND_PAUSE_S, describe_error(exc))

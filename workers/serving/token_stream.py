@@ -15,7 +15,8 @@ Emit = Callable[[TokenEvent, str], Any]  # sends one event of a tenant's job; re
 @dataclass
 class _Pending:
     attempt: int
-    tenant: str  # carried in every event's headers
+    tenant: str  # carried in every event's headers (and, with per-tenant topics, naming its topic)
+    job_id: str
     seq: int = 0
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
@@ -33,10 +34,12 @@ class TokenStreamer:
     def __init__(self, emit: Emit, coalesce_s: float) -> None:
         self._emit = emit
         self._coalesce_s = coalesce_s
-        self._jobs: dict[str, _Pending] = {}
+        self._jobs: dict[str, _Pending] = {}  # by the worker's key of a job (job ids are per tenant)
 
-    def start(self, job_id: str, attempt: int, tenant: str = "default") -> None:
-        self._jobs[job_id] = _Pending(attempt=attempt, tenant=tenant)
+    def start(self, key: str, attempt: int, tenant: str = "default", job_id: str | None = None) -> None:
+        """Start a job's stream under `key` (what the other calls name it by); `job_id` (default: `key`)
+        is what its events carry."""
+        self._jobs[key] = _Pending(attempt=attempt, tenant=tenant, job_id=job_id or key)
 
     def add(self, job_id: str, text: str, token_ids: tuple[int, ...]) -> None:
         p = self._jobs[job_id]
@@ -49,7 +52,7 @@ class TokenStreamer:
     def finish(self, job_id: str, finish_reason: str, usage: Usage) -> Any:
         """Send the attempt's last event; returns what `emit` returned for it."""
         p = self._jobs.pop(job_id, None)
-        return self._send(job_id, p, finish_reason, usage) if p is not None else None
+        return self._send(p, finish_reason, usage) if p is not None else None
 
     def drop(self, job_id: str) -> None:
         """Forget a job without a final event (aborted locally; another worker redoes it)."""
@@ -57,14 +60,14 @@ class TokenStreamer:
 
     def flush_due(self, force: bool = False) -> None:
         now = time.monotonic()
-        for job_id, p in self._jobs.items():
+        for p in self._jobs.values():
             if p.token_ids and (force or now - p.since >= self._coalesce_s):
-                self._send(job_id, p, None, None)
+                self._send(p, None, None)
 
-    def _send(self, job_id: str, p: _Pending, finish_reason: str | None, usage: Usage | None) -> Any:
+    def _send(self, p: _Pending, finish_reason: str | None, usage: Usage | None) -> Any:
         sent = self._emit(
             TokenEvent(
-                job_id=job_id,
+                job_id=p.job_id,
                 attempt=p.attempt,
                 seq=p.seq,
                 text="".join(p.text),
