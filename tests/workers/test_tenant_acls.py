@@ -14,6 +14,7 @@ import time
 import uuid
 
 import pytest
+from kafka import KafkaAdminClient
 from kafka.errors import TopicAuthorizationFailedError
 from sqlalchemy import create_engine
 
@@ -25,7 +26,7 @@ from tests.workers.worker_factories import (
     wait_tenant_rows,
 )
 from workers.client import JobClient
-from workers.kafka_io import PartitionReader, Producer
+from workers.kafka_io import Producer
 from workers.kafka_io.tenants import add_tenant
 from workers.services.kafka import ensure_topics
 
@@ -93,21 +94,26 @@ def post(conn_settings, topic: str, value: dict, key: str = "k") -> None:
         producer.close(5)
 
 
-def read(conn_settings, topic: str) -> None:
-    reader = PartitionReader(conn_settings.kafka_connection, "acl-test-reader", 10)
+def read(conn_settings, topic: str) -> list:
+    """What a principal reads of a whole topic (raises if the broker refuses it)."""
+    return read_topic(conn_settings, topic, 0, lambda rs: len(rs) > 0, timeout_s=8)
+
+
+def describe_error(conn_settings, topic: str) -> int:
+    """The broker's error code when the principal asks about the topic (29: TopicAuthorizationFailed)."""
+    admin = KafkaAdminClient(**conn_settings.kafka_connection.client_options(), client_id="acl-test")
     try:
-        reader.assign({(topic, 0)})
-        reader.seek((topic, 0), 0)
-        reader.poll(2.0)
+        [described] = admin.describe_topics([topic])
     finally:
-        reader.close()
+        admin.close()
+    return described["error_code"]
 
 
 def test_both_tenants_jobs_of_one_id_run_each_for_its_own_tenant(deployment):
     dep, as_a, as_b, (a, b), db, _ = deployment
     job_id = f"same-{dep.topic_prefix}"
-    a.submit({"job_id": job_id, "prompt": "A's prompt", "max_tokens": 9})
-    b.submit({"job_id": job_id, "prompt": "B's prompt", "max_tokens": 4})
+    a.submit({"job_id": job_id, "tenant": "A", "prompt": "A's prompt", "max_tokens": 9})
+    b.submit({"job_id": job_id, "tenant": "B", "prompt": "B's prompt", "max_tokens": 4})
     rows = wait_tenant_rows(db, job_id, {"A", "B"})
     assert {t: (r["status"], r["completion_tokens"]) for t, r in rows.items()} == {
         "A": ("succeeded", 9),
@@ -140,7 +146,7 @@ def test_b_cannot_post_as_a(deployment):
 def test_b_cannot_cancel_as_a(deployment):
     dep, as_a, as_b, (a, b), db, _ = deployment
     job_id = f"keep-{dep.topic_prefix}"
-    a.submit({"job_id": job_id, "prompt": "A's long job", "max_tokens": 300})
+    a.submit({"job_id": job_id, "tenant": "A", "prompt": "A's long job", "max_tokens": 300})
     deadline = time.monotonic() + 120
     while tenant_rows(db, job_id).get("A", {}).get("status") != "running":
         assert time.monotonic() < deadline, tenant_rows(db, job_id)
@@ -157,7 +163,7 @@ def test_b_cannot_cancel_as_a(deployment):
     assert rows["B"]["status"] == "cancelled"  # B's own (empty) id: nothing of A's
     # A's own cancel works
     other = f"stop-{dep.topic_prefix}"
-    a.submit({"job_id": other, "prompt": "stop me", "max_tokens": 2000})
+    a.submit({"job_id": other, "tenant": "A", "prompt": "stop me", "max_tokens": 2000})
     while tenant_rows(db, other).get("A", {}).get("status") != "running":
         assert time.monotonic() < deadline + 120
         time.sleep(0.1)
@@ -167,14 +173,16 @@ def test_b_cannot_cancel_as_a(deployment):
 
 def test_b_cannot_read_as_output(deployment):
     dep, as_a, as_b, (a, b), db, _ = deployment
-    for topic in (
-        dep.topics.tenant_results("A"),
-        dep.topics.tenant_tokens("A"),
-        dep.topics.tenant_jobs("A", "low"),
-    ):
+    job_id = f"private-{dep.topic_prefix}"
+    a.submit({"job_id": job_id, "tenant": "A", "prompt": "A's secret", "max_tokens": 3})
+    a.wait(job_id, timeout_s=120)
+    for topic in (dep.topics.tenant_results("A"), dep.topics.tenant_tokens("A")):
+        assert read(as_a, topic), topic  # A reads its own output; B, with the same reader, is refused
         exc = refused(lambda topic=topic: read(as_b, topic))
         assert isinstance(exc, TopicAuthorizationFailedError), (topic, repr(exc))
-    read(as_a, dep.topics.tenant_results("A"))  # A reads its own
-    # nor the shared topics, nor A's jobs topics (what the worker reads)
-    exc = refused(lambda: read(as_a, dep.topics.dlq))
+        assert describe_error(as_b, topic) == TopicAuthorizationFailedError.errno
+        assert describe_error(as_a, topic) == 0
+    # a tenant may not read what workers read: its own jobs (it may only post them), the dead letters
+    exc = refused(lambda: read(as_a, dep.topics.tenant_jobs("A", "normal")))
     assert isinstance(exc, TopicAuthorizationFailedError), repr(exc)
+    assert describe_error(as_a, dep.topics.dlq) == TopicAuthorizationFailedError.errno
