@@ -41,6 +41,7 @@ def _bulk_progress(scoped: bool) -> str:
     view = view.replace("CREATE VIEW", "CREATE OR REPLACE VIEW")
     return view.replace(OLD_JOIN, NEW_JOIN) if scoped else view
 
+
 revision = "0005"
 down_revision = "0004"
 branch_labels = None
