@@ -106,8 +106,8 @@ def test_a_result_its_dead_publisher_got_out_is_not_published_again(env):
         result = result_from_row(conn.execute(select(jobs).where(jobs.c.job_id == f"{base}-1")).one())
     producer.send(dep.topics.results, result.job_id, result.model_dump_json().encode()).wait()
     # job 2's id under another tenant: that tenant's `rejected` result is not job 2's result
-    foreign = Rejected(Record("x", 0, 0, None, b"{}", now_ms()), f"{base}-2", "t-b", "high", "foreign", "x")
-    producer.send(dep.topics.results, f"{base}-2", foreign.result().model_dump_json().encode()).wait()
+    other = Rejected(Record("x", 0, 0, None, b"{}", now_ms()), f"{base}-2", "t-b", "high", "invalid", "x")
+    producer.send(dep.topics.results, f"{base}-2", other.result().model_dump_json().encode()).wait()
     topic = dep.topics.jobs("normal")
     items = [Republish(f"{base}-{n}", ((topic, 0, 51 + n),), tenant="t-a") for n in (1, 2)]
     assert run_items(start_persister(dep, db, producer), items) == {(topic, 0, 52), (topic, 0, 53)}
