@@ -64,6 +64,22 @@ def test_admission_keeps_ids_per_tenant_and_honours_cancels(env):
     assert [(d.accepted.record.offset, d.outcome.kind) for d in decisions] == [(6, "held")]
 
 
+def test_a_worker_whose_own_newer_attempt_it_no_longer_runs_re_admits_an_older_copy(env):
+    """The row's newer-generation attempt is this worker's own, and the worker does not run it (it was
+    aborted here without a row: the admitter is asked only about jobs the worker does not hold): an older
+    copy re-admits the job instead of waiting, as `superseded`, for a run nobody does."""
+    dep, db, _ = env
+    job = f"own-{uuid.uuid4().hex[:8]}"
+    worker = Admitter(db, "w-same")
+    worker.add([accepted(dep, job, offset=5, generation=8)])
+    assert [d.outcome.kind for d in worker.run(lambda a: False)[0]] == ["start"]
+    worker.add([accepted(dep, job, offset=4, generation=7)])  # an older copy (another record of the job)
+    assert [(d.outcome.kind, d.outcome.attempt) for d in worker.run(lambda a: False)[0]] == [("start", 2)]
+    row = job_rows(db, [job])[job]
+    got = (row["worker_id"], row["attempts"], row["admitted_generation"], row["source_offset"])
+    assert got == ("w-same", 2, 7, 4)
+
+
 def test_a_late_admission_from_an_older_group_generation_leaves_the_new_owner_its_run(env):
     """A worker whose admission ran late, after the record's partition moved on, must not re-queue the row
     under an attempt nobody runs (the new owner's result would be fenced out, its partition stalled)."""

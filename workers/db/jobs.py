@@ -137,11 +137,16 @@ def _keyed(keys: Sequence[JobKey]):
 
 
 def _newer_owner(excluded):
-    """The row's attempt was admitted in a later group generation than this admission's record, lately:
-    the record's partition has moved on, and its new owner runs the job. (A generation older than the
-    fence's window is not trusted: a group that was deleted and made again counts from 0.)"""
-    return (jobs.c.admitted_generation > excluded.admitted_generation) & (
-        jobs.c.updated_at > excluded.queued_at - GENERATION_FENCE
+    """The row's attempt was admitted in a later group generation than this admission's record, lately,
+    by another worker: the record's partition has moved on, and its new owner runs the job. (A generation
+    older than the fence's window is not trusted: a group that was deleted and made again counts from 0.)
+    An attempt this same worker admitted is no other owner's: the worker admits only what it does not run
+    (a job it runs is held before any write), so that attempt was dropped here (aborted without a row) and
+    this copy re-admits the job rather than wait for a run that nobody does."""
+    return (
+        (jobs.c.admitted_generation > excluded.admitted_generation)
+        & (jobs.c.updated_at > excluded.queued_at - GENERATION_FENCE)
+        & jobs.c.worker_id.is_distinct_from(excluded.worker_id)
     )
 
 
