@@ -106,5 +106,6 @@ def test_a_tenants_acls_allow_posting_to_and_reading_from_its_own_topics_only():
         | {("READ", "GROUP", "inferq.tenant.acme.", "PREFIXED")}
     )
     workers = {(g.operation, g.name, g.pattern) for g in grants if g.principal == "User:worker"}
-    assert workers == {(op, "inferq.tenant.acme.", "PREFIXED") for op in ("READ", "WRITE", "DESCRIBE")}
+    ops = ("READ", "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS")
+    assert workers == {(op, "inferq.tenant.acme.", "PREFIXED") for op in ops}
     assert all(g.acl().resource_pattern.resource_name == g.name for g in grants)

@@ -8,8 +8,9 @@ without an ACL are denied). Each tenant T gets, on its own topics only:
 - Read on consumer groups named `<prefix>.tenant.T.…` (a prefixed pattern: groups it may make).
 Literal topic patterns, so T can neither write its own tokens or results (what its consumers trust came
 from a worker) nor read its own jobs; tenant names hold no dot, so no tenant's prefix covers another's.
-The workers' principal may be given Read, Write and Describe on every topic under the tenant's prefix
-(`worker_principal`); a deployment may instead make it a super user.
+The workers' principal may be given Read, Write, Describe and DescribeConfigs (a result is checked against
+`max.message.bytes`) on every topic under the tenant's prefix (`worker_principal`); a deployment may
+instead make it a super user.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def tenant_grants(
     grants.append(Grant(principal, "READ", "GROUP", topics.tenant_prefix(tenant), "PREFIXED"))
     if worker_principal:
         prefix = topics.tenant_prefix(tenant)
-        ops = ("READ", "WRITE", "DESCRIBE")
+        ops = ("READ", "WRITE", "DESCRIBE", "DESCRIBE_CONFIGS")  # configs: results are sized to fit
         grants += [Grant(worker_principal, op, "TOPIC", prefix, "PREFIXED") for op in ops]
     return grants
 
