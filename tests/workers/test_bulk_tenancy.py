@@ -37,6 +37,8 @@ def test_another_tenants_jobs_of_a_bulk_jobs_ids_stay_out_of_its_files(db_engine
     with db_engine.connect() as conn:
         bulk = store.get(conn, bulk_id)
         assert store.job_counts(conn, bulk_id, "acme") == {"succeeded": 1}
+        progress = store.progress(conn, bulk_id)  # the bulk_progress view
+        assert (progress["jobs"], progress["succeeded"], progress["completion_tokens"]) == (1, 1, 2)
     counts = write_files(db_engine, bulk)
     assert (counts.succeeded, counts.unfinished) == (1, 1)
     [out] = read_jsonl(tmp_path / "output.jsonl")
