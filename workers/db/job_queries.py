@@ -20,8 +20,9 @@ def job_row(conn: Connection, job_id: str, tenant: str | None = None) -> Row | N
     return conn.execute(query).first()
 
 
-def created_at(conn: Connection, job_id: str) -> datetime | None:
-    return conn.execute(select(jobs.c.created_at).where(jobs.c.job_id == job_id)).scalar()
+def created_at(conn: Connection, job_id: str, tenant: str) -> datetime | None:
+    query = select(jobs.c.created_at).where(jobs.c.job_id == job_id, jobs.c.tenant == tenant)
+    return conn.execute(query).scalar()
 
 
 def summaries(conn: Connection, job_ids: Sequence[str], *extra: str) -> list[dict[str, Any]]:
