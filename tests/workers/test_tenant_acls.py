@@ -186,3 +186,23 @@ def test_b_cannot_read_as_output(deployment):
     exc = refused(lambda: read(as_a, dep.topics.tenant_jobs("A", "normal")))
     assert isinstance(exc, TopicAuthorizationFailedError), repr(exc)
     assert describe_error(as_a, dep.topics.dlq) == TopicAuthorizationFailedError.errno
+
+
+def test_a_tenant_added_while_the_worker_runs_is_served_without_a_restart(deployment):
+    dep, as_a, as_b, (a, b), db, worker = deployment
+    add_tenant(dep.kafka_connection, dep.topics, "C", "User:tenant-c", jobs_partitions=1, stream_partitions=1)
+    job_id = f"late-tenant-{dep.topic_prefix}"
+    # posted as the super user onto C's topic: the worker's pattern subscription finds the new topic
+    post(
+        dep,
+        dep.topics.tenant_jobs("C", "normal"),
+        {"job_id": job_id, "prompt": "new here", "max_tokens": 3},
+        job_id,
+    )
+    rows = wait_tenant_rows(db, job_id, {"C"}, timeout_s=180)
+    assert (rows["C"]["status"], rows["C"]["completion_tokens"]) == ("succeeded", 3)
+    assert worker.proc.poll() is None
+    # and its output is on C's results topic, which A's principal may not read
+    assert read(dep, dep.topics.tenant_results("C"))
+    exc = refused(lambda: read(as_a, dep.topics.tenant_results("C")))
+    assert isinstance(exc, TopicAuthorizationFailedError), repr(exc)
