@@ -120,7 +120,8 @@ class JobRequest(_Message):
 
 
 class CancelRequest(_Message):
-    """Cancels the job only if it belongs to `tenant` (job ids are owned by the tenant that first posted)."""
+    """Cancels `tenant`'s job of that id (job ids are per tenant). With per-tenant topics the tenant is the
+    control topic's, and a cancel naming another is refused."""
 
     type: Literal["cancel"]
     job_id: str = Field(min_length=1, max_length=128)

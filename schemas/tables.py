@@ -28,8 +28,9 @@ metadata = MetaData()
 jobs = Table(
     "jobs",
     metadata,
+    # the key is (job_id, tenant): job ids are scoped by tenant (two tenants may use the same id)
     Column("job_id", String(128), primary_key=True),
-    Column("tenant", String(128), nullable=False, server_default="default"),
+    Column("tenant", String(128), primary_key=True, server_default="default"),
     Column("priority", String(16), nullable=False),  # high | normal | low
     Column("status", String(16), nullable=False),  # one of JOB_STATUSES
     Column("prompt", Text),

@@ -37,6 +37,7 @@ ENV_VARIABLES = (
     "INFERQ_KAFKA_COMPRESSION",
     "INFERQ_DATABASE_URL",
     "INFERQ_TOPIC_PREFIX",
+    "INFERQ_TENANT_TOPICS",
     "INFERQ_JOBS_PARTITIONS",
     "INFERQ_STREAM_PARTITIONS",
     "INFERQ_TOPIC_REPLICATION_FACTOR",
@@ -69,6 +70,15 @@ def _cache_dir(env: Mapping[str, str] | None = None) -> Path:
     # shared by checkouts, outside the repo: the Kafka jars fetched by `inferq up`, converted models
     env = os.environ if env is None else env
     return Path(env.get("INFERQ_CACHE", Path.home() / ".cache" / "inferq")).resolve()
+
+
+def _flag(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"expected a yes/no setting (1, 0, true, false, ...), not {text!r}")
 
 
 def _optional_float(text: str | None) -> float | None:
@@ -177,6 +187,9 @@ class Settings:
     kafka_compression: str = "none"
     database_url: str = f"postgresql+psycopg2://postgres@127.0.0.1:{POSTGRES_PORT}/inferq"
     topic_prefix: str = "inferq"
+    # Tenant isolation: each tenant posts to and reads its own topics (`inferq tenant add` creates them and
+    # their ACLs), and a job's tenant is the one its topic names. Off: the shared topics, tenant as claimed.
+    tenant_topics: bool = False
     # topics `inferq up` creates (existing topics are never changed)
     jobs_partitions: int = 4
     stream_partitions: int = 4  # tokens and results
@@ -202,7 +215,7 @@ class Settings:
 
     @property
     def topics(self) -> Topics:
-        return Topics(self.topic_prefix)
+        return Topics(self.topic_prefix, self.tenant_topics)
 
     @property
     def kafka_connection(self) -> KafkaConnection:
@@ -234,6 +247,7 @@ class Settings:
             kafka_compression=env.get("INFERQ_KAFKA_COMPRESSION", "none").strip().lower() or "none",
             database_url=database_url_for(env.get("INFERQ_DATABASE_URL"), state_dir),
             topic_prefix=env.get("INFERQ_TOPIC_PREFIX", defaults.topic_prefix),
+            tenant_topics=_flag(env.get("INFERQ_TENANT_TOPICS", "")),
             jobs_partitions=int(env.get("INFERQ_JOBS_PARTITIONS", defaults.jobs_partitions)),
             stream_partitions=int(env.get("INFERQ_STREAM_PARTITIONS", defaults.stream_partitions)),
             replication_factor=int(env.get("INFERQ_TOPIC_REPLICATION_FACTOR", defaults.replication_factor)),

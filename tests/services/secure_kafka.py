@@ -3,6 +3,11 @@
 A CA and a server certificate for `localhost` / 127.0.0.1 are made with openssl; the broker reads them as
 a PEM keystore; the SCRAM user is created when the storage is formatted. Inter-broker and controller
 traffic stay on loopback PLAINTEXT listeners: only the client listener is secured.
+
+With `tenants` (user -> password) the broker also authorizes: StandardAuthorizer, the admin user (USER)
+a super user, and every other SCRAM user allowed only what an ACL grants. The loopback PLAINTEXT
+listeners' principal (User:ANONYMOUS: the broker talking to itself) is a super user too; clients of the
+tests use the SASL_SSL listener only.
 """
 
 from __future__ import annotations
@@ -42,6 +47,11 @@ share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 """
+AUTHORIZER = """\
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:{admin};User:ANONYMOUS
+allow.everyone.if.no.acl.found=false
+"""
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -71,11 +81,11 @@ class SecureBroker:
     ca: Path
     log: Path
 
-    def connection(self, password: str = PASSWORD) -> KafkaConnection:
+    def connection(self, password: str = PASSWORD, user: str = USER) -> KafkaConnection:
         security = KafkaSecurity(
             protocol="SASL_SSL",
             sasl_mechanism="SCRAM-SHA-256",
-            sasl_username=USER,
+            sasl_username=user,
             sasl_password=password,
             ssl_cafile=str(self.ca),
         )
@@ -98,20 +108,28 @@ class SecureBroker:
             proc.wait(30)
 
 
-def start_secure_broker(folder: Path, cache_dir: Path) -> SecureBroker:
+def start_secure_broker(folder: Path, cache_dir: Path, tenants: dict[str, str] | None = None) -> SecureBroker:
+    """`tenants`: more SCRAM users (name -> password), and an authorizer (see the module's doc)."""
     ca, keystore = make_certificates(folder / "tls")
     port, internal = free_port_pair(), free_port_pair()
     config = folder / "server.properties"
     data = folder / "data"
-    config.write_text(
-        PROPERTIES.format(
-            port=port, internal=internal, controller=internal + 1, keystore=keystore, data=data, jaas=JAAS
-        )
+    properties = PROPERTIES.format(
+        port=port, internal=internal, controller=internal + 1, keystore=keystore, data=data, jaas=JAAS
     )
+    if tenants is not None:
+        properties += AUTHORIZER.format(admin=USER)
+    config.write_text(properties)
     jars = kafka_jars.ensure_jars(cache_dir, lambda _line: None)
     (folder / "log4j2.properties").write_text(kafka.LOG4J2)
     java = kafka.java_command(jars, folder / "log4j2.properties")
-    kafka.format_storage(java, config, "--add-scram", f"SCRAM-SHA-256=[name={USER},password={PASSWORD}]")
+    users = {USER: PASSWORD, **(tenants or {})}
+    scram = [
+        arg
+        for name, pw in users.items()
+        for arg in ("--add-scram", f"SCRAM-SHA-256=[name={name},password={pw}]")
+    ]
+    kafka.format_storage(java, config, *scram)
     log = folder / "kafka.log"
     pid = process.spawn([*java, "kafka.Kafka", str(config)], log, cwd=folder)
     broker = SecureBroker(pid, port, ca, log)

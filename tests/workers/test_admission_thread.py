@@ -10,6 +10,7 @@ from workers.db.jobs import Admitted
 from workers.kafka_io.records import Record
 from workers.serving.admission import Decision
 from workers.serving.admission_thread import AdmissionThread
+from workers.serving.intake import job_key
 
 
 class GatedAdmitter:
@@ -43,6 +44,7 @@ class FakeAccepted:
         self.job_id = job_id
         self.tenant = tenant
         self.record = Record(f"inferq.jobs.{priority}", 0, offset, None, b"{}", 0)
+        self.key = job_key(tenant, job_id)
 
 
 @pytest.fixture

@@ -100,7 +100,8 @@ def test_producer_resumes_from_its_last_checkpoint(db, tmp_path):
 def test_a_cancelled_bulk_job_is_not_produced_and_gets_its_files(db, tmp_path):
     path = numbered_batch(tmp_path / "in.jsonl", 3)
     with db.begin() as conn:
-        store.create(conn, "bc", input_path=str(path), total_lines=3, metadata={"topic_prefix": "inferq"})
+        store.create(conn, "bc", tenant="acme", input_path=str(path), total_lines=3,  # make_job's tenant
+                     metadata={"topic_prefix": "inferq"})  # fmt: skip
         store.transition(conn, "bc", ("submitting",), "cancelled", finished_at=NOW)
         insert_jobs(conn, [make_job(job_id_for("bc", "req-0001"), bulk_id="bc")])
     assert produce(db, "bc", CrashingSubmitter()) == "cancelled"

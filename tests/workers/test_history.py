@@ -102,8 +102,12 @@ def test_worker_stats_count_overlapping_jobs_once_in_busy_time(scratch_database)
 def test_bulk_progress_counts_a_bulk_jobs_rows(scratch_database):
     engine = migrated_engine(scratch_database)
     with engine.begin() as conn:
-        conn.execute(text("INSERT INTO bulk_jobs (bulk_id, status, total_lines, invalid_lines) "
-                          "VALUES ('bk', 'running', 5, 1)"))  # fmt: skip
+        conn.execute(
+            text(
+                "INSERT INTO bulk_jobs (bulk_id, tenant, status, total_lines, invalid_lines) "
+                "VALUES ('bk', 'acme', 'running', 5, 1)"
+            )
+        )  # its jobs are its tenant's; fmt: skip
         insert_jobs(conn, [
             make_job("bk:1", bulk_id="bk"), make_job("bk:2", bulk_id="bk", status="failed"),
             make_job("bk:3", bulk_id="bk", status="queued", finished_at=None, prompt_tokens=None,

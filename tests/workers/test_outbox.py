@@ -43,7 +43,10 @@ def test_outbox_republishes_only_what_never_went_out(env):
     admitter.run(lambda a: False)
     now = datetime.now(UTC)
     row = Terminal(
-        f"{base}-1", "succeeded", {"output_text": "out", "finish_reason": "length", "finished_at": now}
+        f"{base}-1",
+        "succeeded",
+        {"output_text": "out", "finish_reason": "length", "finished_at": now},
+        tenant="t-a",
     )
     with db.begin() as conn:  # a worker that died between the commit and the publish left this
         finish(conn, row, now)
@@ -51,10 +54,10 @@ def test_outbox_republishes_only_what_never_went_out(env):
     decisions, _ = admitter.run(lambda a: False)
     assert decisions[0].outcome.kind == "done" and not decisions[0].outcome.published
     topic = dep.topics.jobs("normal")
-    run_items(start_persister(dep, db, producer), [Republish(f"{base}-1", ((topic, 0, 21),))])
+    run_items(start_persister(dep, db, producer), [Republish(f"{base}-1", ((topic, 0, 21),), tenant="t-a")])
     assert job_rows(db, [f"{base}-1"])[f"{base}-1"]["published_at"] is not None
     run_items(
-        start_persister(dep, db, producer), [Republish(f"{base}-1", ((topic, 0, 22),))]
+        start_persister(dep, db, producer), [Republish(f"{base}-1", ((topic, 0, 22),), tenant="t-a")]
     )  # published: nothing
     results = results_by_job(dep, since, 1)
     assert [(r.status, r.output_text, r.tenant) for r in results[f"{base}-1"]] == [
@@ -70,10 +73,10 @@ def test_a_live_publishers_result_is_not_published_by_another_worker(env):
     now = datetime.now(UTC)
     values = {"output_text": "out", "finish_reason": "stop", "finished_at": now, **claim("w-other", now)}
     with db.begin() as conn:  # w-other wrote it and is still trying to publish (say, the broker is away)
-        finish(conn, Terminal(f"{base}-1", "succeeded", values), now)
+        finish(conn, Terminal(f"{base}-1", "succeeded", values, tenant="t-a"), now)
     topic = dep.topics.jobs("normal")
     persister = start_persister(dep, db, producer)
-    persister.submit([Republish(f"{base}-1", ((topic, 0, 41),))])
+    persister.submit([Republish(f"{base}-1", ((topic, 0, 41),), tenant="t-a")])
     time.sleep(2)
     assert persister.acked() == []  # waits for the live publisher, unacked
     assert job_rows(db, [f"{base}-1"])[f"{base}-1"]["published_at"] is None
@@ -97,16 +100,16 @@ def test_a_result_its_dead_publisher_got_out_is_not_published_again(env):
     values = {"output_text": "out", "finish_reason": "stop", "finished_at": now, **claim("w-dead", now)}
     with db.begin() as conn:
         for n in (1, 2):
-            finish(conn, Terminal(f"{base}-{n}", "succeeded", values), now)
+            finish(conn, Terminal(f"{base}-{n}", "succeeded", values, tenant="t-a"), now)
         conn.execute(jobs.update().where(jobs.c.job_id.like(f"{base}-%")).values(publish_lease_until=now))
     with db.connect() as conn:  # what w-dead sent for job 1 before it died
         result = result_from_row(conn.execute(select(jobs).where(jobs.c.job_id == f"{base}-1")).one())
     producer.send(dep.topics.results, result.job_id, result.model_dump_json().encode()).wait()
     # job 2's id under another tenant: that tenant's `rejected` result is not job 2's result
-    foreign = Rejected(Record("x", 0, 0, None, b"{}", now_ms()), f"{base}-2", "t-b", "high", "foreign", "x")
-    producer.send(dep.topics.results, f"{base}-2", foreign.result().model_dump_json().encode()).wait()
+    other = Rejected(Record("x", 0, 0, None, b"{}", now_ms()), f"{base}-2", "t-b", "high", "invalid", "x")
+    producer.send(dep.topics.results, f"{base}-2", other.result().model_dump_json().encode()).wait()
     topic = dep.topics.jobs("normal")
-    items = [Republish(f"{base}-{n}", ((topic, 0, 51 + n),)) for n in (1, 2)]
+    items = [Republish(f"{base}-{n}", ((topic, 0, 51 + n),), tenant="t-a") for n in (1, 2)]
     assert run_items(start_persister(dep, db, producer), items) == {(topic, 0, 52), (topic, 0, 53)}
     rows = job_rows(db, [f"{base}-1", f"{base}-2"])
     assert all(r["published_at"] is not None and r["publisher"] == "w-test" for r in rows.values())
@@ -124,15 +127,16 @@ def test_a_lease_written_moments_ago_is_kept_without_asking_and_an_older_one_is_
     values = {"output_text": "out", "finish_reason": "stop", "finished_at": now, **claim("w-test", now)}
     with db.begin() as conn:
         for job_id in ids:
-            finish(conn, Terminal(job_id, "succeeded", values), now)
+            finish(conn, Terminal(job_id, "succeeded", values, tenant="t-a"), now)
         # job 2's lease lapsed at some point and another worker took the row over
         conn.execute(jobs.update().where(jobs.c.job_id == ids[1]).values(publisher="w-other"))
     persister = Persister(db, producer, dep.topics, "w-test", dead_letter=None, published=None)
     # moments after this worker wrote the leases, nobody can have taken a row over: no round trip
-    assert persister._keep(ids, claimed=time.monotonic()) == set(ids)
+    keys = [("t-a", job_id) for job_id in ids]
+    assert persister._keep(keys, claimed=time.monotonic()) == set(keys)
     assert job_rows(db, ids)[ids[0]]["publish_lease_until"] == values["publish_lease_until"]
     # later the table decides: job 1's lease is extended, job 2 is no longer this worker's to publish
-    assert persister._keep(ids, claimed=time.monotonic() - LEASE_S) == {ids[0]}
+    assert persister._keep(keys, claimed=time.monotonic() - LEASE_S) == {keys[0]}
     assert job_rows(db, ids)[ids[0]]["publish_lease_until"] > values["publish_lease_until"]
 
 
@@ -169,7 +173,11 @@ def _concluded(dep, db, outputs: dict[str, tuple[int, str]]) -> list[Concluded]:
     return [
         Concluded(
             Terminal(
-                job_id, "succeeded", {"output_text": out, "finish_reason": "stop", "finished_at": now}, 1
+                job_id,
+                "succeeded",
+                {"output_text": out, "finish_reason": "stop", "finished_at": now},
+                1,
+                tenant="t-a",
             ),
             ((topic, 0, offset),),
         )
@@ -243,10 +251,17 @@ def test_the_sweeper_publishes_what_nobody_publishes_and_only_its_own_deployment
         for job_id in (ours, theirs):  # w-dead wrote them and died: their leases lapsed
             finish(
                 conn,
-                Terminal(job_id, "succeeded", {**values, **claim("w-dead", now - timedelta(minutes=5))}),
+                Terminal(
+                    job_id,
+                    "succeeded",
+                    {**values, **claim("w-dead", now - timedelta(minutes=5))},
+                    tenant="t-a",
+                ),
                 now,
             )
-        finish(conn, Terminal(live, "succeeded", {**values, **claim("w-live", now)}), now)  # still publishing
+        finish(
+            conn, Terminal(live, "succeeded", {**values, **claim("w-live", now)}, tenant="t-a"), now
+        )  # still publishing
     published = KeyLookup(dep.kafka_connection, "inferq-test-lookup")
     persister = Persister(
         db, producer, dep.topics, "w-test", dead_letter=None, published=published, sweep_s=0.5

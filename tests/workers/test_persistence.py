@@ -1,4 +1,4 @@
-"""Admission and the persister against the real PostgreSQL and Kafka: tenant-owned ids, durable cancels,
+"""Admission and the persister against the real PostgreSQL and Kafka: ids scoped by tenant, durable cancels,
 attempts, and writes PostgreSQL refuses that must not hold back the rest."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tests.workers.persistence_factories import (
     run_items,
     start_persister,
 )
-from tests.workers.worker_factories import job_rows, now_ms, results_by_job
+from tests.workers.worker_factories import job_rows, now_ms, results_by_job, tenant_rows
 from workers.db.jobs import Terminal
 from workers.kafka_io import Record
 from workers.serving.admission import Admitter
@@ -33,16 +33,25 @@ def test_admission_keeps_ids_per_tenant_and_honours_cancels(env):
     assert [d.outcome.kind for d in decisions] == ["start", "start"] and not rejected
     assert [d.outcome.attempt for d in decisions] == [1, 1]
 
-    # the same id from another tenant is refused, never merged; from the owner it is a new attempt
+    # the same id from another tenant is that tenant's own job (a row of its own, its first attempt);
+    # from the owner it is a new attempt
     admitter.add([accepted(dep, f"{base}-1", tenant="t-b", offset=2), accepted(dep, f"{base}-2", offset=3)])
     decisions, _ = admitter.run(lambda a: False)
-    assert [(d.outcome.kind, d.outcome.attempt) for d in decisions] == [("foreign", 0), ("start", 2)]
-    assert job_rows(db, [f"{base}-1"])[f"{base}-1"]["tenant"] == "t-a"
+    assert [(d.outcome.kind, d.outcome.attempt) for d in decisions] == [("start", 1), ("start", 2)]
+    rows = tenant_rows(db, f"{base}-1")
+    assert {t: (r["status"], r["attempts"]) for t, r in rows.items()} == {
+        "t-a": ("queued", 1),
+        "t-b": ("queued", 1),
+    }
 
-    # a cancel recorded while queued makes the next admission settle it as cancelled
+    # a cancel recorded while queued makes the next admission settle it as cancelled; another tenant's
+    # cancel of the same id touches only that tenant's (new, cancelled) row
     persister = start_persister(dep, db, producer)
     at = datetime.now(UTC)
-    run_items(persister, [CancelRequested(f"{base}-2", "t-b", at), CancelRequested(f"{base}-2", "t-a", at)])
+    run_items(persister, [CancelRequested(f"{base}-2", "t-b", at)])
+    assert tenant_rows(db, f"{base}-2")["t-a"]["cancel_requested_at"] is None
+    persister = start_persister(dep, db, producer)
+    run_items(persister, [CancelRequested(f"{base}-2", "t-a", at)])
     admitter.add([accepted(dep, f"{base}-2", offset=4)])
     decisions, _ = admitter.run(lambda a: False)
     assert decisions[0].outcome.kind == "cancelled"
@@ -53,6 +62,22 @@ def test_admission_keeps_ids_per_tenant_and_honours_cancels(env):
     assert [d.accepted.record.offset for d in decisions] == [5] and len(admitter) == 1
     decisions, _ = admitter.run(lambda a: a.job_id == f"{base}-3")
     assert [(d.accepted.record.offset, d.outcome.kind) for d in decisions] == [(6, "held")]
+
+
+def test_a_worker_whose_own_newer_attempt_it_no_longer_runs_re_admits_an_older_copy(env):
+    """The row's newer-generation attempt is this worker's own, and the worker does not run it (it was
+    aborted here without a row: the admitter is asked only about jobs the worker does not hold): an older
+    copy re-admits the job instead of waiting, as `superseded`, for a run nobody does."""
+    dep, db, _ = env
+    job = f"own-{uuid.uuid4().hex[:8]}"
+    worker = Admitter(db, "w-same")
+    worker.add([accepted(dep, job, offset=5, generation=8)])
+    assert [d.outcome.kind for d in worker.run(lambda a: False)[0]] == ["start"]
+    worker.add([accepted(dep, job, offset=4, generation=7)])  # an older copy (another record of the job)
+    assert [(d.outcome.kind, d.outcome.attempt) for d in worker.run(lambda a: False)[0]] == [("start", 2)]
+    row = job_rows(db, [job])[job]
+    got = (row["worker_id"], row["attempts"], row["admitted_generation"], row["source_offset"])
+    assert got == ("w-same", 2, 7, 4)
 
 
 def test_a_late_admission_from_an_older_group_generation_leaves_the_new_owner_its_run(env):
@@ -87,12 +112,16 @@ def test_a_row_postgres_refuses_is_split_off_and_the_rest_is_stored(env):
     topic = dep.topics.jobs("normal")
     now = datetime.now(UTC)
     good = Terminal(
-        f"{base}-good", "succeeded", {"output_text": "fine", "finish_reason": "stop", "finished_at": now}
+        f"{base}-good",
+        "succeeded",
+        {"output_text": "fine", "finish_reason": "stop", "finished_at": now},
+        tenant="t-a",
     )
     bad = Terminal(
         f"{base}-bad",
         "succeeded",
         {"output_text": "nul \x00 out", "finish_reason": "stop", "finished_at": now},
+        tenant="t-a",
     )
     items = [Concluded(good, ((topic, 0, 10),)), Concluded(bad, ((topic, 0, 11),))]
     acked = run_items(start_persister(dep, db, producer), items)
@@ -112,11 +141,13 @@ def test_running_marks_go_in_order_with_the_other_writes(env):
     ids = [f"{base}-{i}" for i in range(4)]
     admit_jobs(dep, db, "w-test", {job_id: 20 + i for i, job_id in enumerate(ids)})
     at = [datetime.now(UTC) for _ in ids]
-    done = Terminal(ids[1], "succeeded", {"output_text": "x", "finish_reason": "stop", "finished_at": at[1]})
+    done = Terminal(
+        ids[1], "succeeded", {"output_text": "x", "finish_reason": "stop", "finished_at": at[1]}, tenant="t-a"
+    )
     topic = dep.topics.jobs("normal")
     # two starts, the end of the second (it stays terminal), then two more starts
-    items = [Running(ids[0], at[0], 1), Running(ids[1], at[1], 1), Concluded(done, ((topic, 0, 21),)),
-             Running(ids[2], at[2], 1), Running(ids[3], at[3], 1), Running(ids[1], at[1], 1)]  # fmt: skip
+    run = [Running(job_id, when, 1, tenant="t-a") for job_id, when in zip(ids, at, strict=True)]
+    items = [run[0], run[1], Concluded(done, ((topic, 0, 21),)), run[2], run[3], run[1]]
     run_items(start_persister(dep, db, producer), items)
     rows = job_rows(db, ids)
     assert [rows[job_id]["status"] for job_id in ids] == ["running", "succeeded", "running", "running"]
@@ -136,16 +167,17 @@ def test_an_attempt_a_later_one_replaced_writes_nothing_and_leaves_the_record_to
     values = {"output_text": "stale", "finish_reason": "stop", "finished_at": now}
     topic = dep.topics.jobs("normal")
     stale = [
-        Running(job_id, now, 1),
-        Concluded(Terminal(job_id, "succeeded", values, attempt=1), ((topic, 0, 60),)),
+        Running(job_id, now, 1, tenant="t-a"),
+        Concluded(Terminal(job_id, "succeeded", values, attempt=1, tenant="t-a"), ((topic, 0, 60),)),
     ]
     assert run_items(start_persister(dep, db, producer), stale) == set()
     row = job_rows(db, [job_id])[job_id]
     assert (row["status"], row["attempts"], row["output_text"]) == ("queued", 2, None)
     fresh = [
-        Running(job_id, now, 2),
+        Running(job_id, now, 2, tenant="t-a"),
         Concluded(
-            Terminal(job_id, "succeeded", {**values, "output_text": "fresh"}, attempt=2), ((topic, 0, 60),)
+            Terminal(job_id, "succeeded", {**values, "output_text": "fresh"}, attempt=2, tenant="t-a"),
+            ((topic, 0, 60),),
         ),
     ]
     assert run_items(start_persister(dep, db, producer), fresh) == {(topic, 0, 60)}
@@ -166,22 +198,22 @@ def test_an_attempt_replaced_from_another_record_acks_its_own(env):
     now = datetime.now(UTC)
     values = {"output_text": "stale", "finish_reason": "stop", "finished_at": now}
     topic = dep.topics.jobs("normal")
-    stale = [Concluded(Terminal(job_id, "succeeded", values, attempt=1), ((topic, 0, 70),))]
+    stale = [Concluded(Terminal(job_id, "succeeded", values, attempt=1, tenant="t-a"), ((topic, 0, 70),))]
     assert run_items(start_persister(dep, db, producer), stale) == {(topic, 0, 70)}
     row = job_rows(db, [job_id])[job_id]
     assert (row["status"], row["attempts"], row["output_text"]) == ("queued", 2, None)
 
 
-def test_a_foreign_rejection_is_announced_to_its_own_tenant_only(env):
+def test_a_rejection_is_its_own_tenants_and_leaves_another_tenants_job_of_that_id_alone(env):
     dep, db, producer = env
     since = now_ms()
-    job_id = f"foreign-{uuid.uuid4().hex[:8]}"
+    job_id = f"scoped-{uuid.uuid4().hex[:8]}"
+    admit_jobs(dep, db, "w-test", {job_id: 29})  # tenant t-a's job, queued
     record = Record(dep.topics.jobs("high"), 0, 30, job_id.encode(), b'{"prompt": "x"}', now_ms())
-    item = Rejected(
-        record, job_id, "t-b", "high", "job_id belongs to another tenant", "foreign_tenant", False
-    )
+    item = Rejected(record, job_id, "t-b", "high", "not a valid job", "invalid")
     assert run_items(start_persister(dep, db, producer), [item]) == {(record.topic, 0, 30)}
-    assert job_rows(db, [job_id]) == {}  # the row (if any) belongs to the owner
+    rows = tenant_rows(db, job_id)
+    assert {t: r["status"] for t, r in rows.items()} == {"t-a": "queued", "t-b": "rejected"}
     results = results_by_job(dep, since, 1)
     assert [(r.status, r.tenant) for r in results[job_id]] == [("rejected", "t-b")]
 

@@ -1,4 +1,5 @@
-"""Job ids belong to the tenant that first posted them; cancels are tenant-scoped, durable and race-free."""
+"""Job ids are scoped by tenant: two tenants' jobs of one id are two jobs; cancels are tenant-scoped,
+durable and race-free, and a cancel for an id nobody has yet blocks no other tenant."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tests.workers.worker_factories import (
     start_worker,
     wait_group_members,
     wait_status,
+    wait_tenant_rows,
     wait_terminal,
 )
 from workers.client import JobClient
@@ -38,22 +40,27 @@ def deployment(settings, tmp_path):
         db.dispose()
 
 
-def test_the_same_job_id_from_another_tenant_is_rejected_not_merged(deployment):
+def test_two_tenants_may_use_the_same_job_id_and_both_jobs_run(deployment):
     dep, client, db, workers, _ = deployment
     since = now_ms()
     job_id = f"shared-id-{dep.topic_prefix}"
     client.submit({"job_id": job_id, "tenant": "acme", "prompt": "mine", "max_tokens": 200})
     client.flush()
     wait_status(db, job_id, "running")
-    client.submit({"job_id": job_id, "tenant": "intruder", "prompt": "also mine?", "max_tokens": 5})
+    client.submit({"job_id": job_id, "tenant": "other", "prompt": "also mine", "max_tokens": 5})
     client.flush()
-    row = wait_terminal(db, [job_id])[job_id]
-    assert (row["tenant"], row["status"], row["completion_tokens"]) == ("acme", "succeeded", 200)
-    results = results_by_job(dep, since, 2)[job_id]
-    by_tenant = {r.tenant: r for r in results}
-    assert len(results) == 2 and set(by_tenant) == {"acme", "intruder"}
-    assert by_tenant["intruder"].status == "rejected" and "another tenant" in by_tenant["intruder"].error
-    assert client.wait(job_id, timeout_s=30, tenant="acme").status == "succeeded"
+    rows = wait_tenant_rows(db, job_id, {"acme", "other"})
+    assert {t: (r["status"], r["completion_tokens"]) for t, r in rows.items()} == {
+        "acme": ("succeeded", 200),
+        "other": ("succeeded", 5),
+    }
+    results = {r.tenant: r for r in results_by_job(dep, since, 2)[job_id]}
+    assert {t: (r.status, r.usage.completion_tokens) for t, r in results.items()} == {
+        "acme": ("succeeded", 200),
+        "other": ("succeeded", 5),
+    }
+    assert results["acme"].output_text == rows["acme"]["output_text"] != rows["other"]["output_text"]
+    assert client.wait(job_id, timeout_s=30, tenant="other").usage.completion_tokens == 5
 
 
 def test_only_the_owning_tenant_can_cancel(deployment):
@@ -64,7 +71,7 @@ def test_only_the_owning_tenant_can_cancel(deployment):
     wait_status(db, job_id, "running")
     client.cancel(job_id, tenant="intruder")
     client.cancel(f"unknown-{dep.topic_prefix}", tenant="intruder")
-    row = wait_terminal(db, [job_id])[job_id]
+    row = wait_tenant_rows(db, job_id, {"acme"})["acme"]
     assert (row["status"], row["completion_tokens"]) == ("succeeded", 400)
     other = f"cancel-owner2-{dep.topic_prefix}"
     client.submit({"job_id": other, "tenant": "acme", "prompt": "stop me", "max_tokens": 2000})
@@ -72,6 +79,20 @@ def test_only_the_owning_tenant_can_cancel(deployment):
     wait_status(db, other, "running")
     client.cancel(other, tenant="acme")
     assert wait_terminal(db, [other])[other]["status"] == "cancelled"
+
+
+def test_a_cancel_for_an_unknown_id_blocks_no_other_tenant(deployment):
+    """A tenant that cancels an id nobody has used yet (ids are predictable: derived ones, bulk ones)
+    gets a `cancelled` row of its own; the tenant that then posts a job of that id runs it."""
+    dep, client, db, workers, _ = deployment
+    job_id = f"squat-{dep.topic_prefix}"
+    client.cancel(job_id, tenant="squatter")
+    assert wait_tenant_rows(db, job_id, {"squatter"})["squatter"]["status"] == "cancelled"
+    client.submit({"job_id": job_id, "tenant": "acme", "prompt": "my id", "max_tokens": 7})
+    rows = wait_tenant_rows(db, job_id, {"squatter", "acme"})
+    assert {t: r["status"] for t, r in rows.items()} == {"squatter": "cancelled", "acme": "succeeded"}
+    assert rows["acme"]["completion_tokens"] == 7
+    assert client.wait(job_id, timeout_s=60, tenant="acme").status == "succeeded"
 
 
 def test_a_cancel_sent_just_before_its_job_always_ends_it(deployment):

@@ -224,7 +224,11 @@ def test_a_result_nobody_publishes_goes_out_without_a_redelivery(deployment):
     values = {"output_text": "left behind", "finish_reason": "stop", "finished_at": now}
     with db.begin() as conn:  # written by w-gone, whose lease lapsed long ago
         finish(
-            conn, Terminal(job_id, "succeeded", {**values, **claim("w-gone", now - timedelta(hours=1))}), now
+            conn,
+            Terminal(
+                job_id, "succeeded", {**values, **claim("w-gone", now - timedelta(hours=1))}, tenant="t-a"
+            ),
+            now,
         )
     wait_until(lambda: job_rows(db, [job_id])[job_id]["published_at"] is not None, timeout_s=60)
     assert job_rows(db, [job_id])[job_id]["publisher"] == "w-e2e"

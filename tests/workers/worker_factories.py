@@ -76,6 +76,24 @@ def job_rows(db: Engine, job_ids: Iterable[str]) -> dict[str, dict]:
         return {r.job_id: dict(r._mapping) for r in result}
 
 
+def tenant_rows(db: Engine, job_id: str) -> dict[str, dict]:
+    """Every tenant's row of one job id, by tenant (job ids are scoped by tenant)."""
+    with db.connect() as conn:
+        result = conn.execute(select(jobs).where(jobs.c.job_id == job_id))
+        return {r.tenant: dict(r._mapping) for r in result}
+
+
+def wait_tenant_rows(db: Engine, job_id: str, tenants: set[str], timeout_s: float = 180) -> dict[str, dict]:
+    """Until these tenants' rows of one job id are all terminal; every tenant's row of it, by tenant."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rows = tenant_rows(db, job_id)
+        if tenants <= set(rows) and all(rows[t]["status"] in TERMINAL_STATUSES for t in tenants):
+            return rows
+        time.sleep(0.2)
+    raise AssertionError(f"{job_id}: rows of {sorted(tenants)} not terminal: {tenant_rows(db, job_id)}")
+
+
 def wait_terminal(db: Engine, job_ids: list[str], timeout_s: float = 180) -> dict[str, dict]:
     deadline = time.monotonic() + timeout_s
     while True:

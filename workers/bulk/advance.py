@@ -25,13 +25,13 @@ log = logging.getLogger(__name__)
 CANCEL_GRACE_S = 30.0
 
 
-def _all_rows_terminal(engine: Engine, bulk_id: str, input_path: Path) -> bool:
+def _all_rows_terminal(engine: Engine, bulk_id: str, tenant: str, input_path: Path) -> bool:
     """Exact check by job_id; a cancel recorded before its job arrived leaves a row without bulk_id."""
     lines = (i for i in read_batch(input_path) if isinstance(i, BatchLine))
     while chunk := list(islice(lines, 1000)):
         ids = [job_id_for(bulk_id, i.custom_id) for i in chunk]
         with engine.connect() as conn:
-            rows = store.rows_for(conn, ids)
+            rows = store.rows_for(conn, tenant, ids)
         if len(rows) < len(ids) or any(r["status"] not in TERMINAL_STATUSES for r in rows.values()):
             return False
     return True
@@ -39,12 +39,12 @@ def _all_rows_terminal(engine: Engine, bulk_id: str, input_path: Path) -> bool:
 
 def jobs_done(engine: Engine, row: store.Row) -> bool:
     with engine.connect() as conn:
-        counts = store.job_counts(conn, row["bulk_id"])
+        counts = store.job_counts(conn, row["bulk_id"], row["tenant"])
     if store.terminal_jobs(counts) >= row["total_lines"] - row["invalid_lines"]:
         return True
     if counts.get("queued", 0) + counts.get("running", 0) > 0:
         return False
-    return _all_rows_terminal(engine, row["bulk_id"], Path(row["input_path"]))
+    return _all_rows_terminal(engine, row["bulk_id"], row["tenant"], Path(row["input_path"]))
 
 
 def write_files(engine: Engine, row: store.Row, model_name: str | None = None) -> FinalCounts:
@@ -54,7 +54,7 @@ def write_files(engine: Engine, row: store.Row, model_name: str | None = None) -
         counts = write_results(
             read_batch(Path(row["input_path"])),
             bulk_id,
-            lambda ids: store.rows_for(conn, ids),
+            lambda ids: store.rows_for(conn, row["tenant"], ids),  # the bulk job's tenant's rows only
             output,
             errors,
             unfinished_code="cancelled" if row["status"] == "cancelled" else "missing",
@@ -88,7 +88,7 @@ def maybe_finalize(
         if row["output_path"] is not None:
             return None
         with engine.connect() as conn:
-            counts = store.job_counts(conn, bulk_id)
+            counts = store.job_counts(conn, bulk_id, row["tenant"])
         in_flight = counts.get("queued", 0) + counts.get("running", 0)
         if in_flight and (now - row["finished_at"]).total_seconds() < CANCEL_GRACE_S:
             return None

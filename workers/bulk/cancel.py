@@ -35,7 +35,7 @@ def cancel(engine: Engine, bulk_id: str, send_cancel: Callable[[str, str], None]
     while chunk := list(islice(lines, 500)):
         ids = [job_id_for(bulk_id, i.custom_id) for i in chunk]
         with engine.connect() as conn:
-            rows = store.rows_for(conn, ids)
+            rows = store.rows_for(conn, row["tenant"], ids)
         for job_id in ids:
             found = rows.get(job_id)
             if found is None or found["status"] not in TERMINAL_STATUSES:

@@ -191,11 +191,10 @@ def _cancel(args: argparse.Namespace) -> int:
 
     settings, engine = _engine()
     producer = Producer(settings.kafka_connection, "inferq-bulk-cancel")
-    topic = settings.topics.control
 
     def send(job_id: str, tenant: str) -> None:
         message = {"type": "cancel", "job_id": job_id, "tenant": tenant}
-        producer.send(topic, job_id, json.dumps(message).encode())
+        producer.send(settings.topics.control_for(tenant), job_id, json.dumps(message).encode())
 
     try:
         sent = cancel(engine, args.bulk_id, send)

@@ -60,6 +60,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Print a job's tokens as they are generated (from the tokens topic), then its status.",
     )
     t.add_argument("job_id")
+    t.add_argument(
+        "--tenant", default="default", help="the job's tenant (job ids are per tenant) (default: default)"
+    )
     add_timeout_option(t, 300.0, "the job's final token")
     t.set_defaults(func=tail)
 
@@ -159,9 +162,11 @@ def submit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_stream(client, job_id: str, timeout: float, since_ms: int | None = None) -> str | None:
+def _print_stream(
+    client, job_id: str, timeout: float, since_ms: int | None = None, tenant: str | None = None
+) -> str | None:
     attempt = None
-    for event in client.stream(job_id, timeout, since_ms):
+    for event in client.stream(job_id, timeout, since_ms, tenant):
         if attempt is not None and event.attempt != attempt:
             print(f"\n[attempt {event.attempt} restarts the output]", file=sys.stderr)
         attempt = event.attempt
@@ -189,9 +194,9 @@ def tail(args: argparse.Namespace) -> int:
     with JobClient() as client:
         db = make_engine(client.settings.database_url)
         with db.connect() as conn:
-            posted = created_at(conn, args.job_id)
+            posted = created_at(conn, args.job_id, args.tenant)
         since = int(posted.timestamp() * 1000) - 1000 if posted else 0
-        _print_stream(client, args.job_id, args.timeout, since)
+        _print_stream(client, args.job_id, args.timeout, since, args.tenant)
     return 0
 
 

@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "workers.cli.history",  # history
     "workers.cli.bulk",  # bulk submit|status|wait|fetch|cancel, bulk-worker
     "workers.cli.run_batch",  # run-batch
+    "workers.cli.tenants",  # tenant add
 )
 
 

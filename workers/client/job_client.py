@@ -116,13 +116,14 @@ class JobClient:
     ) -> list[Submitted]:
         """Post jobs together (one round of batching), then confirm each; all are validated before any is
         sent. Raises DeliveryFailed at the first job the broker did not take within `timeout_s`."""
-        topic = self.settings.topics.jobs(priority)
+        topics = self.settings.topics
         prepared = [self._prepare(job) for job in jobs]
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         sent = []
         for job in prepared:
             try:
                 data = json.dumps(job.model_dump(mode="json", exclude_none=True)).encode()
+                topic = topics.jobs_for(job.tenant, priority)  # per-tenant topics: the tenant's own
                 sent.append((job, self._producer.send(topic, job.job_id, data)))
             except Exception as exc:  # noqa: BLE001 - no metadata in time, buffer full: not delivered
                 raise DeliveryFailed(job.job_id, exc) from exc
@@ -159,7 +160,7 @@ class JobClient:
         tenant = tenant or self._tenants.get(job_id, "default")
         value = json.dumps({"type": "cancel", "job_id": job_id, "tenant": tenant}).encode()
         try:
-            self._producer.send(self.settings.topics.control, job_id, value).wait(
+            self._producer.send(self.settings.topics.control_for(tenant), job_id, value).wait(
                 self.timeout_s if timeout_s is None else timeout_s
             )
         except Exception as exc:  # noqa: BLE001
@@ -171,7 +172,11 @@ class JobClient:
 
     # ---- following -----------------------------------------------------------------------------
     def stream(
-        self, job: JobRef, timeout_s: float | None = WAIT_TIMEOUT_S, since_ms: int | None = None
+        self,
+        job: JobRef,
+        timeout_s: float | None = WAIT_TIMEOUT_S,
+        since_ms: int | None = None,
+        tenant: str | None = None,
     ) -> Iterator[TokenEvent]:
         """Token events of the job until its final one; raises JobTimeout after `timeout_s`.
 
@@ -181,7 +186,8 @@ class JobClient:
         earlier attempts' events (late ones from the worker that lost the job) are skipped.
         """
         job_id = _job_id(job)
-        follower = self._follow(job_id, self.settings.topics.tokens, since_ms)
+        tenant = tenant or self._tenants.get(job_id, "default")
+        follower = self._follow(job_id, self.settings.topics.tokens_for(tenant), since_ms)
         deadline = time.monotonic() + (WAIT_TIMEOUT_S if timeout_s is None else timeout_s)
         seen: set[int] = set()  # seqs of the current attempt
         attempt = None
@@ -216,12 +222,13 @@ class JobClient:
     ) -> JobResult:
         """The job's result for `tenant` (default: the submitting one); raises JobTimeout after `timeout_s`.
 
-        Another tenant posting the same job_id gets its own `rejected` result under the same key: it is
-        skipped here. With `database_url`, a result the topic no longer holds is read from the job's row.
+        Another tenant's job of the same job_id has its own result under the same key (on the shared
+        results topic): it is skipped here. With `database_url`, a result the topic no longer holds is read
+        from the job's row.
         """
         job_id = _job_id(job)
         tenant = tenant or self._tenants.get(job_id, "default")
-        follower = self._follow(job_id, self.settings.topics.results, since_ms)
+        follower = self._follow(job_id, self.settings.topics.results_for(tenant), since_ms)
         deadline = time.monotonic() + (WAIT_TIMEOUT_S if timeout_s is None else timeout_s)
         try:
             while (left := deadline - time.monotonic()) > 0:
@@ -247,15 +254,15 @@ class JobClient:
         since = since_ms if since_ms is not None else self._submitted_ms.get(job_id, 0)
         with self._hub_lock:
             if self._hub is None or not self._hub.alive:
-                topics = self.settings.topics
-                counts = {t: self._producer.partitions(t) for t in (topics.tokens, topics.results)}
 
                 def reader() -> PartitionReader:
                     return PartitionReader(
                         self.settings.kafka_connection, "inferq-client-watch", self.timeout_s
                     )
 
-                self._hub = StreamHub(reader, counts)
+                self._hub = StreamHub(reader, {})
+            if not self._hub.knows(topic):
+                self._hub.learn(topic, self._producer.partitions(topic))
             return self._hub.follow(job_id, (topic,), since)
 
     def _unfollow(self, follower: Follower) -> None:
@@ -274,8 +281,8 @@ class JobClient:
         if self._db is None:
             self._db = make_engine(self.database_url)
         with self._db.connect() as conn:
-            row = job_row(conn, job_id)
-        if row is None or row.tenant != tenant or row.published_at is None:
+            row = job_row(conn, job_id, tenant)
+        if row is None or row.published_at is None:
             return None
         return result_from_row(row)
 

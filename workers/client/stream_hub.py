@@ -69,6 +69,13 @@ class StreamHub:
         self._thread = threading.Thread(target=self._run, name="inferq-stream-hub", daemon=True)
         self._thread.start()
 
+    def knows(self, topic: str) -> bool:
+        return topic in self._counts
+
+    def learn(self, topic: str, partitions: int) -> None:
+        """A topic followers may read from now on (e.g. another tenant's, with per-tenant topics)."""
+        self._counts[topic] = partitions
+
     def follow(self, job_id: str, topics: tuple[str, ...], since_ms: int) -> Follower:
         parts = tuple((t, partition_for_key(job_id, self._counts[t])) for t in topics)
         follower = Follower(job_id.encode(), since_ms, parts)

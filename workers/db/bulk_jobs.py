@@ -82,9 +82,14 @@ def open_bulk_ids(conn: Connection, topic_prefix: str) -> list[tuple[str, str]]:
     return [(r.bulk_id, r.status) for r in conn.execute(query)]
 
 
-def job_counts(conn: Connection, bulk_id: str) -> dict[str, int]:
-    """status → number of jobs rows of this bulk job."""
-    query = select(jobs.c.status, func.count()).where(jobs.c.bulk_id == bulk_id).group_by(jobs.c.status)
+def job_counts(conn: Connection, bulk_id: str, tenant: str) -> dict[str, int]:
+    """status → number of jobs rows of this bulk job (its tenant's: another tenant's job that names the
+    same bulk_id is not one of them)."""
+    query = (
+        select(jobs.c.status, func.count())
+        .where(jobs.c.bulk_id == bulk_id, jobs.c.tenant == tenant)
+        .group_by(jobs.c.status)
+    )
     return {status: n for status, n in conn.execute(query)}
 
 
@@ -92,16 +97,19 @@ def terminal_jobs(counts: dict[str, int]) -> int:
     return sum(n for status, n in counts.items() if status in TERMINAL_STATUSES)
 
 
-def rows_for(conn: Connection, job_ids: list[str]) -> dict[str, Row]:
+def rows_for(conn: Connection, tenant: str, job_ids: list[str]) -> dict[str, Row]:
+    """The rows of these job ids of one tenant (a bulk job's own), by job_id."""
     query = select(
         jobs.c.job_id, jobs.c.status, jobs.c.output_text, jobs.c.choices, jobs.c.finish_reason,
         jobs.c.prompt_tokens, jobs.c.completion_tokens, jobs.c.error, jobs.c.created_at, jobs.c.finished_at,
-    ).where(jobs.c.job_id.in_(job_ids))  # fmt: skip
+    ).where(jobs.c.job_id.in_(job_ids), jobs.c.tenant == tenant)  # fmt: skip
     return {r["job_id"]: dict(r) for r in conn.execute(query).mappings()}
 
 
-def unfinished_job_ids(conn: Connection, bulk_id: str) -> list[str]:
-    query = select(jobs.c.job_id).where(jobs.c.bulk_id == bulk_id, jobs.c.status.not_in(TERMINAL_STATUSES))
+def unfinished_job_ids(conn: Connection, bulk_id: str, tenant: str) -> list[str]:
+    query = select(jobs.c.job_id).where(
+        jobs.c.bulk_id == bulk_id, jobs.c.tenant == tenant, jobs.c.status.not_in(TERMINAL_STATUSES)
+    )
     return list(conn.execute(query).scalars())
 
 

@@ -12,12 +12,17 @@ from schemas.tables import jobs
 from workers.db.jobs import SUMMARY_COLUMNS
 
 
-def job_row(conn: Connection, job_id: str) -> Row | None:
-    return conn.execute(select(*jobs.c).where(jobs.c.job_id == job_id)).first()
+def job_row(conn: Connection, job_id: str, tenant: str | None = None) -> Row | None:
+    """A job's row: that tenant's (job ids are per tenant), or, without one, any tenant's."""
+    query = select(*jobs.c).where(jobs.c.job_id == job_id)
+    if tenant is not None:
+        query = query.where(jobs.c.tenant == tenant)
+    return conn.execute(query).first()
 
 
-def created_at(conn: Connection, job_id: str) -> datetime | None:
-    return conn.execute(select(jobs.c.created_at).where(jobs.c.job_id == job_id)).scalar()
+def created_at(conn: Connection, job_id: str, tenant: str) -> datetime | None:
+    query = select(jobs.c.created_at).where(jobs.c.job_id == job_id, jobs.c.tenant == tenant)
+    return conn.execute(query).scalar()
 
 
 def summaries(conn: Connection, job_ids: Sequence[str], *extra: str) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
-"""The jobs table: idempotent writes keyed by job_id. A terminal row is never overwritten.
+"""The jobs table: idempotent writes keyed by (job_id, tenant). A terminal row is never overwritten.
 
-A job_id belongs to the tenant that first wrote it: admission never merges another tenant's job into it,
-and a cancel only touches the row of its own tenant.
+Job ids are scoped by tenant: every statement names the tenant with the id, so two tenants' jobs with the
+same id are two rows that never touch, and a cancel only ever reaches its own tenant's row.
 """
 
 from __future__ import annotations
@@ -12,11 +12,13 @@ from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any, Literal
 
-from sqlalchemy import BindParameter, Connection, Row, Update, bindparam, select
+from sqlalchemy import BindParameter, Connection, Row, Update, bindparam, select, tuple_
 from sqlalchemy.dialects.postgresql import insert
 
 from schemas.tables import TERMINAL_STATUSES, jobs
 from schemas.topics import Coordinates
+
+JobKey = tuple[str, str]  # (tenant, job_id): what names one job
 
 # What a person listing jobs wants to see first (`inferq jobs`, the demo).
 # how long an attempt admitted in a later group generation is protected from a late admission
@@ -57,12 +59,12 @@ class Admitted:
     """What admission found for one job.
 
     start: run it now as `attempt`; done: already terminal (`published` says whether its result went out);
-    foreign: the id belongs to another tenant; cancelled: a cancel arrived before it could start;
+    cancelled: a cancel arrived before it could start;
     held: this worker runs the job already (a duplicate message), so nothing was written;
     superseded: a worker that fetched the job in a later group generation runs it (this admission came late).
     """
 
-    kind: Literal["start", "done", "foreign", "cancelled", "held", "superseded"]
+    kind: Literal["start", "done", "cancelled", "held", "superseded"]
     attempt: int = 0
     published: bool = True
 
@@ -77,16 +79,22 @@ class Terminal:
     # the attempt that ended: its row is written only while no later attempt has re-queued the job (a
     # fencing token); None for a job that never ran (cancelled before it started)
     attempt: int | None = None
+    tenant: str = "default"
+
+    @property
+    def key(self) -> JobKey:
+        return self.tenant, self.job_id
 
 
-def admit(conn: Connection, rows: Sequence[Admission]) -> dict[str, Admitted]:
-    """Insert or re-queue jobs (one statement), then classify those that could not be (re)queued."""
+def admit(conn: Connection, rows: Sequence[Admission]) -> dict[JobKey, Admitted]:
+    """Insert or re-queue jobs (one statement), then classify those that could not be (re)queued; by
+    (tenant, job_id)."""
     if not rows:
         return {}
     stmt = insert(jobs).values([_queued_values(r) for r in rows])
     excluded = stmt.excluded
     stmt = stmt.on_conflict_do_update(
-        index_elements=[jobs.c.job_id],
+        index_elements=[jobs.c.job_id, jobs.c.tenant],
         set_={
             "status": "queued",
             "attempts": jobs.c.attempts + 1,
@@ -100,37 +108,45 @@ def admit(conn: Connection, rows: Sequence[Admission]) -> dict[str, Admitted]:
         },
         where=(
             jobs.c.status.not_in(TERMINAL_STATUSES)
-            & (jobs.c.tenant == excluded.tenant)
             & jobs.c.cancel_requested_at.is_(None)
             & ~_newer_owner(excluded)
         ),
-    ).returning(jobs.c.job_id, jobs.c.attempts)
-    outcome = {job_id: Admitted("start", attempts) for job_id, attempts in conn.execute(stmt)}
-    missing = {r.job_id: r for r in rows if r.job_id not in outcome}
+    ).returning(jobs.c.tenant, jobs.c.job_id, jobs.c.attempts)
+    outcome = {(tenant, job_id): Admitted("start", n) for tenant, job_id, n in conn.execute(stmt)}
+    missing = [(r.tenant, r.job_id) for r in rows if (r.tenant, r.job_id) not in outcome]
     if missing:
         query = select(
-            jobs.c.job_id, jobs.c.tenant, jobs.c.status, jobs.c.published_at, jobs.c.cancel_requested_at
-        ).where(jobs.c.job_id.in_(list(missing)))
+            jobs.c.tenant, jobs.c.job_id, jobs.c.status, jobs.c.published_at, jobs.c.cancel_requested_at
+        ).where(_keyed(missing))
         for row in conn.execute(query):
-            if row.tenant != missing[row.job_id].tenant:
-                outcome[row.job_id] = Admitted("foreign")
-            elif row.status in TERMINAL_STATUSES:
-                outcome[row.job_id] = Admitted("done", published=row.published_at is not None)
+            key = (row.tenant, row.job_id)
+            if row.status in TERMINAL_STATUSES:
+                outcome[key] = Admitted("done", published=row.published_at is not None)
             elif row.cancel_requested_at is not None:
-                outcome[row.job_id] = Admitted("cancelled")
+                outcome[key] = Admitted("cancelled")
             else:
-                outcome[row.job_id] = Admitted("superseded")
+                outcome[key] = Admitted("superseded")
     if len(outcome) < len(rows):  # a row deleted between the two statements (retention): try again
-        outcome.update(admit(conn, [r for r in rows if r.job_id not in outcome]))
+        outcome.update(admit(conn, [r for r in rows if (r.tenant, r.job_id) not in outcome]))
     return outcome
 
 
+def _keyed(keys: Sequence[JobKey]):
+    """The rows of these (tenant, job_id) keys."""
+    return tuple_(jobs.c.tenant, jobs.c.job_id).in_(list(keys))
+
+
 def _newer_owner(excluded):
-    """The row's attempt was admitted in a later group generation than this admission's record, lately:
-    the record's partition has moved on, and its new owner runs the job. (A generation older than the
-    fence's window is not trusted: a group that was deleted and made again counts from 0.)"""
-    return (jobs.c.admitted_generation > excluded.admitted_generation) & (
-        jobs.c.updated_at > excluded.queued_at - GENERATION_FENCE
+    """The row's attempt was admitted in a later group generation than this admission's record, lately,
+    by another worker: the record's partition has moved on, and its new owner runs the job. (A generation
+    older than the fence's window is not trusted: a group that was deleted and made again counts from 0.)
+    An attempt this same worker admitted is no other owner's: the worker admits only what it does not run
+    (a job it runs is held before any write), so that attempt was dropped here (aborted without a row) and
+    this copy re-admits the job rather than wait for a run that nobody does."""
+    return (
+        (jobs.c.admitted_generation > excluded.admitted_generation)
+        & (jobs.c.updated_at > excluded.queued_at - GENERATION_FENCE)
+        & jobs.c.worker_id.is_distinct_from(excluded.worker_id)
     )
 
 
@@ -154,27 +170,32 @@ def _queued_values(r: Admission) -> dict[str, Any]:
     }
 
 
-def mark_running(conn: Connection, started: Sequence[tuple[str, datetime, int]]) -> None:
-    """One executemany for a step's worth of starts (job_id, when, attempt): per-row statements cost the
-    worker's GIL time. A start of an attempt the job has moved past (re-queued elsewhere) writes nothing."""
+def mark_running(conn: Connection, started: Sequence[tuple[str, str, datetime, int]]) -> None:
+    """One executemany for a step's worth of starts (tenant, job_id, when, attempt): per-row statements
+    cost the worker's GIL time. A start of an attempt the job has moved past (re-queued elsewhere) writes
+    nothing."""
     if not started:
         return
     stmt = (
         jobs.update()
         .where(
             jobs.c.job_id == bindparam("started_id"),
+            jobs.c.tenant == bindparam("started_tenant"),
             jobs.c.status == "queued",
             jobs.c.attempts == bindparam("started_attempt"),
         )
         .values(status="running", started_at=bindparam("start_time"), updated_at=bindparam("start_time"))
     )
-    rows = [{"started_id": j, "start_time": at, "started_attempt": n} for j, at, n in started]
+    rows = [
+        {"started_tenant": t, "started_id": j, "start_time": at, "started_attempt": n}
+        for t, j, at, n in started
+    ]
     conn.execute(stmt, rows)
 
 
-def _live(job_id: str | BindParameter, attempt: int | BindParameter | None):
+def _live(tenant: str | BindParameter, job_id: str | BindParameter, attempt: int | BindParameter | None):
     """The job's row while it is not terminal and, for a known attempt, still that attempt's."""
-    where = (jobs.c.job_id == job_id) & jobs.c.status.not_in(TERMINAL_STATUSES)
+    where = (jobs.c.job_id == job_id) & (jobs.c.tenant == tenant) & jobs.c.status.not_in(TERMINAL_STATUSES)
     return where if attempt is None else where & (jobs.c.attempts == attempt)
 
 
@@ -183,7 +204,8 @@ def finish(conn: Connection, row: Terminal, now: datetime) -> Row | None:
     or a later attempt owns the job now (a worker that lost the job's partition concluded it late)."""
     stmt = _finish_statement(tuple(sorted(row.values)), row.attempt is not None)
     params = {f"v_{k}": v for k, v in row.values.items()}
-    params.update(finish_id=row.job_id, finish_attempt=row.attempt, finish_status=row.status, finish_now=now)
+    params.update(finish_tenant=row.tenant, finish_id=row.job_id, finish_attempt=row.attempt)
+    params.update(finish_status=row.status, finish_now=now)
     return conn.execute(stmt, params).first()
 
 
@@ -191,29 +213,32 @@ def finish(conn: Connection, row: Terminal, now: datetime) -> Row | None:
 def _finish_statement(columns: tuple[str, ...], fenced: bool) -> Update:
     """One prepared statement per set of columns: building and cache-keying a fresh UPDATE for every
     job cost the persister ~0.75 ms of GIL time a job, time the engine thread waited for."""
-    where = _live(bindparam("finish_id"), bindparam("finish_attempt") if fenced else None)
+    attempt = bindparam("finish_attempt") if fenced else None
+    where = _live(bindparam("finish_tenant"), bindparam("finish_id"), attempt)
     values = {c: bindparam(f"v_{c}") for c in columns}
     values.update(status=bindparam("finish_status"), updated_at=bindparam("finish_now"))
     return jobs.update().where(where).values(values).returning(*jobs.c)
 
 
-def superseded_by(conn: Connection, job_id: str, attempt: int | None) -> Coordinates | None:
+def superseded_by(conn: Connection, tenant: str, job_id: str, attempt: int | None) -> Coordinates | None:
     """The record of a later attempt than `attempt` that owns the job and has not ended yet, if any."""
     if attempt is None:
         return None
     query = select(jobs.c.attempts, jobs.c.source_topic, jobs.c.source_partition, jobs.c.source_offset)
-    current = conn.execute(query.where(_live(job_id, None))).first()
+    current = conn.execute(query.where(_live(tenant, job_id, None))).first()
     if current is None or current.attempts == attempt:
         return None
     return current.source_topic, current.source_partition, current.source_offset
 
 
-def insert_terminal(conn: Connection, job_id: str, status: str, values: dict[str, Any]) -> Row | None:
+def insert_terminal(
+    conn: Connection, tenant: str, job_id: str, status: str, values: dict[str, Any]
+) -> Row | None:
     """A terminal row for a job that never ran here (rejected): the first wins, an existing id stays."""
     stmt = (
         insert(jobs)
-        .values(job_id=job_id, status=status, **values)
-        .on_conflict_do_nothing(index_elements=[jobs.c.job_id])
+        .values(**values, job_id=job_id, tenant=tenant, status=status)
+        .on_conflict_do_nothing(index_elements=[jobs.c.job_id, jobs.c.tenant])
         .returning(*jobs.c)
     )
     return conn.execute(stmt).first()
@@ -225,7 +250,8 @@ def request_cancel(
     """Record a tenant's cancel durably; the row if it was created `cancelled` (nobody had the job yet).
 
     A queued or running job of that tenant gets `cancel_requested_at`: its owner aborts it, and any later
-    admission (a redelivery after a crash) ends it as cancelled instead of running it.
+    admission (a redelivery after a crash) ends it as cancelled instead of running it. A cancel for an id
+    the tenant has no job under yet makes a row of that tenant's only: no other tenant's id is touched.
     """
     stmt = insert(jobs).values(
         job_id=job_id,
@@ -242,30 +268,25 @@ def request_cancel(
         **claim,
     )
     stmt = stmt.on_conflict_do_update(
-        index_elements=[jobs.c.job_id],
+        index_elements=[jobs.c.job_id, jobs.c.tenant],
         set_={"cancel_requested_at": stmt.excluded.cancel_requested_at},
-        where=(
-            (jobs.c.tenant == stmt.excluded.tenant)
-            & jobs.c.status.not_in(TERMINAL_STATUSES)
-            & jobs.c.cancel_requested_at.is_(None)
-        ),
+        where=jobs.c.status.not_in(TERMINAL_STATUSES) & jobs.c.cancel_requested_at.is_(None),
     ).returning(*jobs.c)
     row = conn.execute(stmt).first()
     return row if row is not None and row.status == "cancelled" else None
 
 
-def cancel_requested(conn: Connection, job_ids: Sequence[str]) -> set[str]:
-    """Of these (in-flight) jobs, those with a recorded cancel."""
-    if not job_ids:
+def cancel_requested(conn: Connection, keys: Sequence[JobKey]) -> set[JobKey]:
+    """Of these (in-flight) jobs, (tenant, job_id) of those with a recorded cancel."""
+    if not keys:
         return set()
-    query = select(jobs.c.job_id).where(
-        jobs.c.job_id.in_(list(job_ids)), jobs.c.cancel_requested_at.is_not(None)
-    )
-    return set(conn.execute(query).scalars())
+    query = select(jobs.c.tenant, jobs.c.job_id).where(_keyed(keys), jobs.c.cancel_requested_at.is_not(None))
+    return {(tenant, job_id) for tenant, job_id in conn.execute(query)}
 
 
 def fail(
     conn: Connection,
+    tenant: str,
     job_id: str,
     error: str,
     now: datetime,
@@ -275,7 +296,7 @@ def fail(
     """Make a job `failed` with a reason, writing nothing else (used when its real row cannot be stored)."""
     return conn.execute(
         jobs.update()
-        .where(_live(job_id, attempt))
+        .where(_live(tenant, job_id, attempt))
         .values(
             status="failed",
             finish_reason="error",
@@ -288,5 +309,6 @@ def fail(
     ).first()
 
 
-def status_of(conn: Connection, job_id: str) -> str | None:
-    return conn.execute(select(jobs.c.status).where(jobs.c.job_id == job_id)).scalar_one_or_none()
+def status_of(conn: Connection, job_id: str, tenant: str = "default") -> str | None:
+    query = select(jobs.c.status).where(jobs.c.job_id == job_id, jobs.c.tenant == tenant)
+    return conn.execute(query).scalar_one_or_none()

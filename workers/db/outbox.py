@@ -23,10 +23,11 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Row, bindparam, func, literal, select
+from sqlalchemy import Connection, Row, bindparam, func, literal, select, tuple_
 
 from schemas.jobs import Choice, JobResult, Timings, Usage
 from schemas.tables import TERMINAL_STATUSES, jobs
+from workers.db.jobs import JobKey
 
 # Engine finish reasons that are not in the contract's FinishReasonName map to these.
 _FINISH_REASONS = {"stop", "length", "abort", "expired", "rejected", "error"}
@@ -86,14 +87,14 @@ def is_compact(error: str | None) -> bool:
     return error is not None and error.startswith(COMPACT_NOTE)
 
 
-def note_too_large(conn: Connection, job_id: str, worker_id: str, note: str, now: datetime) -> Row | None:
+def note_too_large(conn: Connection, key: JobKey, worker_id: str, note: str, now: datetime) -> Row | None:
     """Mark a row whose result this worker publishes as too large (its result is the compact form from
     now on); `note` starts with COMPACT_NOTE and goes before the row's own error. None when the row is no
     longer this worker's to publish (taken over, or published)."""
     prior = func.coalesce(literal("; ") + jobs.c.error, literal(""))
     stmt = (
         jobs.update()
-        .where(jobs.c.job_id == job_id, jobs.c.publisher == worker_id, jobs.c.published_at.is_(None))
+        .where(_is(key), jobs.c.publisher == worker_id, jobs.c.published_at.is_(None))
         .values(error=literal(note) + prior, updated_at=now)
         .returning(*jobs.c)
     )
@@ -108,22 +109,29 @@ def claim(worker_id: str, now: datetime) -> dict[str, object]:
     return {"publisher": worker_id, "publish_lease_until": now + timedelta(seconds=LEASE_S)}
 
 
-def renew(conn: Connection, job_ids: Sequence[str], worker_id: str, now: datetime) -> set[str]:
-    """Extend this worker's leases; the job_ids it still publishes (not taken over, not published)."""
-    if not job_ids:
+def renew(conn: Connection, keys: Sequence[JobKey], worker_id: str, now: datetime) -> set[JobKey]:
+    """Extend this worker's leases; the jobs it still publishes (not taken over, not published)."""
+    if not keys:
         return set()
-    params = {"ids": list(job_ids), "worker": worker_id, "until": now + timedelta(seconds=LEASE_S)}
-    return set(conn.execute(_RENEW, params).scalars())
+    params = {"keys": list(keys), "worker": worker_id, "until": now + timedelta(seconds=LEASE_S)}
+    return {(tenant, job_id) for tenant, job_id in conn.execute(_RENEW, params)}
+
+
+def _is(key: JobKey):
+    return (jobs.c.tenant == key[0]) & (jobs.c.job_id == key[1])
 
 
 # Built once (an IN list of any length binds as one expanding parameter): building them per batch cost
 # the persister GIL time that the engine thread waited for.
-_MINE = (jobs.c.job_id.in_(bindparam("ids", expanding=True)), jobs.c.publisher == bindparam("worker"))
+_MINE = (
+    tuple_(jobs.c.tenant, jobs.c.job_id).in_(bindparam("keys", expanding=True)),
+    jobs.c.publisher == bindparam("worker"),
+)
 _RENEW = (
     jobs.update()
     .where(*_MINE, jobs.c.published_at.is_(None))
     .values(publish_lease_until=bindparam("until"))
-    .returning(jobs.c.job_id)
+    .returning(jobs.c.tenant, jobs.c.job_id)
 )
 _MARK_PUBLISHED = jobs.update().where(*_MINE).values(published_at=bindparam("at"), publish_lease_until=None)
 
@@ -137,48 +145,56 @@ def _lapsed(now: datetime):
     return jobs.c.publish_lease_until.is_(None) | (jobs.c.publish_lease_until < now)
 
 
-def take_over(conn: Connection, job_id: str, worker_id: str, now: datetime) -> tuple[str, Row | None]:
+def take_over(conn: Connection, key: JobKey, worker_id: str, now: datetime) -> tuple[str, Row | None]:
     """For a redelivered terminal job: ("published", None), ("taken", row) when this worker may publish
     its result now (its own lease, or a lapsed one), or ("held", None) while another publisher's holds."""
     stmt = (
         jobs.update()
-        .where(jobs.c.job_id == job_id, *_unpublished(), (jobs.c.publisher == worker_id) | _lapsed(now))
+        .where(_is(key), *_unpublished(), (jobs.c.publisher == worker_id) | _lapsed(now))
         .values(**claim(worker_id, now))
         .returning(*jobs.c)
     )
     row = conn.execute(stmt).first()
     if row is not None:
         return "taken", row
-    published = conn.execute(select(jobs.c.published_at).where(jobs.c.job_id == job_id)).first()
+    published = conn.execute(select(jobs.c.published_at).where(_is(key))).first()
     return ("held", None) if published is not None and published.published_at is None else ("published", None)
 
 
 def claim_lapsed(
-    conn: Connection, worker_id: str, now: datetime, source_topics: Sequence[str], limit: int
+    conn: Connection,
+    worker_id: str,
+    now: datetime,
+    source_topics: Sequence[str],
+    limit: int,
+    source_prefix: str | None = None,
 ) -> list[Row]:
     """Claim (as `take_over` does) up to `limit` unpublished terminal rows whose lease lapsed, oldest
-    first, among the jobs that came from `source_topics` (one deployment's: a database may serve several,
-    and a result must go to its own deployment's topic). Rows another sweeper is claiming at the same time
-    are skipped, not waited for."""
+    first, among the jobs that came from `source_topics`, or from topics named `source_prefix`... (one
+    deployment's: a database may serve several, and a result must go to its own deployment's topic). Rows
+    another sweeper is claiming at the same time are skipped, not waited for."""
+    ours = jobs.c.source_topic.in_(list(source_topics))
+    if source_prefix:  # per-tenant topics: whichever tenants exist
+        ours = ours | jobs.c.source_topic.startswith(source_prefix, autoescape=True)
     pick = (
-        select(jobs.c.job_id)
-        .where(*_unpublished(), _lapsed(now), jobs.c.source_topic.in_(list(source_topics)))
+        select(jobs.c.tenant, jobs.c.job_id)
+        .where(*_unpublished(), _lapsed(now), ours)
         .order_by(jobs.c.finished_at)
         .limit(limit)
         .with_for_update(skip_locked=True)
     )
     stmt = (
         jobs.update()
-        .where(jobs.c.job_id.in_(pick), *_unpublished(), _lapsed(now))
+        .where(tuple_(jobs.c.tenant, jobs.c.job_id).in_(pick), *_unpublished(), _lapsed(now))
         .values(**claim(worker_id, now))
         .returning(*jobs.c)
     )
     return list(conn.execute(stmt))
 
 
-def mark_published(conn: Connection, job_ids: Sequence[str], worker_id: str, now: datetime) -> None:
-    if job_ids:
-        conn.execute(_MARK_PUBLISHED, {"ids": list(job_ids), "worker": worker_id, "at": now})
+def mark_published(conn: Connection, keys: Sequence[JobKey], worker_id: str, now: datetime) -> None:
+    if keys:
+        conn.execute(_MARK_PUBLISHED, {"keys": list(keys), "worker": worker_id, "at": now})
 
 
 def count_unpublished(conn: Connection) -> int:

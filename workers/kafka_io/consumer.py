@@ -55,15 +55,20 @@ class _Listener(ConsumerRebalanceListener):
         self._push("lost", lost)
 
 
+PATTERN_REFRESH_MS = 30_000  # how soon a pattern subscription finds a new topic (a new tenant's)
+
+
 class GroupConsumer:
     def __init__(
         self,
         conn: KafkaConnection,
         group_id: str,
-        topics: Sequence[str],
+        topics: Sequence[str] | str,
         client_id: str,
         max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
     ) -> None:
+        """`topics`: the topics to read, or one regex of them (topics made later are read too, from the
+        next metadata refresh: within PATTERN_REFRESH_MS)."""
         self._events: queue.Queue[RebalanceEvent] = queue.Queue()
         self._committed: queue.Queue[dict[Partition, int]] = queue.Queue()
         self._commit_lock = threading.Lock()
@@ -81,9 +86,13 @@ class GroupConsumer:
             session_timeout_ms=10_000,
             heartbeat_interval_ms=2_000,
             partition_assignment_strategy=(CooperativeStickyAssignor,),
+            metadata_max_age_ms=PATTERN_REFRESH_MS if isinstance(topics, str) else 300_000,
         )
         guard(self._consumer, max_decompressed_bytes)
-        self._consumer.subscribe(list(topics), listener=_Listener(self._events))
+        if isinstance(topics, str):
+            self._consumer.subscribe(pattern=topics, listener=_Listener(self._events))
+        else:
+            self._consumer.subscribe(list(topics), listener=_Listener(self._events))
 
     # ---- records --------------------------------------------------------------------------------
     def poll(self, timeout_s: float, max_records: int | None = None) -> list[Record]:

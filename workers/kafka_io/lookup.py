@@ -30,7 +30,7 @@ class KeyLookup:
     def present(self, topic: str, wanted: Mapping[str, tuple[int, bytes]]) -> set[str]:
         """The keys of `wanted` (key -> (since_ms, value)) whose exact value is in `topic` at or after
         their time (Kafka timestamps). Only the same bytes count: another tenant's message under the same
-        key (a `rejected` result for a foreign job_id) is not this one.
+        key (its job of the same job_id) is not this one.
 
         Raises when the broker cannot say within about `timeout_s` (each call to it is bounded); the
         caller must then neither resend nor assume delivery.

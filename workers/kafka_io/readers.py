@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from kafka import KafkaConsumer, TopicPartition
 
 from workers.kafka_io.batches import guard, recover
@@ -15,25 +17,39 @@ class BroadcastReader:
 
     A batch it cannot decode comes up once as one undecodable `Record` spanning the batch (the group member
     that owns the partition dead-letters it), and reading goes on after it; no error stops the reader.
+    Given a regex, it reads the topics that match when it starts (a topic made later is not read here:
+    its group reader still handles every message of it durably).
     """
 
     def __init__(
         self,
         conn: KafkaConnection,
-        topic: str,
+        topic: str | re.Pattern[str],
         client_id: str,
         max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
     ) -> None:
         self._consumer = KafkaConsumer(**conn.client_options(), client_id=client_id, enable_auto_commit=False)
         guard(self._consumer, max_decompressed_bytes)
-        parts = self._consumer.partitions_for_topic(topic) or {0}
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        if isinstance(topic, str):
+            names = [topic]
+        else:
+            names = sorted(t for t in self._consumer.topics() if topic.fullmatch(t))
+        tps = [
+            TopicPartition(name, p)
+            for name in names
+            for p in sorted(self._consumer.partitions_for_topic(name) or {0})
+        ]
+        self._idle = not tps  # nothing to read (no tenant yet)
+        if self._idle:
+            return
         self._consumer.assign(tps)
         self._consumer.seek_to_end(*tps)
         for tp in tps:  # resolve the end now: a message written after the reader exists is read
             self._consumer.position(tp, timeout_ms=10_000)
 
     def poll(self, timeout_s: float = 0.0) -> list[Record]:
+        if self._idle:
+            return []
         try:
             batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000))
         except Exception as exc:  # noqa: BLE001 - a broker hiccup or a bad batch must not stop the worker

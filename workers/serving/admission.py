@@ -1,7 +1,7 @@
 """Admission: accepted records become `queued` rows (or are recognised as redeliveries) before they run.
 
 Admission writes synchronously, since what the table says decides what happens next (run it as attempt N,
-republish a finished job's result, refuse another tenant's id, honour an earlier cancel). It never stops
+republish a finished job's result, honour an earlier cancel); job ids are per tenant. It never stops
 the worker: while PostgreSQL is away the records wait here, intake is paused, and tries are spaced by
 jittered backoff; a row PostgreSQL refuses for its data is split off and rejected on its own.
 """
@@ -85,7 +85,7 @@ class Admitter:
         rows = [self._row(a, now) for a in batch]
         with self._db.begin() as conn:
             outcomes = admit(conn, rows)
-        return [Decision(a, outcomes[a.job_id]) for a in batch]
+        return [Decision(a, outcomes[(a.tenant, a.job_id)]) for a in batch]
 
     def _one_by_one(self, batch: list[Accepted]) -> tuple[list[Decision], list[Rejected]]:
         decisions: list[Decision] = []
@@ -98,7 +98,7 @@ class Admitter:
                     self._later(batch[i:], exc)
                     break
                 error = f"job could not be stored: {describe_error(exc)}"
-                rejected.append(rejection(a.record, a.priority, error, "unstorable", a.job_id))
+                rejected.append(rejection(a.record, a.priority, error, "unstorable", a.job_id, a.tenant))
         return decisions, rejected
 
     def _later(self, batch: list[Accepted], exc: Exception) -> None:
@@ -130,13 +130,13 @@ class Admitter:
 
 
 def _first_of_each_id(pending: list[Accepted]) -> tuple[list[Accepted], list[Accepted]]:
-    """One record per job_id goes to the table now (one statement cannot upsert a row twice); later
-    copies wait a round, when the first one's outcome (held, done, foreign) settles them."""
+    """One record per job (tenant, job_id) goes to the table now (one statement cannot upsert a row
+    twice); later copies wait a round, when the first one's outcome (held, done) settles them."""
     first: dict[str, Accepted] = {}
     later: list[Accepted] = []
     for a in pending:
-        if a.job_id in first:
+        if a.key in first:
             later.append(a)
         else:
-            first[a.job_id] = a
+            first[a.key] = a
     return list(first.values()), later

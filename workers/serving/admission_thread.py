@@ -44,7 +44,7 @@ class AdmissionThread:
         # jobs decided "start" whose decision the engine loop has not settled yet: until it has, a copy
         # of the same job is held here, or it would be re-queued as a second attempt of a job that is
         # about to run (whose first attempt's writes the attempt fence would then refuse)
-        self._starting: dict[str, str] = {}  # job_id -> tenant
+        self._starting: set[str] = set()  # their keys (Accepted.key)
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="inferq-admission", daemon=True)
 
@@ -99,7 +99,7 @@ class AdmissionThread:
         with self._lock:
             for d in decisions:
                 if d.outcome.kind == "start":
-                    self._starting.pop(d.accepted.job_id, None)
+                    self._starting.discard(d.accepted.key)
 
     def close(self, timeout_s: float = 5.0) -> None:
         self._inbox.put(None)
@@ -136,7 +136,7 @@ class AdmissionThread:
                 with self._lock:
                     for d in decisions:
                         if d.outcome.kind == "start":
-                            self._starting[d.accepted.job_id] = d.accepted.tenant
+                            self._starting.add(d.accepted.key)
                 self._out.put((decisions, rejected))
                 keys = {d.accepted.record.coordinates for d in decisions} | {
                     r.record.coordinates for r in rejected
@@ -146,7 +146,7 @@ class AdmissionThread:
 
     def _is_held(self, a: Accepted) -> bool:
         with self._lock:
-            starting = self._starting.get(a.job_id) == a.tenant
+            starting = a.key in self._starting
         return starting or self._held_by_loop(a)
 
     def _settled(self, n: int, keys: set[Coordinates]) -> None:

@@ -8,7 +8,7 @@ A cancel reaches a worker three ways, and any one of them is enough:
   every worker remembers recent cancels so a job admitted just after its cancel arrived never runs;
 - the persister's periodic look-up of recorded cancels among the jobs a worker runs.
 Admission also refuses to start a job whose row holds a cancel. Only the tenant that owns a job can
-cancel it.
+cancel it: a cancel names (tenant, job_id), and with per-tenant topics its tenant is its topic's.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import time
 from collections import OrderedDict
 
 from schemas.jobs import CancelRequest
+from schemas.topics import Topics
 from schemas.validation import InvalidMessage, Limits, parse_control
 from workers.kafka_io import Record
 
@@ -24,11 +25,24 @@ REMEMBER_S = 600.0  # how long a broadcast cancel is remembered for jobs not see
 MAX_REMEMBERED = 100_000
 
 
-def parse(record: Record, limits: Limits) -> CancelRequest | None:
+def parse(record: Record, limits: Limits, topics: Topics) -> CancelRequest | str:
+    """The cancel a control record asks for, or why it is refused. With per-tenant topics its tenant is
+    the topic's: a cancel that names another tenant is refused."""
+    if record.undecodable:
+        return record.undecodable
     try:
-        return parse_control(record.value, limits) if not record.undecodable else None
-    except InvalidMessage:
-        return None
+        cancel = parse_control(record.value, limits)
+    except InvalidMessage as exc:
+        return f"not a valid control message: {exc}"
+    tenant = topics.tenant_of(record.topic) if topics.tenants else None
+    if tenant is None:
+        return cancel
+    if "tenant" in cancel.model_fields_set and cancel.tenant != tenant:
+        return (
+            f"tenant {cancel.tenant!r} does not match the topic's tenant {tenant!r}: a tenant cancels "
+            "only its own jobs"
+        )
+    return cancel.model_copy(update={"tenant": tenant})
 
 
 class RecentCancels:

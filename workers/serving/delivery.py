@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Protocol
 
 from workers.kafka_io import Delivery
@@ -12,6 +12,8 @@ from workers.kafka_io.errors import kafka_refused
 from workers.serving.retry import Backoff, describe_error, is_transient
 
 log = logging.getLogger(__name__)
+
+Name = Hashable  # what names a message in a delivery (a job's (tenant, job_id), a dead letter's label)
 
 
 class Waitable(Protocol):
@@ -26,17 +28,17 @@ LOOKUP_TRIES = 4  # failed lookups in a row before doubtful messages are sent an
 class _Doubts:
     """Messages that may be in the topic already, and the lookups that settle them."""
 
-    def __init__(self, what: str, landed: Callable[[list[str]], set[str]] | None, names: set[str]) -> None:
+    def __init__(self, what: str, landed: Callable[[list[Name]], set[Name]] | None, names: set[Name]) -> None:
         self.what = what
         self.landed = landed
         self.names = names if landed is not None else set()
         self.failures = 0
 
-    def add(self, name: str) -> None:
+    def add(self, name: Name) -> None:
         if self.landed is not None:
             self.names.add(name)
 
-    def settle(self, pending: dict) -> tuple[list[str], BaseException | None]:
+    def settle(self, pending: dict) -> tuple[list[Name], BaseException | None]:
         """Look for the doubtful messages still pending: (those found, the lookup's error if it failed).
 
         A lookup that fails for a reason other than an absent broker, or fails LOOKUP_TRIES times in a
@@ -68,15 +70,15 @@ class _Doubts:
 
 def deliver(
     what: str,
-    sends: dict[str, Callable[[], Delivery]],
-    keep: Callable[[list[str]], set[str]] | None = None,
-    delivered: Callable[[list[str]], None] = lambda names: None,
+    sends: dict[Name, Callable[[], Delivery]],
+    keep: Callable[[list[Name]], set[Name]] | None = None,
+    delivered: Callable[[list[Name]], None] = lambda names: None,
     round_s: float = 5.0,
-    landed: Callable[[list[str]], set[str]] | None = None,
-    unsure: Iterable[str] = (),
-    refused: Callable[[str, BaseException], Callable[[], Delivery] | None] | None = None,
+    landed: Callable[[list[Name]], set[Name]] | None = None,
+    unsure: Iterable[Name] = (),
+    refused: Callable[[Name, BaseException], Callable[[], Delivery] | None] | None = None,
     until: float | None = None,
-) -> set[str]:
+) -> set[Name]:
     """Send every message and wait for the broker; resend only those that failed. Returns the names
     whose message the broker refused for good (their senders must not count them as delivered).
 
@@ -97,8 +99,8 @@ def deliver(
     pending, on_way = dict(sends), {}
     doubts = _Doubts(what, landed, set(unsure) & set(sends))
     backoff = Backoff()
-    given_up: set[str] = set()
-    replaced: list[str] = []  # this round's replacements: sent next round without a backoff
+    given_up: set[Name] = set()
+    replaced: list[Name] = []  # this round's replacements: sent next round without a backoff
 
     def keep_ours() -> None:
         if keep is not None:
@@ -107,7 +109,7 @@ def deliver(
                 pending.pop(name)
                 on_way.pop(name, None)
 
-    def never(name: str, exc: BaseException) -> None:
+    def never(name: Name, exc: BaseException) -> None:
         """The broker will never take this message: replace it, or give it up."""
         replacement = refused(name, exc) if refused is not None else None
         if replacement is not None:

@@ -50,15 +50,34 @@ class Accepted:
     def tenant(self) -> str:
         return self.job.tenant
 
+    @property
+    def key(self) -> str:
+        """What names this job inside the worker (the engine's request id): job ids are per tenant."""
+        return job_key(self.tenant, self.job_id)
+
+
+def job_key(tenant: str, job_id: str) -> str:
+    """One string for (tenant, job_id), unambiguous: a job id never contains `#` (see JobRequest)."""
+    return f"{job_id}#{tenant}"
+
 
 def derived_job_id(record: Record) -> str:
     """The id of a job that brought none: stable across redeliveries of the same message."""
     return f"{record.topic}:{record.partition}:{record.offset}"
 
 
-def rejection(record: Record, priority: str, error: str, reason: str, job_id: str | None = None) -> Rejected:
+def rejection(
+    record: Record,
+    priority: str,
+    error: str,
+    reason: str,
+    job_id: str | None = None,
+    tenant: str | None = None,
+) -> Rejected:
+    """`tenant`: the tenant the record is known to come from (its topic's, or its admitted job's); without
+    it, the one the message claims."""
     job_id = job_id or peek_job_id(record.value) or derived_job_id(record)
-    return Rejected(record, job_id, peek_tenant(record.value), priority, error, reason)
+    return Rejected(record, job_id, tenant or peek_tenant(record.value), priority, error, reason)
 
 
 class Intake:
@@ -81,28 +100,38 @@ class Intake:
 
     def accept(self, record: Record) -> Accepted | Rejected:
         priority = self.topics.priority_of(record.topic)
+        # with per-tenant topics the topic proves the tenant (only its principal may write there)
+        tenant = self.topics.tenant_of(record.topic) if self.topics.tenants else None
         if record.undecodable:
-            return rejection(record, priority, record.undecodable, "undecodable", derived_job_id(record))
+            job_id = derived_job_id(record)
+            return rejection(record, priority, record.undecodable, "undecodable", job_id, tenant)
         try:
-            return self._accept(record, priority)
+            return self._accept(record, priority, tenant)
         except InvalidMessage as exc:
-            return rejection(record, priority, str(exc), "invalid")
+            return rejection(record, priority, str(exc), "invalid", tenant=tenant)
         except Exception as exc:  # noqa: BLE001 - any other failure belongs to this record alone
             log.exception("record %s:%d@%d failed at intake", record.topic, record.partition, record.offset)
-            return rejection(
-                record, priority, f"could not be processed: {type(exc).__name__}: {exc}", "error"
-            )
+            error = f"could not be processed: {type(exc).__name__}: {exc}"
+            return rejection(record, priority, error, "error", tenant=tenant)
 
-    def _accept(self, record: Record, priority: str) -> Accepted | Rejected:
+    def _accept(self, record: Record, priority: str, tenant: str | None) -> Accepted | Rejected:
         job = parse_job(record.value, self.limits)
         job_id = job.job_id or derived_job_id(record)
+        if tenant is not None:
+            if "tenant" in job.model_fields_set and job.tenant != tenant:
+                error = (
+                    f"tenant {job.tenant!r} does not match the topic's tenant {tenant!r}: a job is posted "
+                    "as the tenant whose topic it is on"
+                )
+                return rejection(record, priority, error, "wrong_tenant", job_id, tenant)
+            job = job.model_copy(update={"tenant": tenant})
         try:
             prompt_text, ids, max_tokens = self.prepare(job)
             grammar = self.grammar(job)
         except PromptTooLong as exc:
-            return rejection(record, priority, str(exc), "too_long", job_id)
+            return rejection(record, priority, str(exc), "too_long", job_id, job.tenant)
         except InvalidGrammar as exc:
-            return rejection(record, priority, str(exc), "invalid_grammar", job_id)
+            return rejection(record, priority, str(exc), "invalid_grammar", job_id, job.tenant)
         return Accepted(record, job_id, priority, job, prompt_text, ids, max_tokens, grammar)
 
     def grammar(self, job: JobRequest) -> Any:

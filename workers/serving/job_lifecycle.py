@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from gpu.engine import Engine, EngineRequest, RequestOutput
@@ -27,7 +28,7 @@ from workers.serving.admission_thread import AdmissionThread
 from workers.serving.choices import LogprobFormatter
 from workers.serving.delivery import Waitable
 from workers.serving.inflight import InFlightJob
-from workers.serving.intake import Accepted, Intake
+from workers.serving.intake import Accepted, Intake, job_key
 from workers.serving.job_log import job_event
 from workers.serving.metrics import WorkerMetrics
 from workers.serving.offsets import OffsetTracker
@@ -73,7 +74,7 @@ class JobLifecycle:
         self.offsets, self.metrics = offsets, metrics
         self.owned = owned  # the partitions this worker owns now
         self.write = write  # hands row writes to the persister
-        self.jobs: dict[str, InFlightJob] = {}
+        self.jobs: dict[str, InFlightJob] = {}  # by job_key(tenant, job_id), the engine's request id
         max_model_len = engine.scheduler.config.max_model_len
         # its own tokenizer: it runs on the intake thread while the engine thread detokenizes; grammars
         # are compiled there too (the engine caches them), so a slow schema never holds up a step
@@ -95,7 +96,7 @@ class JobLifecycle:
     # ---- intake ----------------------------------------------------------------------------
     def prepare(self, record: Record) -> Accepted | Rejected | None:
         """A job record validated and tokenized (on the intake thread); None for a control record."""
-        return None if record.topic == self.topics.control else self.intake_rules.accept(record)
+        return None if self.topics.is_control(record.topic) else self.intake_rules.accept(record)
 
     def intake(self, prepared: list[tuple[Record, Accepted | Rejected | None]]) -> None:
         accepted = []
@@ -129,8 +130,7 @@ class JobLifecycle:
             self.admitter.settled(decisions)
 
     def _is_held(self, a: Accepted) -> bool:
-        job = self.jobs.get(a.job_id)
-        return job is not None and job.request.tenant == a.tenant
+        return a.key in self.jobs
 
     def _guarded_settle(self, d: Decision) -> None:
         """Settle one decision; a failure is this job's alone: it ends `failed`, the others go on."""
@@ -140,17 +140,17 @@ class JobLifecycle:
             a = d.accepted
             log.exception("job %s: its admission could not be settled", a.job_id)
             detail = f"admission failed: {describe_error(exc)}"
-            if a.job_id in self.jobs:
-                self.fail(a.job_id, detail)
+            if a.key in self.jobs:
+                self.fail(a.key, detail)
             else:
-                terminal = _ended_before_start(a.job_id, self.worker_id, "failed", "error", detail)
+                terminal = _ended_before_start(a, self.worker_id, "failed", "error", detail)
                 self.items.append(Concluded(terminal, (a.record.coordinates,)))
                 self.metrics.observe_finished("failed", "error")
 
     def _settle(self, d: Decision) -> None:
         a, outcome = d.accepted, d.outcome
         source = a.record.coordinates
-        running = self.jobs.get(a.job_id) if self._is_held(a) else None
+        running = self.jobs.get(a.key)
         if outcome.kind in ("held", "start") and running is not None:
             self._carried_again(running, a, outcome)
         elif outcome.kind == "held":
@@ -164,21 +164,11 @@ class JobLifecycle:
             if outcome.published:
                 self.offsets.ack(a.record.source, a.record.offset)
             else:
-                self.items.append(Republish(a.job_id, (source,)))
-        elif outcome.kind == "foreign":
-            error = f"job_id {a.job_id!r} belongs to another tenant"
-            self._reject(
-                Rejected(a.record, a.job_id, a.tenant, a.priority, error, "foreign_tenant", store_row=False)
-            )
+                self.items.append(Republish(a.job_id, (source,), a.tenant))
         elif outcome.kind == "cancelled" or (a.job_id, a.tenant) in self.recent_cancels:
-            self.items.append(
-                Concluded(
-                    _ended_before_start(
-                        a.job_id, self.worker_id, "cancelled", "abort", "cancelled before it started"
-                    ),
-                    (source,),
-                )
-            )
+            why = "cancelled before it started"
+            ended = _ended_before_start(a, self.worker_id, "cancelled", "abort", why)
+            self.items.append(Concluded(ended, (source,)))
             self.metrics.observe_finished("cancelled", "abort")
             job_event("finished", a.job_id, a.priority, status="cancelled", finish_reason="abort")
         else:
@@ -194,7 +184,7 @@ class JobLifecycle:
                         a.job_id, outcome.attempt, job.attempt)  # fmt: skip
             job.attempt = outcome.attempt
             if job.started_at is not None:
-                self.items.append(Running(job.job_id, job.started_at, job.attempt))
+                self.items.append(Running(job.job_id, job.started_at, job.attempt, tenant=a.tenant))
 
     def _start(self, a: Accepted, attempt: int) -> None:
         created_at = a.record.posted_at(utcnow())
@@ -212,12 +202,12 @@ class JobLifecycle:
         if a.job.timeout_s is not None:
             remaining = (created_at + timedelta(seconds=a.job.timeout_s) - utcnow()).total_seconds()
             deadline = time.monotonic() + remaining
-        self.jobs[a.job_id] = job
-        self.streamer.start(a.job_id, attempt, a.tenant)
+        self.jobs[a.key] = job
+        self.streamer.start(a.key, attempt, a.tenant, a.job_id)
         self.metrics.observe_admitted(job.prompt_tokens)
         self.engine.add_request(
             EngineRequest(
-                request_id=a.job_id,
+                request_id=a.key,
                 prompt_token_ids=a.prompt_token_ids,
                 sampling=sampling_params(a.job, a.max_tokens, self.engine),
                 stop=tuple(a.job.stop),
@@ -249,10 +239,10 @@ class JobLifecycle:
 
     def _control_record(self, record: Record) -> None:
         """A control record this worker owns in the group: record the cancel durably (then ack)."""
-        cancel = cancels.parse(record, self.limits)
-        if cancel is None:
-            error = record.undecodable or "not a valid control message"
-            self._reject(Rejected(record, "", "default", "control", error, "invalid_control", False, False))
+        cancel = cancels.parse(record, self.limits, self.topics)
+        if isinstance(cancel, str):  # why it is refused
+            tenant = self.topics.tenant_of(record.topic) or "default"
+            self._reject(Rejected(record, "", tenant, "control", cancel, "invalid_control", False, False))
             return
         at = record.posted_at(utcnow())
         self.items.append(CancelRequested(cancel.job_id, cancel.tenant, at, (record.coordinates,)))
@@ -263,19 +253,24 @@ class JobLifecycle:
         """Control records every worker reads: remember them, abort the job if it runs here."""
         for record in records:
             try:
-                cancel = cancels.parse(record, self.limits)
-                if cancel is not None:
+                cancel = cancels.parse(record, self.limits, self.topics)
+                if not isinstance(cancel, str):
                     self.recent_cancels.add(cancel.job_id, cancel.tenant)
                     self.cancel(cancel.job_id, cancel.tenant)
             except Exception:  # noqa: BLE001 - the group's reader of this record handles it durably
                 log.exception("broadcast control record %s:%d@%d failed", *record.coordinates)
 
-    def cancel(self, job_id: str, tenant: str | None = None) -> None:
-        """Abort a job this worker runs (`tenant` None: a cancel already checked against the table)."""
-        job = self.jobs.get(job_id)
-        if job is None or (tenant is not None and job.request.tenant != tenant):
+    def cancel(self, job_id: str, tenant: str) -> None:
+        """Abort this tenant's job of that id if it runs here."""
+        key = job_key(tenant, job_id)
+        if key not in self.jobs:
             return
+<<<<<<< HEAD
         for out in self.engine.abort_request(job_id):  # one per live sample
+=======
+        out = self.engine.abort_request(key)
+        if out is not None:
+>>>>>>> tenancy
             self.on_output(out)
 
     # ---- engine outputs --------------------------------------------------------------------
@@ -286,15 +281,20 @@ class JobLifecycle:
             return
         if out.started and job.started_at is None:
             job.started_at = step_started or utcnow()  # first scheduled: when its first step began
-            self.items.append(Running(job.job_id, job.started_at, job.attempt))
+            self.items.append(Running(job.job_id, job.started_at, job.attempt, tenant=job.request.tenant))
             job_event("started", job.job_id, job.priority, attempt=job.attempt,
                       queue_ms=_ms_between(job.created_at, job.started_at))  # fmt: skip
         if out.new_token_ids or out.text_delta:
             text = storable(out.text_delta)  # a model can emit U+0000; stream and row carry the same text
             first = job.first_token_mono is None and bool(out.new_token_ids)
+<<<<<<< HEAD
             logprobs = out.logprobs if job.choices.with_logprobs else None
             gap_s = job.on_tokens(len(out.new_token_ids), text, out.index, out.logprobs)
             self.streamer.add(job.job_id, text, out.new_token_ids, out.index, logprobs)
+=======
+            gap_s = job.on_tokens(len(out.new_token_ids), text)
+            self.streamer.add(out.request_id, text, out.new_token_ids)
+>>>>>>> tenancy
             self.metrics.observe_tokens(job.priority, len(out.new_token_ids), gap_s)
             if first:
                 job_event("first_token", job.job_id, job.priority, attempt=job.attempt,
@@ -303,15 +303,18 @@ class JobLifecycle:
             self._conclude(job, finish, out.detail or None)
 
     def _conclude(self, job: InFlightJob, finish: str, detail: str | None) -> None:
-        del self.jobs[job.job_id]
+        key = job_key(job.request.tenant, job.job_id)
+        del self.jobs[key]
         row, timings = job.conclude(finish, self.worker_id, error=detail)
-        stream_end = self.streamer.finish(job.job_id, finish, job.usage)
+        row = replace(row, tenant=job.request.tenant)
+        stream_end = self.streamer.finish(key, finish, job.usage)
         self.items.append(Concluded(row, tuple(job.sources), stream_end))
         self.metrics.observe_job(row.status, finish, job.priority, timings)
         ms = timings.model_dump(include={"queue_ms", "ttft_ms", "mean_itl_ms", "e2e_ms"})
         job_event("finished", job.job_id, job.priority, status=row.status, finish_reason=finish,
                   attempt=job.attempt, **job.usage.model_dump(), **ms, error=detail)  # fmt: skip
 
+    # below, `job_id` is the engine's request id of a job: job_key(tenant, job_id)
     def hold(self, job_id: str) -> None:
         """Take a job out of the engine (its KV freed) without ending it: a suspect of failing steps, kept
         until it is convicted (`fail`) or the worker gives up (no row: redone elsewhere)."""
@@ -341,8 +344,9 @@ class JobLifecycle:
     def revoke(self, partitions: Iterable[tuple[str, int]]) -> None:
         """Stop this worker's jobs of partitions it no longer owns: their new owner redoes them."""
         revoked = set(partitions)
-        for job in [j for j in self.jobs.values() if (j.sources[0][0], j.sources[0][1]) in revoked]:
-            self._abort_locally(job.job_id)
+        for key, job in list(self.jobs.items()):
+            if (job.sources[0][0], job.sources[0][1]) in revoked:
+                self._abort_locally(key)
         self.admitter.drop(revoked)
 
     def _abort_locally(self, job_id: str) -> None:
@@ -365,6 +369,7 @@ def _ms_between(earlier: datetime, later: datetime | None) -> float | None:
     return None if later is None else max(0.0, (later - earlier).total_seconds() * 1000)
 
 
-def _ended_before_start(job_id: str, worker_id: str, status: str, finish_reason: str, error: str) -> Terminal:
+def _ended_before_start(a: Accepted, worker_id: str, status: str, finish_reason: str, error: str) -> Terminal:
     values = {"finish_reason": finish_reason, "error": error, "worker_id": worker_id}
-    return Terminal(job_id, status, {**values, "finished_at": utcnow(), "completion_tokens": 0})
+    values |= {"finished_at": utcnow(), "completion_tokens": 0}
+    return Terminal(a.job_id, status, values, tenant=a.tenant)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -65,18 +66,25 @@ class Worker:
         self.metrics = metrics or WorkerMetrics()
         topics, conn = settings.topics, settings.kafka_connection
         cid = worker_client_id(options.worker_id)
-        self.group_topics = (*topics.all_jobs, topics.control)
+        # per-tenant topics: a pattern, so a tenant added later is read without a restart (the consumer
+        # sees new topics at its next metadata refresh); only tenant topics, where the topic proves the tenant
+        group_topics: tuple[str, ...] | str = (*topics.all_jobs, topics.control)
+        control_topics: str | re.Pattern[str] = topics.control
+        if topics.tenants:
+            group_topics = topics.tenant_intake_pattern
+            control_topics = re.compile(topics.tenant_control_pattern)
+        self.group_topics = group_topics
         where = f"Kafka at {settings.kafka}"
         self.consumer = until_available(
-            lambda: GroupConsumer(conn, worker_group(settings.topic_prefix), self.group_topics, cid), where
+            lambda: GroupConsumer(conn, worker_group(settings.topic_prefix), group_topics, cid), where
         )
-        self.control = until_available(lambda: BroadcastReader(conn, topics.control, cid + "-control"), where)
+        self.control = until_available(lambda: BroadcastReader(conn, control_topics, cid + "-control"), where)
         self.ready = threading.Event()  # records or admission decisions are waiting for the loop
         # a short block: while the broker is away, sends fail fast and the engine loop keeps generating;
         # sizes checked: a result or dead letter too large for its topic must not break the producer
         self.producer = until_available(lambda: Producer(conn, cid, max_block_s=0.5, check_sizes=True), where)
         drop, log_config = self.metrics.token_events_dropped.inc, (options.worker_id, *logs.current())
-        self.events = TokenEventSender(conn, cid + "-events", topics.tokens, drop, log_config)
+        self.events = TokenEventSender(conn, cid + "-events", topics.tokens_template, drop, log_config)
         self.db = make_engine(settings.database_url)
         self.offsets = OffsetTracker()
         self._in_flight: tuple[str, ...] = ()
@@ -135,7 +143,8 @@ class Worker:
         self.lifecycle.admitter.start()
         self.intake_thread.room = self._room()  # the first poll is bounded too
         self.intake_thread.start()
-        log.info("worker %s serving %s", self.options.worker_id, ", ".join(self.group_topics))
+        serving = self.group_topics if isinstance(self.group_topics, str) else ", ".join(self.group_topics)
+        log.info("worker %s serving %s", self.options.worker_id, serving)
         try:
             while not self._done():
                 self.run_once()
@@ -165,9 +174,9 @@ class Worker:
         self.lifecycle.admit_pending()
         clock.lap("admission")
         self.lifecycle.broadcast(self.intake_thread.broadcast_records())
-        for job_id in self.persister.cancelled():
-            self.lifecycle.cancel(job_id)
-        self._in_flight = tuple(self.lifecycle.jobs)
+        for tenant, job_id in self.persister.cancelled():
+            self.lifecycle.cancel(job_id, tenant)
+        self._in_flight = tuple((j.request.tenant, j.job_id) for j in self.lifecycle.jobs.values())
         clock.lap("control")
         if self.engine.has_unfinished():
             step_started = utcnow()
@@ -273,17 +282,21 @@ class Worker:
         then normal, then high partitions as the jobs held here grow: a backlog waits in Kafka, not here."""
         waiting, limit = self._held(), self.options.max_waiting
         topics = self.settings.topics
+        # the topics of this worker's partitions (with per-tenant topics, those are known only so)
+        assigned = {t for t, _ in self.intake_thread.assignment}
+        if not topics.tenants:
+            assigned |= {*topics.all_jobs, topics.control}
         if self.lifecycle.admitter.blocked or self.persister.depth >= self.options.max_pending_writes:
-            wanted = set(self.group_topics)
+            wanted = assigned
         else:
-            wanted = {t for t in self._paused if t in topics.all_jobs}
+            wanted = {t for t in self._paused if topics.is_jobs(t)}
             thresholds = (("low", limit), ("normal", int(limit * 1.5)), ("high", HARD_CAP_FACTOR * limit))
             for priority, threshold in thresholds:
-                topic = topics.jobs(priority)
+                of_class = {t for t in assigned if topics.is_jobs(t) and topics.priority_of(t) == priority}
                 if waiting >= threshold:
-                    wanted.add(topic)
+                    wanted |= of_class
                 elif waiting < threshold * 3 // 4:
-                    wanted.discard(topic)
+                    wanted -= of_class
         if wanted - self._paused:
             self.intake_thread.request(lambda c, topics=wanted - self._paused: c.pause(topics))
             log.debug("pausing %s (%d jobs waiting)", sorted(wanted - self._paused), waiting)

@@ -26,7 +26,7 @@ from schemas.jobs import JobResult
 from schemas.topics import Topics
 from workers.clock import utcnow
 from workers.db import Engine, Row
-from workers.db.jobs import cancel_requested
+from workers.db.jobs import JobKey, cancel_requested
 from workers.db.outbox import (
     COMPACT_NOTE,
     LEASE_S,
@@ -55,6 +55,7 @@ from workers.serving.writes import (
     apply_all,
     await_stream_ends,
     describe_item,
+    describe_key,
     job_of,
 )
 
@@ -82,7 +83,7 @@ class Persister:
         worker_id: str,
         dead_letter: Callable[[Rejected], Delivery],
         published: KeyLookup,
-        in_flight: Callable[[], Sequence[str]] = tuple,
+        in_flight: Callable[[], Sequence[JobKey]] = tuple,
         failpoint: str = "",
         sweep_s: float | None = SWEEP_S,
     ) -> None:
@@ -97,7 +98,7 @@ class Persister:
         self._failpoint = failpoint  # tests only: die at a chosen point of a batch (see _crash_if)
         self._inbox: queue.Queue[tuple[float, list[WriteItem]] | None] = queue.Queue()
         self._done: queue.Queue[Source] = queue.Queue()  # offsets safe to ack, read by the loop
-        self._cancels: queue.Queue[str] = queue.Queue()  # in-flight jobs with a recorded cancel
+        self._cancels: queue.Queue[JobKey] = queue.Queue()  # in-flight jobs with a recorded cancel
         self._lock = threading.Lock()
         self._pending: dict[int, tuple[float, int]] = {}  # batch id -> (submitted at, items)
         self._unpublished = 0
@@ -108,7 +109,10 @@ class Persister:
         self._sweeper = None
         if sweep_s is not None:
             sources = (*topics.all_jobs, topics.control)
-            self._sweeper = Sweeper(engine, worker_id, sources, self._publish_swept, interval_s=sweep_s)
+            prefix = topics.tenant_root if topics.tenants else None
+            self._sweeper = Sweeper(
+                engine, worker_id, sources, self._publish_swept, interval_s=sweep_s, source_prefix=prefix
+            )
 
     # ---- engine-loop side -------------------------------------------------------------------
     def start(self) -> None:
@@ -137,7 +141,7 @@ class Persister:
     def acked(self) -> list[Source]:
         return _drain(self._done)
 
-    def cancelled(self) -> list[str]:
+    def cancelled(self) -> list[JobKey]:
         return _drain(self._cancels)
 
     def close(self, timeout_s: float = 30.0) -> None:
@@ -215,7 +219,7 @@ class Persister:
         claimed = time.monotonic()  # every lease the store writes runs at least LEASE_S from here
         stored = self._store(items)
         self._crash_if("crash-before-publish", stored)
-        deliver("results", {r.job_id: lambda r=r: self._send_result(r) for r in stored.direct})
+        deliver("results", {(r.tenant, r.job_id): lambda r=r: self._send_result(r) for r in stored.direct})
         refused = self._publish(stored.outbox, claimed, stored.unsure, stored)
         self.written += len(items)
         for item, later in stored.superseded:
@@ -235,32 +239,32 @@ class Persister:
         self,
         rows: list[Row],
         claimed: float,
-        unsure: set[str],
+        unsure: set[JobKey],
         stored: Stored | None,
         until: float | None = None,
-    ) -> set[str]:
+    ) -> set[JobKey]:
         """Publish outbox rows' results (their leases claimed at `claimed`) and mark them published; the
-        job_ids whose result the broker refused even in its compact form."""
-        results = {row.job_id: result_from_row(row) for row in rows}
+        jobs whose result the broker refused even in its compact form."""
+        results = {(row.tenant, row.job_id): result_from_row(row) for row in rows}
         return deliver(
             "results",
-            {job_id: lambda job_id=job_id: self._send_result(results[job_id]) for job_id in results},
-            keep=lambda ids: self._keep(ids, claimed),
-            delivered=lambda ids: self._mark_published(ids, stored),
-            landed=lambda ids: published_already(self._published, self._topics.results, ids, results),
+            {key: lambda key=key: self._send_result(results[key]) for key in results},
+            keep=lambda keys: self._keep(keys, claimed),
+            delivered=lambda keys: self._mark_published(keys, stored),
+            landed=lambda keys: published_already(self._published, self._topics.results_for, keys, results),
             unsure=unsure,
-            refused=lambda job_id, exc: self._compact(job_id, exc, results),
+            refused=lambda key, exc: self._compact(key, exc, results),
             until=until,
         )
 
     def _publish_swept(self, rows: list[Row], claimed: float, until: float) -> None:
         # each may be out already: its publisher died, maybe after the broker took it
-        self._publish(rows, claimed, {row.job_id for row in rows}, None, until)
+        self._publish(rows, claimed, {(row.tenant, row.job_id) for row in rows}, None, until)
 
-    def _compact(self, job_id: str, exc: BaseException, results: dict[str, JobResult]):
+    def _compact(self, key: JobKey, exc: BaseException, results: dict[JobKey, JobResult]):
         """A result the broker refused: the send of its compact form, once its row says so (so whoever
         publishes the row later builds the same message), or None when there is nothing smaller to send."""
-        result = results[job_id]
+        result = results[key]
         if not kafka_too_large(exc) or is_compact(result.error):
             return None
         size = len(result_message(result))
@@ -268,20 +272,22 @@ class Persister:
             f"{COMPACT_NOTE} ({size} bytes; {describe_error(exc)}): published without output_text, "
             "choices and metadata, which this row keeps"
         )
-        noting = lambda conn: note_too_large(conn, job_id, self._worker_id, note, utcnow())  # noqa: E731
+        noting = lambda conn: note_too_large(conn, key, self._worker_id, note, utcnow())  # noqa: E731
         try:
             row = self._retry("noting a result too large", lambda: self._in_tx(noting))
         except Exception as again:  # noqa: BLE001 - the row stays as it is: tried again later
-            log.error("job %s: could not note its result as too large: %s", job_id, describe_error(again))
+            error = describe_error(again)
+            log.error("job %s: could not note its result as too large: %s", describe_key(key), error)
             return None
         if row is None:  # no longer ours to publish (taken over, or published meanwhile)
             return None
-        results[job_id] = result_from_row(row)
+        results[key] = result_from_row(row)
         log.error("job %s: its result (%d bytes) is too large for the results topic; publishing it "
-                  "without output_text, choices and metadata (its row keeps them)", job_id, size)  # fmt: skip
-        return lambda: self._send_result(results[job_id])
+                  "without output_text, choices and metadata (its row keeps them)",
+                  describe_key(key), size)  # fmt: skip
+        return lambda: self._send_result(results[key])
 
-    def _keep(self, ids: list[str], claimed: float) -> set[str]:
+    def _keep(self, ids: list[JobKey], claimed: float) -> set[JobKey]:
         """The results still this worker's to publish, their leases renewed. Leases written moments ago
         are ours without asking (nobody takes a row over before its lease lapses): a round trip saved
         per batch, and its GIL time."""
@@ -290,7 +296,7 @@ class Persister:
         renewing = lambda conn: renew(conn, ids, self._worker_id, utcnow())  # noqa: E731
         return self._retry("renewing publish leases", lambda: self._in_tx(renewing))
 
-    def _mark_published(self, ids: list[str], stored: Stored | None) -> None:
+    def _mark_published(self, ids: list[JobKey], stored: Stored | None) -> None:
         if stored is not None:
             self._crash_if("crash-after-publish", stored)
         try:
@@ -301,7 +307,8 @@ class Persister:
 
     def _send_result(self, result: JobResult) -> Delivery:
         headers = job_headers(result.job_id, result.attempt, result.tenant)
-        return self._producer.send(self._topics.results, result.job_id, result_message(result), headers)
+        topic = self._topics.results_for(result.tenant)  # per-tenant topics: the tenant's own
+        return self._producer.send(topic, result.job_id, result_message(result), headers)
 
     def _crash_if(self, name: str, stored: Stored) -> None:
         crash_if(self._failpoint, name, any(row.status == "succeeded" for row in stored.outbox))
@@ -344,8 +351,8 @@ class Persister:
         except Exception as exc:  # noqa: BLE001 - a lookup that can wait for the next round
             log.debug("cancel lookup failed: %s", describe_error(exc))
             return
-        for job_id in found:
-            self._cancels.put(job_id)
+        for key in found:
+            self._cancels.put(key)
 
     def _count_unpublished(self) -> None:
         try:
@@ -370,14 +377,14 @@ def _drain(q: queue.Queue) -> list:
             return out
 
 
-def _republish(items: list[WriteItem], job_ids: set[str]) -> list[WriteItem]:
+def _republish(items: list[WriteItem], keys: set[JobKey]) -> list[WriteItem]:
     """One Republish per job, carrying every record of these items that waits for its result."""
-    sources: dict[str, list[Source]] = {}
+    sources: dict[JobKey, list[Source]] = {}
     for item in items:
-        job_id = job_of(item)
-        if job_id in job_ids and item.sources:
-            sources.setdefault(job_id, []).extend(item.sources)
-    return [Republish(job_id, tuple(srcs)) for job_id, srcs in sources.items()]
+        key = job_of(item)
+        if key in keys and item.sources:
+            sources.setdefault(key, []).extend(item.sources)
+    return [Republish(job_id, tuple(srcs), tenant) for (tenant, job_id), srcs in sources.items()]
 
 
 def _name(r: Rejected, n: int) -> str:

@@ -7,9 +7,11 @@ yields, from shortly before the row finished.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 from schemas.jobs import JobResult
+from workers.db.jobs import JobKey
 from workers.kafka_io import KeyLookup
 
 LOOK_SLACK_MS = 60_000  # a result's Kafka timestamp may precede its row's finished_at by clock skew
@@ -21,15 +23,34 @@ def result_message(result: JobResult) -> bytes:
 
 
 def published_already(
-    lookup: KeyLookup, topic: str, ids: list[str], results: dict[str, JobResult]
-) -> set[str]:
-    """Which of these results are in the topic already (raises when the broker cannot say)."""
-    finished = {job_id: results[job_id].timings.finished_at for job_id in ids}
-    wanted = {job_id: (since, result_message(results[job_id])) for job_id, since in look_since_ms(finished)}
-    return lookup.present(topic, wanted)
+    lookup: KeyLookup,
+    topic_of: Callable[[str], str],
+    keys: list[JobKey],
+    results: dict[JobKey, JobResult],
+) -> set[JobKey]:
+    """Which of these results (by (tenant, job_id)) are in their tenant's results topic already (raises
+    when the broker cannot say). The topic is searched by Kafka key, the job_id: two tenants' jobs of one
+    id (on a shared topic) are looked for in separate rounds, each found by its own exact bytes."""
+    finished = {key: results[key].timings.finished_at for key in keys}
+    # each round: topic -> job_id -> (tenant, (since, bytes)); a round holds an id once per topic
+    rounds: list[dict[str, dict[str, tuple[str, tuple[int, bytes]]]]] = []
+    for (tenant, job_id), since in look_since_ms(finished):
+        topic = topic_of(tenant)
+        wanted = (since, result_message(results[(tenant, job_id)]))
+        free = next((r for r in rounds if job_id not in r.get(topic, {})), None)
+        if free is None:
+            free = {}
+            rounds.append(free)
+        free.setdefault(topic, {})[job_id] = (tenant, wanted)
+    found: set[JobKey] = set()
+    for r in rounds:
+        for topic, by_id in r.items():
+            present = lookup.present(topic, {job_id: wanted for job_id, (_, wanted) in by_id.items()})
+            found |= {(by_id[job_id][0], job_id) for job_id in present}
+    return found
 
 
-def look_since_ms(finished: dict[str, datetime | None]) -> list[tuple[str, int]]:
+def look_since_ms(finished: dict[JobKey, datetime | None]) -> list[tuple[JobKey, int]]:
     """From when to look for each job's result: its row's finish (the result was sent after it), less a
     minute for the clocks of the worker that wrote the row and of the one that sent the result. A row
     without `finished_at` has no bound to look from: it is not looked for (its result is sent)."""

@@ -43,10 +43,12 @@ class Sweeper:
         interval_s: float = SWEEP_S,
         batch: int = SWEEP_BATCH,
         budget_s: float = SWEEP_BUDGET_S,
+        source_prefix: str | None = None,
     ) -> None:
         self._engine = engine
         self._worker_id = worker_id
         self._sources = tuple(source_topics)  # the deployment's topics: its rows' source topics
+        self._source_prefix = source_prefix  # per-tenant topics: whichever tenant topics exist
         self._publish = publish
         self._interval_s = interval_s
         self._batch = batch
@@ -64,7 +66,9 @@ class Sweeper:
         try:
             claimed = time.monotonic()
             with self._engine.begin() as conn:
-                rows = claim_lapsed(conn, self._worker_id, utcnow(), self._sources, self._batch)
+                rows = claim_lapsed(
+                    conn, self._worker_id, utcnow(), self._sources, self._batch, self._source_prefix
+                )
             if rows:
                 log.info("publishing %d results whose publisher is gone", len(rows))
                 self._publish(rows, claimed, claimed + self._budget_s)

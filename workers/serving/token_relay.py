@@ -142,6 +142,18 @@ class _Drops:
         self._reported = time.monotonic()
 
 
+TENANT_SLOT = "{tenant}"
+
+
+def topic_of(topic: str, headers: Sequence[tuple[str, bytes]]) -> str:
+    """The event's topic: with per-tenant topics (`topic` holds TENANT_SLOT) its tenant's, named by its
+    `tenant` header (the worker sets it from the job's proven tenant)."""
+    if TENANT_SLOT not in topic:
+        return topic
+    tenant = next((v for k, v in headers if k == "tenant"), b"").decode()
+    return topic.replace(TENANT_SLOT, tenant)
+
+
 def relay(topic: str, client_id: str, conn, source: BinaryIO, replies: _Replies) -> None:
     from workers.kafka_io import Producer
     from workers.serving.retry import describe_error, until_available
@@ -149,18 +161,20 @@ def relay(topic: str, client_id: str, conn, source: BinaryIO, replies: _Replies)
     where = f"Kafka at {conn.bootstrap}"
     producer = until_available(lambda: Producer(conn, client_id, max_block_s=0.5), where)
     drops = _Drops(replies)
-    paused_until = 0.0
+    paused_until: dict[str, float] = {}  # by topic: one tenant's missing topic pauses no other's events
     for payload in read_frames(source):
         track, key, value, headers = parse_event(payload)
-        if time.monotonic() < paused_until:
+        target = topic_of(topic, headers)
+        if time.monotonic() < paused_until.get(target, 0.0):
             drops.add(track, "the broker was away a moment ago")
             continue
         try:
-            delivery = producer.send(topic, key, value, headers)
+            delivery = producer.send(target, key, value, headers)
         except Exception as exc:  # noqa: BLE001 - buffer full or no metadata: drop, keep the rest going
-            paused_until = time.monotonic() + SEND_PAUSE_S
-            log.warning("token events are being dropped for %.0fs: %s", SEND_PAUSE_S, describe_error(exc))
-            drops.add(track, describe_error(exc))
+            paused_until[target] = time.monotonic() + SEND_PAUSE_S
+            why = describe_error(exc)
+            log.warning("token events to %s are being dropped for %.0fs: %s", target, SEND_PAUSE_S, why)
+            drops.add(track, why)
             continue
         if track:
             delivery.on_settled(

@@ -25,7 +25,8 @@ class _Delta:
 @dataclass
 class _Pending:
     attempt: int
-    tenant: str  # carried in every event's headers
+    tenant: str  # carried in every event's headers (and, with per-tenant topics, naming its topic)
+    job_id: str
     seq: int = 0
     deltas: dict[int, _Delta] = field(default_factory=dict)  # by sample index
     tokens: int = 0  # token ids not sent yet
@@ -51,10 +52,12 @@ class TokenStreamer:
         self._emit = emit
         self._coalesce_s = coalesce_s
         self._format_logprobs = format_logprobs
-        self._jobs: dict[str, _Pending] = {}
+        self._jobs: dict[str, _Pending] = {}  # by the worker's key of a job (job ids are per tenant)
 
-    def start(self, job_id: str, attempt: int, tenant: str = "default") -> None:
-        self._jobs[job_id] = _Pending(attempt=attempt, tenant=tenant)
+    def start(self, key: str, attempt: int, tenant: str = "default", job_id: str | None = None) -> None:
+        """Start a job's stream under `key` (what the other calls name it by); `job_id` (default: `key`)
+        is what its events carry."""
+        self._jobs[key] = _Pending(attempt=attempt, tenant=tenant, job_id=job_id or key)
 
     def add(
         self,
@@ -83,7 +86,7 @@ class TokenStreamer:
     def finish(self, job_id: str, finish_reason: str, usage: Usage) -> Any:
         """Send the attempt's last event; returns what `emit` returned for it."""
         p = self._jobs.pop(job_id, None)
-        return self._send(job_id, p, finish_reason, usage) if p is not None else None
+        return self._send(p, finish_reason, usage) if p is not None else None
 
     def drop(self, job_id: str) -> None:
         """Forget a job without a final event (aborted locally; another worker redoes it)."""
@@ -91,11 +94,11 @@ class TokenStreamer:
 
     def flush_due(self, force: bool = False) -> None:
         now = time.monotonic()
-        for job_id, p in self._jobs.items():
+        for p in self._jobs.values():
             if p.tokens and (force or now - p.since >= self._coalesce_s):
-                self._send(job_id, p, None, None)
+                self._send(p, None, None)
 
-    def _send(self, job_id: str, p: _Pending, finish_reason: str | None, usage: Usage | None) -> Any:
+    def _send(self, p: _Pending, finish_reason: str | None, usage: Usage | None) -> Any:
         """One event per sample with unsent output, in index order; the last carries `finish_reason`."""
         due = [(i, d) for i, d in sorted(p.deltas.items()) if d.text or d.token_ids]
         if not due:
@@ -107,7 +110,7 @@ class TokenStreamer:
             if delta.logprobs is not None and self._format_logprobs is not None:
                 logprobs = self._format_logprobs(delta.logprobs)
             event = TokenEvent(
-                job_id=job_id,
+                job_id=p.job_id,
                 attempt=p.attempt,
                 seq=p.seq,
                 text="".join(delta.text),

@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
 
 from schemas.jobs import JobResult
 from workers.db import Connection, Row
 from workers.db.jobs import (
+    JobKey,
     Terminal,
     fail,
     finish,
@@ -47,7 +48,7 @@ class Stored:
     outbox: list[Row] = field(default_factory=list)  # publish (this worker holds the lease), then mark
     direct: list[JobResult] = field(default_factory=list)  # publish only (there is no row of ours)
     deferred: list[Any] = field(default_factory=list)  # items to try again later (not acked meanwhile)
-    unsure: set[str] = field(default_factory=set)  # outbox job_ids whose result may be out already
+    unsure: set[JobKey] = field(default_factory=set)  # outbox jobs whose result may be out already
     # items of an attempt a later one replaced, each with the record that later attempt runs from:
     # nothing is written; the item's other records are acked (that run concludes the job), but never
     # that record (its offset belongs to the job's new owner, which may be this worker again)
@@ -84,10 +85,10 @@ class WriteItem(Protocol):
 def apply_all(conn: Connection, items: list[WriteItem], ctx: WriteContext) -> Stored:
     """Every item in order, in one transaction; consecutive `Running` marks go as one executemany."""
     out = Stored()
-    started: list[tuple[str, datetime, int]] = []
+    started: list[tuple[str, str, datetime, int]] = []
     for item in items:
         if isinstance(item, Running):
-            started.append((item.job_id, item.at, item.attempt))
+            started.append((item.tenant, item.job_id, item.at, item.attempt))
             continue
         mark_running(conn, started)
         started = []
@@ -113,9 +114,10 @@ class Running(_NoFallback):
     at: datetime
     attempt: int
     sources: tuple[Source, ...] = ()
+    tenant: str = "default"
 
     def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
-        mark_running(conn, [(self.job_id, self.at, self.attempt)])
+        mark_running(conn, [(self.tenant, self.job_id, self.at, self.attempt)])
         return Stored()
 
 
@@ -130,16 +132,18 @@ class Concluded:
     stream_end: Waitable | None = None
 
     def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
-        row = Terminal(self.row.job_id, self.row.status, {**self.row.values, **ctx.claim}, self.row.attempt)
+        row = replace(self.row, values={**self.row.values, **ctx.claim})
         return self._outcome(conn, finish(conn, row, ctx.now))
 
     def fallback(self, conn: Connection, ctx: WriteContext, error: str) -> Stored:
         reason = storable(f"result could not be stored: {error}")
-        written = fail(conn, self.row.job_id, reason, ctx.now, ctx.claim, self.row.attempt)
+        r = self.row
+        written = fail(conn, r.tenant, r.job_id, reason, ctx.now, ctx.claim, r.attempt)
         return self._outcome(conn, written)
 
     def _outcome(self, conn: Connection, written: Row | None) -> Stored:
-        if written is None and (later := superseded_by(conn, self.row.job_id, self.row.attempt)):
+        r = self.row
+        if written is None and (later := superseded_by(conn, r.tenant, r.job_id, r.attempt)):
             return Stored(superseded=[(self, later)])
         return _outbox(written)
 
@@ -153,8 +157,8 @@ class Rejected:
     tenant: str
     priority: str
     error: str
-    reason: str  # a short category for metrics: invalid, too_long, foreign_tenant, unstorable, ...
-    store_row: bool = True  # False when the id belongs to another tenant: that row is not ours to touch
+    reason: str  # a short category for metrics: invalid, too_long, wrong_tenant, unstorable, ...
+    store_row: bool = True  # False when there is no job row to write (a control message)
     announce: bool = True  # publish a `rejected` result (False for control messages: no job to report)
 
     @property
@@ -165,7 +169,7 @@ class Rejected:
         if not self.store_row:
             return Stored(direct=[self.result()] if self.announce else [])
         # an id that already has a row keeps it: that row speaks for the id
-        return _outbox(insert_terminal(conn, self.job_id, "rejected", self._values(ctx)))
+        return _outbox(insert_terminal(conn, self.tenant, self.job_id, "rejected", self._values(ctx)))
 
     def fallback(self, conn: Connection, ctx: WriteContext, error: str) -> Stored:
         values = {
@@ -173,13 +177,12 @@ class Rejected:
             "prompt": None,
             "error": storable(f"{self.error}; not stored: {error}"),
         }
-        return _outbox(insert_terminal(conn, self.job_id, "rejected", values))
+        return _outbox(insert_terminal(conn, self.tenant, self.job_id, "rejected", values))
 
     def _values(self, ctx: WriteContext) -> dict[str, Any]:
         rec = self.record
         return {
             **ctx.claim,
-            "tenant": self.tenant,
             "priority": self.priority,
             "error": storable(self.error),
             "finish_reason": "rejected",
@@ -229,11 +232,13 @@ class Republish(_NoFallback):
 
     job_id: str
     sources: tuple[Source, ...]
+    tenant: str = "default"
 
     def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
-        state, row = take_over(conn, self.job_id, ctx.worker_id, ctx.now)
+        key = (self.tenant, self.job_id)
+        state, row = take_over(conn, key, ctx.worker_id, ctx.now)
         if state == "taken":  # its publisher may have died after the broker took the result
-            return Stored(outbox=[row], unsure={self.job_id})
+            return Stored(outbox=[row], unsure={key})
         return Stored(deferred=[self]) if state == "held" else Stored()
 
 
@@ -252,10 +257,21 @@ def await_stream_ends(items: Sequence[object], timeout_s: float) -> None:
             )
 
 
-def job_of(item: object) -> str | None:
-    """The job_id an item writes (None for a record without one)."""
-    return getattr(item, "job_id", None) or getattr(getattr(item, "row", None), "job_id", None)
+def job_of(item: object) -> JobKey | None:
+    """(tenant, job_id) of the job an item writes (None for a record without one)."""
+    row = getattr(item, "row", None)
+    if row is not None:
+        return row.key
+    job_id = getattr(item, "job_id", None)
+    return (getattr(item, "tenant", "default"), job_id) if job_id else None
 
 
 def describe_item(item: object) -> str:
-    return f"{type(item).__name__.lower()} of job {job_of(item) or '?'}"
+    key = job_of(item)
+    return f"{type(item).__name__.lower()} of job {describe_key(key) if key else '?'}"
+
+
+def describe_key(key: JobKey) -> str:
+    """A job for the log: its id, and its tenant when that is not the default one."""
+    tenant, job_id = key
+    return job_id if tenant == "default" else f"{job_id} (tenant {tenant})"
