@@ -57,8 +57,10 @@ class Accepted:
 
 
 def job_key(tenant: str, job_id: str) -> str:
-    """One string for (tenant, job_id), unambiguous: a job id never contains `#` (see JobRequest)."""
-    return f"{job_id}#{tenant}"
+    """One string for (tenant, job_id), the engine's request id of the job: a job id never contains `#`
+    (see JobRequest) and the tenant is quoted, so the key always ends with a quote and never equals the id
+    the engine gives sample i > 0 of another job (`key#i`, scheduler.types.sample_seq_id)."""
+    return f"{job_id}#{tenant!r}"
 
 
 def derived_job_id(record: Record) -> str:

@@ -265,12 +265,7 @@ class JobLifecycle:
         key = job_key(tenant, job_id)
         if key not in self.jobs:
             return
-<<<<<<< HEAD
-        for out in self.engine.abort_request(job_id):  # one per live sample
-=======
-        out = self.engine.abort_request(key)
-        if out is not None:
->>>>>>> tenancy
+        for out in self.engine.abort_request(key):  # one per live sample
             self.on_output(out)
 
     # ---- engine outputs --------------------------------------------------------------------
@@ -287,14 +282,9 @@ class JobLifecycle:
         if out.new_token_ids or out.text_delta:
             text = storable(out.text_delta)  # a model can emit U+0000; stream and row carry the same text
             first = job.first_token_mono is None and bool(out.new_token_ids)
-<<<<<<< HEAD
             logprobs = out.logprobs if job.choices.with_logprobs else None
             gap_s = job.on_tokens(len(out.new_token_ids), text, out.index, out.logprobs)
-            self.streamer.add(job.job_id, text, out.new_token_ids, out.index, logprobs)
-=======
-            gap_s = job.on_tokens(len(out.new_token_ids), text)
-            self.streamer.add(out.request_id, text, out.new_token_ids)
->>>>>>> tenancy
+            self.streamer.add(out.request_id, text, out.new_token_ids, out.index, logprobs)
             self.metrics.observe_tokens(job.priority, len(out.new_token_ids), gap_s)
             if first:
                 job_event("first_token", job.job_id, job.priority, attempt=job.attempt,

@@ -1,7 +1,7 @@
 """Job ids scoped by tenant: the jobs table is keyed by (job_id, tenant).
 
-Revision ID: 0005
-Revises: 0004
+Revision ID: 0006
+Revises: 0005
 Create Date: 2026-12-04
 
 Two tenants may use the same job_id: each gets its own row, its own run and its own result, and nothing
@@ -42,8 +42,8 @@ def _bulk_progress(scoped: bool) -> str:
     return view.replace(OLD_JOIN, NEW_JOIN) if scoped else view
 
 
-revision = "0005"
-down_revision = "0004"
+revision = "0006"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 
