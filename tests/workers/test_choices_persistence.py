@@ -34,9 +34,9 @@ def test_choices_are_stored_as_jsonb_and_published_with_the_result(env):
     topic = dep.topics.jobs("normal")
     items = [
         Concluded(Terminal(many, "succeeded", {**common, "output_text": "a", "completion_tokens": 3,
-                                                "choices": choices}, attempt=1), ((topic, 0, 70),)),
+                                                "choices": choices}, attempt=1, tenant="t-a"), ((topic, 0, 70),)),
         Concluded(Terminal(one, "succeeded", {**common, "output_text": "solo", "completion_tokens": 1},
-                           attempt=1), ((topic, 0, 71),)),
+                           attempt=1, tenant="t-a"), ((topic, 0, 71),)),
     ]  # fmt: skip
     assert run_items(start_persister(dep, db, producer), items) == {(topic, 0, 70), (topic, 0, 71)}
     rows = job_rows(db, [many, one])
