@@ -29,7 +29,7 @@ from workers.db.outbox import COMPACT_NOTE, result_from_row
 from workers.kafka_io import Record
 from workers.serving.choices import LOGPROB_FLOOR, Choices, LogprobFormatter
 from workers.serving.inflight import InFlightJob
-from workers.serving.intake import Accepted, Intake
+from workers.serving.intake import Accepted, Intake, job_key
 from workers.serving.job_lifecycle import JobLifecycle
 from workers.serving.metrics import WorkerMetrics
 from workers.serving.offsets import OffsetTracker
@@ -46,9 +46,12 @@ def request(**fields) -> JobRequest:
     return JobRequest.model_validate({"prompt": "hi", **fields})
 
 
+KEY = job_key("default", "j")  # the engine's request id of tenant default's job j
+
+
 def output(index=0, ids: tuple[int, ...] = (), finish: FinishReason | None = None, lps=(), started=False):
     text = TOK.decode(ids)
-    return RequestOutput("j", ids, text, finish, started, 3, len(ids), index=index, logprobs=tuple(lps))
+    return RequestOutput(KEY, ids, text, finish, started, 3, len(ids), index=index, logprobs=tuple(lps))
 
 
 def lp(token_id: int, logprob: float, *top: tuple[int, float]) -> TokenLogprob:
@@ -258,16 +261,16 @@ def test_the_lifecycle_routes_engine_outputs_to_samples_events_and_the_terminal_
     ids = tuple(TOK.encode("hi"))
     rec = record({"job_id": "j", "prompt": "hi"})
     lifecycle._start(Accepted(rec, "j", "normal", job, "hi", ids, 4), attempt=1)
-    engine.abort_request("j")  # the outputs below stand in for the engine's steps
+    engine.abort_request(KEY)  # the outputs below stand in for the engine's steps
     for out in [
         output(0, (A,), lps=[lp(A, -0.1)], started=True),
         output(1, (B,), lps=[lp(B, -0.2)]),
         output(0, (B,), FinishReason.STOP, lps=[lp(B, -0.3)]),
     ]:
         lifecycle.on_output(out)
-    assert "j" in lifecycle.jobs  # sample 1 still runs
+    assert KEY in lifecycle.jobs  # sample 1 still runs
     lifecycle.on_output(output(1, (C,), FinishReason.LENGTH, lps=[lp(C, -0.4)]))
-    assert "j" not in lifecycle.jobs
+    assert KEY not in lifecycle.jobs
     lifecycle.flush(force=True)
     (concluded,) = [w for w in written if isinstance(w, Concluded)]
     values = concluded.row.values
