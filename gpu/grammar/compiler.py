@@ -19,6 +19,7 @@ import xgrammar as xgr
 
 from gpu.engine_types import GrammarSpec
 from gpu.grammar import GrammarError
+from gpu.grammar.schema_check import check_enforceable
 from gpu.grammar.vocab import tokenizer_info
 from gpu.tokenizer import Tokenizer
 
@@ -143,6 +144,7 @@ def _parse_schema(source: str) -> None:
         raise GrammarError(f"json_schema is not valid JSON: {exc}") from None
     if not isinstance(schema, dict | bool):
         raise GrammarError(f"json_schema must be a JSON object, not {type(schema).__name__}")
+    check_enforceable(schema)  # a keyword xgrammar would drop must not pass as met
 
 
 def _parse_choices(source: str) -> list[str]:
