@@ -67,6 +67,7 @@ class GrammarCompiler:
                 self._cache.move_to_end(spec)
                 return hit
         compiled = CompiledGrammar(spec, self._bounded(spec.kind, self._compile_call(spec)), self)
+        _check_can_start(compiled)
         self._remember(compiled)
         return compiled
 
@@ -128,6 +129,16 @@ class GrammarCompiler:
             while self._cache_bytes > CACHE_BYTES and len(self._cache) > 1:
                 _, old = self._cache.popitem(last=False)
                 self._cache_bytes -= old.compiled.memory_size_bytes
+
+
+def _check_can_start(compiled: CompiledGrammar) -> None:
+    """Refuse a grammar that allows no first token, not even the end (`[^\\x00-\\U0010FFFF]`, a regex
+    nothing matches): run, it could only end `rejected` at its first step. One mask, on a cache miss only.
+    A grammar that dead-ends later is caught as it runs (gpu/engine.py, _advance_grammars)."""
+    bitmask = xgr.allocate_token_bitmask(1, compiled.compiler.vocab_size)
+    compiled.matcher().fill_next_token_bitmask(bitmask)
+    if not bitmask.any():
+        raise GrammarError(f"{compiled.spec.kind} allows no output at all: no text can satisfy it")
 
 
 def _json_ebnf(schema: str) -> str:

@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import create_engine
 
 from gpu.engine_types import GrammarSpec, RequestOutput, TokenLogprob
+from gpu.grammar import DEAD_END
 from gpu.tokenizer import ByteTokenizer
 from scheduler.types import FinishReason
 from schemas.jobs import JobRequest, JobResult, TokenEvent
@@ -29,7 +30,7 @@ from workers.db.outbox import COMPACT_NOTE, result_from_row
 from workers.kafka_io import Record
 from workers.serving.choices import LOGPROB_FLOOR, Choices, LogprobFormatter
 from workers.serving.inflight import InFlightJob
-from workers.serving.intake import Accepted, Intake
+from workers.serving.intake import Accepted, Intake, job_key
 from workers.serving.job_lifecycle import JobLifecycle
 from workers.serving.metrics import WorkerMetrics
 from workers.serving.offsets import OffsetTracker
@@ -46,9 +47,12 @@ def request(**fields) -> JobRequest:
     return JobRequest.model_validate({"prompt": "hi", **fields})
 
 
+KEY = job_key("default", "j")  # the engine's request id of job "j" of the default tenant
+
+
 def output(index=0, ids: tuple[int, ...] = (), finish: FinishReason | None = None, lps=(), started=False):
     text = TOK.decode(ids)
-    return RequestOutput("j", ids, text, finish, started, 3, len(ids), index=index, logprobs=tuple(lps))
+    return RequestOutput(KEY, ids, text, finish, started, 3, len(ids), index=index, logprobs=tuple(lps))
 
 
 def lp(token_id: int, logprob: float, *top: tuple[int, float]) -> TokenLogprob:
@@ -258,16 +262,16 @@ def test_the_lifecycle_routes_engine_outputs_to_samples_events_and_the_terminal_
     ids = tuple(TOK.encode("hi"))
     rec = record({"job_id": "j", "prompt": "hi"})
     lifecycle._start(Accepted(rec, "j", "normal", job, "hi", ids, 4), attempt=1)
-    engine.abort_request("j")  # the outputs below stand in for the engine's steps
+    engine.abort_request(KEY)  # the outputs below stand in for the engine's steps
     for out in [
         output(0, (A,), lps=[lp(A, -0.1)], started=True),
         output(1, (B,), lps=[lp(B, -0.2)]),
         output(0, (B,), FinishReason.STOP, lps=[lp(B, -0.3)]),
     ]:
         lifecycle.on_output(out)
-    assert "j" in lifecycle.jobs  # sample 1 still runs
+    assert KEY in lifecycle.jobs  # sample 1 still runs
     lifecycle.on_output(output(1, (C,), FinishReason.LENGTH, lps=[lp(C, -0.4)]))
-    assert "j" not in lifecycle.jobs
+    assert KEY not in lifecycle.jobs
     lifecycle.flush(force=True)
     (concluded,) = [w for w in written if isinstance(w, Concluded)]
     values = concluded.row.values
@@ -280,6 +284,29 @@ def test_the_lifecycle_routes_engine_outputs_to_samples_events_and_the_terminal_
         assert event.logprobs is not None and len(event.logprobs) == len(event.token_ids)
     assert by_index == {0: "ab", 1: "bc"} and sent[-1].finish_reason == "stop"
     assert [e.seq for e in sent] == list(range(len(sent)))
+
+
+def test_a_grammar_dead_end_rejects_the_job_with_the_reason_and_stops_its_other_samples():
+    engine = make_engine()
+    written: list = []
+    lifecycle = JobLifecycle(
+        engine, Topics("inferq"), worker_id="w-t", limits=Limits(), coalesce_s=60.0,
+        database=create_engine(Settings.from_env().database_url),  # never connected: no admissions here
+        ready=threading.Event(), offsets=OffsetTracker(), owned=set, metrics=WorkerMetrics(),
+        write=written.extend, send_event=lambda event, tenant: None,
+    )  # fmt: skip
+    job = request(job_id="j", n=2, max_tokens=4)
+    lifecycle._start(
+        Accepted(record({"job_id": "j", "prompt": "hi"}), "j", "normal", job, "hi", (5, 6), 4), 1
+    )
+    assert engine.has_unfinished()
+    dead = RequestOutput(KEY, (), "", FinishReason.REJECTED, False, 2, 1, DEAD_END, index=1)
+    lifecycle.on_output(dead)
+    assert KEY not in lifecycle.jobs and not engine.has_unfinished()  # sample 0 no longer runs for nothing
+    lifecycle.flush(force=True)
+    (concluded,) = [w for w in written if isinstance(w, Concluded)]
+    assert (concluded.row.status, concluded.row.values["error"]) == ("rejected", DEAD_END)
+    assert concluded.row.values["finish_reason"] == "rejected"
 
 
 # ---- rows -> results and Batch output bodies -------------------------------------------------

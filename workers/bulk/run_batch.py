@@ -20,7 +20,7 @@ from schemas.validation import InvalidMessage, Limits
 from workers.bulk.batch_format import BatchLine, LineError, job_id_for, to_job
 from workers.bulk.output import error_line, failed_line, invalid_line, success_line
 from workers.clock import utcnow
-from workers.serving.choices import Choices, LogprobFormatter
+from workers.serving.choices import REQUEST_ENDS, Choices, LogprobFormatter
 from workers.serving.intake import Intake
 from workers.serving.sampling import sampling_params
 
@@ -116,6 +116,8 @@ class BatchRunner:
         finish = job.choices.end(out.index, out.finish_reason.value)
         if finish is None:
             return None
+        if finish in REQUEST_ENDS:  # one sample ended the request (a grammar's dead end): stop the others
+            self.engine.abort_request(out.request_id)
         return self._answer(out.request_id, running, finish, out.detail or None)
 
     def _lost(self, job_id: str, running: dict) -> tuple[int, Answer]:

@@ -25,7 +25,7 @@ from workers.kafka_io import Partition, Record
 from workers.serving import cancels
 from workers.serving.admission import Admitter, Decision
 from workers.serving.admission_thread import AdmissionThread
-from workers.serving.choices import LogprobFormatter
+from workers.serving.choices import REQUEST_ENDS, LogprobFormatter
 from workers.serving.delivery import Waitable
 from workers.serving.inflight import InFlightJob
 from workers.serving.intake import Accepted, Intake, job_key
@@ -291,6 +291,8 @@ class JobLifecycle:
                           ttft_ms=_ms_between(job.created_at, job.first_token_at))  # fmt: skip
         if out.finish_reason is not None and (finish := job.on_end(out.index, out.finish_reason.value)):
             self._conclude(job, finish, out.detail or None)
+            if finish in REQUEST_ENDS:  # one sample ended the job (a grammar's dead end): stop the others
+                self.engine.abort_request(out.request_id)  # their outputs find no job: dropped
 
     def _conclude(self, job: InFlightJob, finish: str, detail: str | None) -> None:
         key = job_key(job.request.tenant, job.job_id)
