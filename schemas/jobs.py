@@ -153,17 +153,24 @@ class TokenLogprobEntry(_Message):
 
 
 class TokenEvent(_Message):
-    """A streamed text delta. (job_id, attempt, seq) identifies it; seq counts 0,1,2… per attempt."""
+    """A streamed text delta of one sample. (job_id, attempt, seq) identifies it; seq counts 0,1,2… per
+    attempt. Each sample's last event has its `finish_reason`; the attempt's last event (`final`) also has
+    `usage`, for the whole job. With n = 1 these are the same event."""
 
     job_id: str
     attempt: int
     seq: int
     text: str
     token_ids: list[int]
-    finish_reason: FinishReasonName | None = None  # set on the last event of the attempt
-    usage: Usage | None = None  # set on the last event
+    finish_reason: FinishReasonName | None = None  # set on the last event of sample `index`
+    usage: Usage | None = None  # set on the last event of the attempt (after every sample's finish_reason)
     index: int = 0  # which of the job's n choices the delta belongs to
     logprobs: list[TokenLogprobEntry] | None = None  # one per token id, when the job asked for logprobs
+
+    @property
+    def final(self) -> bool:
+        """The attempt's last event: its stream is over."""
+        return self.usage is not None
 
 
 class Timings(_Message):

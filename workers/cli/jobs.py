@@ -165,16 +165,39 @@ def submit(args: argparse.Namespace) -> int:
 def _print_stream(
     client, job_id: str, timeout: float, since_ms: int | None = None, tenant: str | None = None
 ) -> str | None:
+    """Print the job's text as it comes, then its finish reason. With n > 1 samples, choice 0 is printed
+    live and the others, which would interleave with it, each after it, in index order; each choice's
+    text is followed by `[choice i: reason]` on stderr."""
     attempt = None
+    others: dict[int, list[str]] = {}
+    reasons: dict[int, str] = {}
     for event in client.stream(job_id, timeout, since_ms, tenant):
         if attempt is not None and event.attempt != attempt:
             print(f"\n[attempt {event.attempt} restarts the output]", file=sys.stderr)
+            others, reasons = {}, {}
         attempt = event.attempt
-        print(event.text, end="", flush=True)
+        if event.index == 0:
+            print(event.text, end="", flush=True)
+        else:
+            others.setdefault(event.index, []).append(event.text)
         if event.finish_reason:
-            print(f"\n[{event.finish_reason}]", file=sys.stderr)
-            return event.finish_reason
+            reasons[event.index] = event.finish_reason
+        if event.final:
+            _print_choices(others, reasons, event.finish_reason or "")
+            return reasons.get(0, event.finish_reason)
     return None
+
+
+def _print_choices(others: dict[int, list[str]], reasons: dict[int, str], job_finish: str) -> None:
+    """After choice 0's live text: its reason, then every other choice's text and reason."""
+    if not others:
+        print(f"\n[{reasons.get(0, job_finish)}]", file=sys.stderr)
+        return
+    print(file=sys.stdout, flush=True)
+    print(f"[choice 0: {reasons.get(0, job_finish)}]", file=sys.stderr, flush=True)
+    for index in sorted(others):
+        print("".join(others[index]), flush=True)
+        print(f"[choice {index}: {reasons.get(index, job_finish)}]", file=sys.stderr, flush=True)
 
 
 def cancel(args: argparse.Namespace) -> int:
