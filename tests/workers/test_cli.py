@@ -14,7 +14,7 @@ from schemas.statuses import JOB_STATUSES
 from tests.services.factories import run_cli
 from tests.workers.worker_factories import make_deployment, now_ms, read_topic
 from workers.cli import build_parser
-from workers.cli.jobs import _print_stream
+from workers.cli.jobs import _jobs_from_args, _print_stream
 
 
 def test_version():
@@ -112,3 +112,31 @@ def test_one_streamed_sample_prints_as_before(capsys):
     events = [token_event(0, 0, "Hel"), token_event(1, 0, "lo", "stop", usage=True)]
     assert _print_stream(_Events(events), "j", 1.0) == "stop"
     assert capsys.readouterr() == ("Hello", "\n[stop]\n")
+
+
+def test_submit_flags_set_the_generation_options(tmp_path):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    argv = ["submit", "hi", "--n", "2", "--logprobs", "--top-logprobs", "3",
+            "--json-schema", f"@{tmp_path}/s.json", "--presence-penalty", "0.5", "--frequency-penalty", "-1",
+            "--repetition-penalty", "1.2",
+            "--logit-bias", '{"198": -100}']  # fmt: skip
+    (job,) = _jobs_from_args(build_parser().parse_args(argv))
+    assert (job.n, job.logprobs, job.top_logprobs) == (2, True, 3)
+    assert job.response_format.json_schema.json_schema == schema
+    assert (job.presence_penalty, job.frequency_penalty, job.repetition_penalty) == (0.5, -1.0, 1.2)
+    assert job.logit_bias == {"198": -100.0}
+    (choice,) = _jobs_from_args(build_parser().parse_args(["submit", "hi", "--guided-choice", "yes",
+                                                           "--guided-choice", "no"]))  # fmt: skip
+    assert choice.guided_choice == ["yes", "no"] and choice.n == 1 and not choice.logprobs
+    (regex,) = _jobs_from_args(
+        build_parser().parse_args(
+            ["submit", "hi", "--guided-regex", "[0-9]+", "--response-format", '{"type": "text"}']
+        )  # fmt: skip
+    )
+    assert regex.guided_regex == "[0-9]+" and regex.response_format.type == "text"
+    with pytest.raises(SystemExit, match="not both"):
+        _jobs_from_args(build_parser().parse_args(["submit", "hi", "--json-schema", "{}", "--response-format",
+                                                   '{"type": "json_object"}']))  # fmt: skip
+    with pytest.raises(SystemExit, match="n: Input should be less than or equal to 16"):
+        _jobs_from_args(build_parser().parse_args(["submit", "hi", "--n", "17"]))
