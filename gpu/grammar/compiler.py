@@ -8,6 +8,7 @@ never left waiting.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -129,6 +130,32 @@ class GrammarCompiler:
             while self._cache_bytes > CACHE_BYTES and len(self._cache) > 1:
                 _, old = self._cache.popitem(last=False)
                 self._cache_bytes -= old.compiled.memory_size_bytes
+
+
+@functools.lru_cache(maxsize=256)  # a batch file's lines mostly share one schema
+def precheck(spec: GrammarSpec) -> None:
+    """Raise the GrammarError compiling `spec` would, as far as that needs no vocabulary: for validators
+    without a model (`inferq bulk submit`, a Batch file's lines), with the compiler's messages. Turning a
+    schema or regex into a grammar is quick; matching it to a vocabulary, which may be slow, is not done."""
+    kind, source = spec.kind, spec.source
+    if kind not in KINDS:
+        raise GrammarError(f"unknown grammar kind {kind!r}; expected one of {', '.join(KINDS)}")
+    if len(source) > MAX_SOURCE_CHARS:
+        raise GrammarError(f"{kind} is {len(source)} characters long; the limit is {MAX_SOURCE_CHARS}")
+    if kind == "choice":
+        _parse_choices(source)
+        return
+    if kind == "regex" and not source:
+        raise GrammarError("regex is empty")
+    if kind == "json_schema":
+        _parse_schema(source)
+    try:
+        if kind == "regex":
+            xgr.Grammar.from_regex(source)
+        else:
+            _json_ebnf(source if kind == "json_schema" else _OBJECT_SCHEMA)
+    except Exception as exc:  # xgrammar's own errors (RuntimeError, ValueError): the author's to fix
+        raise GrammarError(f"invalid {kind}: {_reason(exc)}") from exc
 
 
 def _check_can_start(compiled: CompiledGrammar) -> None:

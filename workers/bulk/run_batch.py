@@ -18,7 +18,7 @@ from schemas.statuses import STATUS_OF_FINISH
 from schemas.topics import Topics
 from schemas.validation import InvalidMessage, Limits
 from workers.bulk.batch_format import BatchLine, LineError, job_id_for, to_job
-from workers.bulk.output import error_line, failed_line, invalid_line, success_line
+from workers.bulk.output import failed_line, invalid_line, success_line
 from workers.clock import utcnow
 from workers.serving.choices import REQUEST_ENDS, Choices, LogprobFormatter
 from workers.serving.intake import Intake
@@ -94,8 +94,9 @@ class BatchRunner:
         try:
             _, ids, max_tokens = self.intake.prepare(job)
             grammar = self.intake.grammar(job)
-        except InvalidMessage as exc:
-            return error_line(item.custom_id, item.line_no, "invalid_request", str(exc), job_id), False
+        except InvalidMessage as exc:  # what only the model can tell (vocabulary, context): an invalid line,
+            # as bulk's finalize reports a line its worker refused
+            return invalid_line(LineError(item.line_no, item.custom_id, f"line {item.line_no}: {exc}")), False
         sampling = sampling_params(job, max_tokens, self.engine)
         self.engine.add_request(
             EngineRequest(job_id, ids, sampling, stop=tuple(job.stop), n=job.n, grammar=grammar)
