@@ -324,13 +324,14 @@ def test_bulk_jobs_through_celery_answer_every_choice_with_logprobs(deployment, 
         batch_line(
             "h", CHAT, max_tokens=40, logprobs=True, top_logprobs=1, response_format={"type": "json_object"}
         ),
-        batch_line("bad", CHAT, guided_regex="(unclosed"),
+        batch_line("bad", CHAT, guided_regex="(unclosed"),  # refused when the file is read
+        batch_line("oov", CHAT, max_tokens=4, logit_bias={"60000": 1}),  # refused by the worker (vocabulary)
     ]
     path = write_batch(tmp_path / "in.jsonl", lines)
     env = cli_env(dep, tmp_path / "state")
     bulk = start_bulk_worker(dep, tmp_path / "state", tmp_path / "bulk-worker.log")
     try:
-        bulk_id = run_cli("bulk", "submit", str(path), env=env).stdout.strip()
+        bulk_id = run_cli("bulk", "submit", str(path), "--skip-invalid", env=env).stdout.strip()
         run_cli("bulk", "wait", bulk_id, "--interval", "0.5", env=env, check=False)
         out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
         run_cli("bulk", "fetch", bulk_id, "-o", str(out), "--errors", str(err), env=env)
@@ -345,5 +346,9 @@ def test_bulk_jobs_through_celery_answer_every_choice_with_logprobs(deployment, 
     content = chat_body["choices"][0]["logprobs"]["content"]
     assert len(content) == chat_body["usage"]["completion_tokens"]
     assert isinstance(json.loads(chat_body["choices"][0]["message"]["content"]), dict)
-    [bad] = read_jsonl(err)
+    bad, oov = read_jsonl(err)  # both invalid lines, reported as run-batch reports them
     assert bad["custom_id"] == "bad" and "guided_regex cannot be compiled" in bad["error"]["message"]
+    assert oov["custom_id"] == "oov" and "logit_bias names token 60000" in oov["error"]["message"]
+    for line_no, error in ((3, bad), (4, oov)):
+        assert error["id"] is None and error["error"]["code"] == "invalid_request"
+        assert error["error"]["message"].startswith(f"line {line_no}: ")
