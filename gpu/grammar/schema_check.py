@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from gpu.grammar import GrammarError
 
+# Bounds further apart (over 10,000 values), and xgrammar 0.2.9 drops multipleOf (measured).
+MULTIPLE_SPAN = 9_999
 MAX_DEPTH = 64  # schemas nest deeper than this only by accident or malice
 # Annotations: JSON Schema says validation ignores them, so ignoring them is exact.
 ANNOTATIONS = frozenset(
@@ -136,11 +138,28 @@ def _typed(node: dict, keys: set[str], path: str, depth: int) -> None:
         )
     if {"pattern", "format"} <= keys:
         _refuse("format", path, "pattern and format together are not both enforced")
-    if "multipleOf" in keys and not (types == {"integer"} and _whole(node["multipleOf"])):
-        _refuse("multipleOf", path, "only a whole multipleOf on type integer is enforced")
+    if "multipleOf" in keys:
+        if not (types == {"integer"} and _whole(node["multipleOf"])):
+            _refuse("multipleOf", path, "only a whole multipleOf on type integer is enforced")
+        if not _multiple_of_kept(node):
+            _refuse(
+                "multipleOf",
+                path,
+                f"it is enforced without bounds, or within both spanning <= {MULTIPLE_SPAN}",
+            )
     if "uniqueItems" in keys and node["uniqueItems"] is not False:
         _refuse("uniqueItems", path, "it is not enforced")
     _children(node, path, depth)
+
+
+def _multiple_of_kept(node: dict) -> bool:
+    """xgrammar keeps multipleOf with no bounds, or with a lower and an upper one close enough to spell
+    out the values; with one bound, or bounds far apart, it drops it."""
+    low = node.get("minimum", node.get("exclusiveMinimum"))
+    high = node.get("maximum", node.get("exclusiveMaximum"))
+    if low is None and high is None:
+        return True
+    return low is not None and high is not None and high - low <= MULTIPLE_SPAN
 
 
 def _children(node: dict, path: str, depth: int) -> None:

@@ -36,6 +36,9 @@ DROPPED = [
     ({**PAIR, "dependentSchemas": {"a": {"required": ["b"]}}}, "dependentSchemas", "$", '{"a": 1}'),
     ({"type": "number", "multipleOf": 0.5}, "multipleOf", "$", "0.3"),
     ({"type": "integer", "multipleOf": 2.5}, "multipleOf", "$", "4"),
+    ({"type": "integer", "minimum": 1, "multipleOf": 7}, "multipleOf", "$", "8"),
+    ({"type": "integer", "maximum": 100, "multipleOf": 7}, "multipleOf", "$", "8"),
+    ({"type": "integer", "minimum": 0, "maximum": 10_000, "multipleOf": 7}, "multipleOf", "$", "8"),
     ({"allOf": [{"type": "integer", "minimum": 3}, {"maximum": 5}]}, "allOf", "$", "7"),
     ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf", "$", "1"),
     ({"anyOf": [{"type": "integer"}], "maximum": 5}, "maximum", "$", "7"),
@@ -90,6 +93,17 @@ def test_keywords_xgrammar_drops_are_refused_with_keyword_and_path(schema, keywo
 ENFORCED = [
     ({**INT_ARRAY, "minItems": 2, "maxItems": 2, "uniqueItems": False}, "[1]"),
     ({"type": "integer", "minimum": 0, "exclusiveMaximum": 5, "multipleOf": 2}, "3"),
+    ({"type": "integer", "minimum": 1, "maximum": 10_000, "multipleOf": 7}, "8"),
+    ({"type": "integer", "multipleOf": 7}, "-8"),
+    (
+        {
+            "type": "object",
+            "additionalProperties": {"type": "integer"},
+            "minProperties": 3,
+            "maxProperties": 3,
+        },
+        '{"a": 1}',
+    ),  # fmt: skip
     ({"type": "number", "minimum": 0, "maximum": 1}, "1.5"),
     ({"type": "string", "minLength": 2, "maxLength": 3, "title": "t", "description": "d"}, '"a"'),
     ({"type": "string", "pattern": "^[0-9]{5}$", "examples": ["12345"]}, '"1234"'),
