@@ -156,7 +156,8 @@ def test_wrong_types_are_refused_not_converted(fields):
 
 def test_json_numbers_keep_working_as_json_has_them():
     parsed = job(n=2.0, max_tokens=5.0, presence_penalty=1, temperature=0, logit_bias={"1": 5}, top_k=3)
-    assert (parsed.n, parsed.max_tokens, parsed.presence_penalty, parsed.logit_bias) == (2, 5, 1.0, {"1": 5.0})
+    assert (parsed.n, parsed.max_tokens, parsed.presence_penalty) == (2, 5, 1.0)
+    assert parsed.logit_bias == {"1": 5.0}
 
 
 @pytest.mark.parametrize(
