@@ -181,7 +181,7 @@ class TokenRecorder:
                     continue
                 with self._cond:
                     for event in records:  # each (job, attempt, seq) once, producer retries aside
-                        final = event.finish_reason is not None
+                        final = event.final
                         usage = event.usage.completion_tokens if event.usage else None
                         arrival = Arrival(now, len(event.token_ids), final, usage)
                         self._arrivals.setdefault(event.job_id, []).append(arrival)

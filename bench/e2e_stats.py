@@ -6,7 +6,7 @@ Pure functions over plain data, so the definitions are unit-tested apart from Ka
 - ITL = per job, (last event arrival - first event arrival) / (tokens - tokens of the first event):
   the worker coalesces deltas, so one event carries several tokens; the tokens that came after the first
   event are the ones whose generation that span covers. A job whose tokens all came in one event has none.
-- e2e = arrival of the job's final event (finish_reason set) - its submit time.
+- e2e = arrival of the job's final event (usage set) - its submit time.
 Percentiles interpolate linearly between order statistics (numpy's default), over jobs.
 """
 

@@ -24,6 +24,7 @@ from gpu.engine_types import (
     resolve_max_model_len,
 )
 from gpu.generation_config import GenerationDefaults, eos_token_ids
+from gpu.grammar import DEAD_END
 from gpu.logits_processors import LogitsState
 from gpu.model import LoadedModel, load_model
 from gpu.runner import ModelRunner, RunnerConfig
@@ -39,6 +40,7 @@ __all__ = ["Engine", "EngineConfig", "EngineRequest", "EngineStats", "RequestOut
 
 log = logging.getLogger(__name__)
 
+_DEAD_END = FinishReason.REJECTED  # a grammar with no way on (see _advance_grammars)
 _STOP = FinishReason.STOP  # read per token: an Enum member lookup on the class is not free
 
 
@@ -272,10 +274,12 @@ class Engine:
             matcher = matchers.get(update.seq_id)
             if matcher is not None and update.finish is None:
                 if not matcher.accept_token(update.token_id):
-                    # The mask should have forbidden it (a bug): end the sequence, never go on off-grammar.
-                    log.error("grammar of %s rejected token %d", update.seq_id, update.token_id)
-                    self.scheduler.finish(update.seq_id, FinishReason.ABORT)
-                    update = TokenUpdate(update.seq_id, update.token_id, FinishReason.ABORT)
+                    # The mask allowed nothing (the grammar has no way on, e.g. a regex no text matches) and
+                    # the sampler drew anyway, or (a bug) let a forbidden token by: end the sequence
+                    # `rejected` with DEAD_END, without the token, never go on off-grammar.
+                    log.warning("grammar of %s rejected token %d", update.seq_id, update.token_id)
+                    self.scheduler.finish(update.seq_id, _DEAD_END)
+                    update = TokenUpdate(update.seq_id, update.token_id, _DEAD_END)
                 elif matcher.is_terminated():
                     self.scheduler.finish(update.seq_id, _STOP)
                     update = TokenUpdate(update.seq_id, update.token_id, _STOP)
@@ -287,7 +291,7 @@ class Engine:
         live.num_tokens += 1
         token, finish, detokenizer = update.token_id, update.finish, live.detokenizer
         # A token that ended the request by itself (EOS, stop token) is not part of the text.
-        delta = "" if finish is _STOP else detokenizer.push(token)
+        delta = "" if finish is _STOP or finish is _DEAD_END else detokenizer.push(token)
         if detokenizer.stopped:
             if finish is None:
                 self.scheduler.finish(update.seq_id, _STOP)
@@ -304,6 +308,8 @@ class Engine:
                 "",
                 live.index,
             )
+        if finish is _DEAD_END:  # the grammar refused the token: not part of the output (_advance_grammars)
+            return self._finish(FinishedSequence(update.seq_id, finish, DEAD_END), (), delta, started)
         return self._finish(FinishedSequence(update.seq_id, finish), (token,), delta, started)
 
     def _finish(

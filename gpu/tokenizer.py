@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import json
+import re
 import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -80,6 +82,39 @@ class ByteTokenizer:
         return self  # no state
 
 
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level BPE alphabet: every byte as a printable character (the table byte-level
+    tokenizers spell their tokens in: a space is Ġ, a newline Ċ)."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    table, extra = {b: chr(b) for b in printable}, 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+_UNICODE_TO_BYTE = {c: b for b, c in _bytes_to_unicode().items()}
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # SentencePiece byte fallback: one byte per token
+
+
+def _vocab_kind(hf: Any) -> str:
+    """ "byte_level" (GPT-2 style), "byte_fallback" (SentencePiece with <0xNN> tokens) or "plain", from
+    the tokenizer's decoder."""
+    try:
+        state = json.loads(hf.backend_tokenizer.decoder.__getstate__())
+    except Exception:  # noqa: BLE001 - a slow tokenizer, or no decoder: its tokens are their text
+        return "plain"
+    kinds = {state.get("type"), *(d.get("type") for d in state.get("decoders") or [])}
+    if "ByteLevel" in kinds:
+        return "byte_level"
+    return "byte_fallback" if "ByteFallback" in kinds else "plain"
+
+
 class HFTokenizer:
     """Adapter over a transformers tokenizer loaded from a local checkpoint directory."""
 
@@ -91,6 +126,25 @@ class HFTokenizer:
         # every token the tokenizer would parse out of text (special and added ones), longest first
         spellings = {*tokenizer.all_special_tokens, *tokenizer.get_added_vocab()}
         self._control = tuple(sorted((t for t in spellings if t), key=len, reverse=True))
+        self._vocab_kind: str | None = None  # how a token's string spells its bytes: found on first use
+        self._added = dict(tokenizer.added_tokens_decoder)  # id -> AddedToken (a property built per call)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for, exactly: a piece of a multi-byte character is that piece (which
+        `decode` can only show as U+FFFD). Special tokens stand for none, as `decode` skips them."""
+        added = self._added.get(token_id)
+        if added is not None:
+            return b"" if added.special else added.content.encode()
+        token = self.hf.convert_ids_to_tokens(token_id)
+        if not token:
+            return b""
+        if self._vocab_kind is None:
+            self._vocab_kind = _vocab_kind(self.hf)
+        if self._vocab_kind == "byte_level" and all(c in _UNICODE_TO_BYTE for c in token):
+            return bytes(_UNICODE_TO_BYTE[c] for c in token)
+        if self._vocab_kind == "byte_fallback" and _BYTE_TOKEN.fullmatch(token):
+            return bytes((int(token[3:5], 16),))
+        return token.replace("\u2581", " ").encode()  # SentencePiece spells a space as ▁
 
     def clone(self) -> HFTokenizer:
         return HFTokenizer(copy.deepcopy(self.hf), self.model_name)

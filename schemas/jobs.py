@@ -5,10 +5,29 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    field_validator,
+    model_validator,
+)
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "rejected", "cancelled", "expired"]
 FinishReasonName = Literal["stop", "length", "abort", "expired", "rejected", "error"]
+
+
+# Numbers as JSON has them: a float field takes 1 as well as 1.0, a whole-number field 2.0 as well as 2
+# (JSON Schema's integers; JobRequest._whole_numbers), and neither takes a string ("1") or a boolean,
+# which lax pydantic would convert.
+Number = Annotated[float, Field(strict=True)]
+# The worker's default limits (schemas.validation.Limits), here so the published schema states them; a
+# worker may be configured lower, never higher than these.
+MAX_N = 16
+MAX_REGEX_BYTES = 4_000
+MAX_CHOICES = 256
+MAX_CHOICE_BYTES = 1_000
 
 
 class _Message(BaseModel):
@@ -31,7 +50,7 @@ class JsonSchemaSpec(_Message):
     name: str = Field("response", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     description: str | None = Field(None, max_length=4096)
     json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")  # {}: any JSON value
-    strict: bool | None = None  # accepted for OpenAI files; the output always follows the schema
+    strict: StrictBool | None = None  # accepted for OpenAI files; the output always follows the schema
 
 
 class TextFormat(_Message):
@@ -57,30 +76,52 @@ class JobRequest(_Message):
     tenant: str = Field("default", min_length=1, max_length=128)
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
-    max_tokens: int | None = Field(None, ge=1)  # None: the worker's default (Limits.default_max_tokens)
+    # None: the worker's default (Limits.default_max_tokens)
+    max_tokens: int | None = Field(None, ge=1)
     # Sampling fields left out (None) take the model's generation_config default, else greedy decoding.
-    temperature: float | None = Field(None, ge=0.0, le=2.0)  # 0 = greedy
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    temperature: Number | None = Field(None, ge=0.0, le=2.0)  # 0 = greedy
+    top_p: Number | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0, le=1_000_000)  # 0 = off
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stop: list[str] = Field(default_factory=list)
-    timeout_s: float | None = Field(None, gt=0)
+    timeout_s: Number | None = Field(None, gt=0)
     metadata: dict[str, Any] = Field(default_factory=dict)
     bulk_id: str | None = Field(None, max_length=64)  # set by `inferq bulk submit`
-    # Structured output (at most one of a JSON response_format, guided_regex and guided_choice)
+    # Structured output (at most one of a JSON response_format, guided_regex and guided_choice). The
+    # schema's lengths count characters; the worker counts UTF-8 bytes (Limits: max_regex_bytes, ...).
     response_format: ResponseFormat | None = None
-    guided_regex: str | None = Field(None, min_length=1)  # the whole output matches it
-    guided_choice: list[str] | None = Field(None, min_length=1)  # the output is exactly one of these
-    # n samples of the prompt (the cap is Limits.max_n); each is a choice of the result
-    n: int = Field(1, ge=1)
+    guided_regex: str | None = Field(None, min_length=1, max_length=MAX_REGEX_BYTES)  # the output matches it
+    # the output is exactly one of these
+    guided_choice: list[Annotated[str, Field(max_length=MAX_CHOICE_BYTES)]] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_CHOICES,
+        json_schema_extra={"items": {"type": "string", "minLength": 1, "maxLength": MAX_CHOICE_BYTES}},
+    )
+    # n samples of the prompt; each is a choice of the result
+    n: int = Field(1, ge=1, le=MAX_N)
     # Log probabilities of each generated token (and of the top_logprobs most likely at its position)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)  # None: the model's default, else 1
+    logprobs: StrictBool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)  # None: 0 with logprobs
+    presence_penalty: Number = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: Number = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: Number | None = Field(None, gt=0.0, le=10.0)  # None: the model's default, else 1
     # token id (as a string, as OpenAI's) -> bias added to its logit; ids are checked against the vocabulary
-    logit_bias: dict[str, float] | None = Field(None, max_length=300)
+    logit_bias: dict[str, Number] | None = Field(
+        None,
+        max_length=300,
+        json_schema_extra={  # what _token_ids checks, with its own messages
+            "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+            "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+        },
+    )
+
+    @field_validator("max_tokens", "top_k", "seed", "n", "top_logprobs", mode="before")
+    @classmethod
+    def _whole_numbers(cls, value: Any) -> Any:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError("must be a whole number")
+        return value
 
     @field_validator("logit_bias")
     @classmethod
@@ -153,17 +194,24 @@ class TokenLogprobEntry(_Message):
 
 
 class TokenEvent(_Message):
-    """A streamed text delta. (job_id, attempt, seq) identifies it; seq counts 0,1,2… per attempt."""
+    """A streamed text delta of one sample. (job_id, attempt, seq) identifies it; seq counts 0,1,2… per
+    attempt. Each sample's last event has its `finish_reason`; the attempt's last event (`final`) also has
+    `usage`, for the whole job. With n = 1 these are the same event."""
 
     job_id: str
     attempt: int
     seq: int
     text: str
     token_ids: list[int]
-    finish_reason: FinishReasonName | None = None  # set on the last event of the attempt
-    usage: Usage | None = None  # set on the last event
+    finish_reason: FinishReasonName | None = None  # set on the last event of sample `index`
+    usage: Usage | None = None  # set on the last event of the attempt (after every sample's finish_reason)
     index: int = 0  # which of the job's n choices the delta belongs to
     logprobs: list[TokenLogprobEntry] | None = None  # one per token id, when the job asked for logprobs
+
+    @property
+    def final(self) -> bool:
+        """The attempt's last event: its stream is over."""
+        return self.usage is not None
 
 
 class Timings(_Message):

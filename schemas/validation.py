@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from schemas.jobs import CancelRequest, JobRequest
+from schemas.jobs import MAX_CHOICE_BYTES, MAX_CHOICES, MAX_N, MAX_REGEX_BYTES, CancelRequest, JobRequest
 
 # What no string of a job may hold: U+0000, and U+D800-U+DFFF, which after JSON decoding (a valid pair of
 # escapes becomes one code point) can only be a lone surrogate.
@@ -43,14 +43,14 @@ class Limits:
     dlq_max_bytes: int = 900_000
     # Control tokens spelt in user text (`<|im_start|>`) stay plain text unless an operator allows them.
     special_tokens_in_text: bool = False
-    max_n: int = 16  # samples per job
+    max_n: int = MAX_N  # samples per job (no higher than the message schema's)
     # Output constraints: compiling one costs the intake thread time (and the engine's cache memory)
     # growing with its size, so their sizes are bounded like a prompt's. A schema's nesting is bounded
     # by max_depth, as every part of a message.
     max_schema_bytes: int = 32_000  # response_format.json_schema.schema as compact JSON
-    max_regex_bytes: int = 4_000
-    max_choices: int = 256
-    max_choice_bytes: int = 1_000  # per choice
+    max_regex_bytes: int = MAX_REGEX_BYTES
+    max_choices: int = MAX_CHOICES
+    max_choice_bytes: int = MAX_CHOICE_BYTES  # per choice
     # Log probabilities are stored with the row and published with the result: n x max_tokens x
     # (top_logprobs + 1) entries (~60 bytes each) at most, so one job's row stays a few MB.
     max_logprob_entries: int = 100_000

@@ -8,3 +8,8 @@ loading the grammar engine, and an engine that never sees a grammar never loads 
 
 class GrammarError(ValueError):
     """A grammar the engine cannot enforce; the message says why, in words meant for the job's author."""
+
+
+# Why a sequence ended `rejected` mid-generation: its grammar allowed no token at all (a regex no text
+# matches, say), so the sampler drew from nothing and the grammar refused what came out.
+DEAD_END = "the output constraint allows no token here: no text can satisfy it"

@@ -8,6 +8,7 @@ never left waiting.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -19,6 +20,7 @@ import xgrammar as xgr
 
 from gpu.engine_types import GrammarSpec
 from gpu.grammar import GrammarError
+from gpu.grammar.schema_check import check_enforceable
 from gpu.grammar.vocab import tokenizer_info
 from gpu.tokenizer import Tokenizer
 
@@ -66,6 +68,7 @@ class GrammarCompiler:
                 self._cache.move_to_end(spec)
                 return hit
         compiled = CompiledGrammar(spec, self._bounded(spec.kind, self._compile_call(spec)), self)
+        _check_can_start(compiled)
         self._remember(compiled)
         return compiled
 
@@ -129,6 +132,42 @@ class GrammarCompiler:
                 self._cache_bytes -= old.compiled.memory_size_bytes
 
 
+@functools.lru_cache(maxsize=256)  # a batch file's lines mostly share one schema
+def precheck(spec: GrammarSpec) -> None:
+    """Raise the GrammarError compiling `spec` would, as far as that needs no vocabulary: for validators
+    without a model (`inferq bulk submit`, a Batch file's lines), with the compiler's messages. Turning a
+    schema or regex into a grammar is quick; matching it to a vocabulary, which may be slow, is not done."""
+    kind, source = spec.kind, spec.source
+    if kind not in KINDS:
+        raise GrammarError(f"unknown grammar kind {kind!r}; expected one of {', '.join(KINDS)}")
+    if len(source) > MAX_SOURCE_CHARS:
+        raise GrammarError(f"{kind} is {len(source)} characters long; the limit is {MAX_SOURCE_CHARS}")
+    if kind == "choice":
+        _parse_choices(source)
+        return
+    if kind == "regex" and not source:
+        raise GrammarError("regex is empty")
+    if kind == "json_schema":
+        _parse_schema(source)
+    try:
+        if kind == "regex":
+            xgr.Grammar.from_regex(source)
+        else:
+            _json_ebnf(source if kind == "json_schema" else _OBJECT_SCHEMA)
+    except Exception as exc:  # xgrammar's own errors (RuntimeError, ValueError): the author's to fix
+        raise GrammarError(f"invalid {kind}: {_reason(exc)}") from exc
+
+
+def _check_can_start(compiled: CompiledGrammar) -> None:
+    """Refuse a grammar that allows no first token, not even the end (`[^\\x00-\\U0010FFFF]`, a regex
+    nothing matches): run, it could only end `rejected` at its first step. One mask, on a cache miss only.
+    A grammar that dead-ends later is caught as it runs (gpu/engine.py, _advance_grammars)."""
+    bitmask = xgr.allocate_token_bitmask(1, compiled.compiler.vocab_size)
+    compiled.matcher().fill_next_token_bitmask(bitmask)
+    if not bitmask.any():
+        raise GrammarError(f"{compiled.spec.kind} allows no output at all: no text can satisfy it")
+
+
 def _json_ebnf(schema: str) -> str:
     """The schema's grammar, with strings of bounded length kept to valid JSON: xgrammar 0.2.9 lets
     control characters (U+0000-U+001F, a tab say) into them raw, which JSON forbids and parsers reject."""
@@ -143,6 +182,7 @@ def _parse_schema(source: str) -> None:
         raise GrammarError(f"json_schema is not valid JSON: {exc}") from None
     if not isinstance(schema, dict | bool):
         raise GrammarError(f"json_schema must be a JSON object, not {type(schema).__name__}")
+    check_enforceable(schema)  # a keyword xgrammar would drop must not pass as met
 
 
 def _parse_choices(source: str) -> list[str]:

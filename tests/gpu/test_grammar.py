@@ -12,7 +12,7 @@ import pytest
 
 from gpu.engine import Engine, EngineRequest, RequestOutput
 from gpu.engine_types import GrammarSpec
-from gpu.grammar import GrammarError
+from gpu.grammar import DEAD_END, GrammarError
 from scheduler.types import FinishReason, SamplingParams
 from tests.gpu.factories import greedy, make_engine, make_prompts
 
@@ -172,6 +172,7 @@ def test_grammar_ends_the_sequence_when_eos_is_ignored():
         (GrammarSpec("choice", '"yes"'), "list of strings"),
         (GrammarSpec("choice", "[]"), "list of strings"),
         (GrammarSpec("yaml", "x"), "unknown grammar kind"),
+        (GrammarSpec("regex", "[^\\x00-\\U0010FFFF]"), "allows no output at all"),
     ],
 )
 def test_invalid_grammars_are_refused_with_a_reason_and_nothing_added(spec, words):
@@ -271,5 +272,25 @@ def test_a_token_the_grammar_rejects_ends_the_sequence(monkeypatch):
     monkeypatch.setattr(engine.runner, "_constrain", lambda *args: None)
     spec = GrammarSpec("choice", '["yes", "no"]')
     _, tokens, last = run(engine, [EngineRequest("r", (5, 6, 7), greedy(20), grammar=spec)])["r"]
-    assert last.finish_reason is FinishReason.ABORT and len(tokens) <= 3
+    assert last.finish_reason is FinishReason.REJECTED and len(tokens) <= 2  # the refused token not output
+    assert last.detail == DEAD_END
     assert not engine._matchers
+
+
+@pytest.mark.parametrize("params", [greedy(20), sampled(3, 20)])
+def test_a_grammar_with_no_way_on_ends_the_sequence_rejected_with_a_reason(params):
+    """After its first character this regex allows nothing: the mask is empty, whatever is drawn is refused,
+    and the sequence ends `rejected` saying why (not `abort`, which means a caller cancelled it), with the
+    text up to there; the step, and the free sequence beside it, carry on."""
+    spec = GrammarSpec("regex", "a[^\\x00-\\U0010FFFF]")
+    engine = make_engine()
+    requests = [
+        EngineRequest("dead", (5, 6, 7), params, grammar=spec),
+        EngineRequest("free", (5, 6), greedy(8)),
+    ]
+    results = run(engine, requests)
+    text, tokens, last = results["dead"]
+    assert (text, len(tokens)) == ("a", 1)
+    assert last.finish_reason is FinishReason.REJECTED and last.detail == DEAD_END
+    assert results["free"][2].finish_reason is FinishReason.LENGTH and len(results["free"][1]) == 8
+    assert not engine._matchers and not engine.has_unfinished()

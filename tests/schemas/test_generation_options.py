@@ -129,3 +129,62 @@ def test_the_exported_json_schema_names_the_new_fields():
                  "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"):  # fmt: skip
         assert name in schema["properties"], name
     assert "schema" in schema["$defs"]["JsonSchemaSpec"]["properties"]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"presence_penalty": "1"},
+        {"frequency_penalty": True},
+        {"repetition_penalty": "1.1"},
+        {"temperature": "0.5"},
+        {"logit_bias": {"100": True}},
+        {"logit_bias": {"100": "5"}},
+        {"n": "2"},
+        {"n": True},
+        {"logprobs": 1},
+        {"logprobs": "true"},
+        {"logprobs": True, "top_logprobs": "2"},
+        {"max_tokens": "5"},
+        {"seed": False},
+    ],
+)
+def test_wrong_types_are_refused_not_converted(fields):
+    with pytest.raises(InvalidMessage, match=next(iter(fields))):
+        job(**fields)
+
+
+def test_json_numbers_keep_working_as_json_has_them():
+    parsed = job(n=2.0, max_tokens=5.0, presence_penalty=1, temperature=0, logit_bias={"1": 5}, top_k=3)
+    assert (parsed.n, parsed.max_tokens, parsed.presence_penalty) == (2, 5, 1.0)
+    assert parsed.logit_bias == {"1": 5.0}
+
+
+@pytest.mark.parametrize(
+    ("fields", "valid"),
+    [
+        ({"n": 16}, True),
+        ({"n": 17}, False),
+        ({"logit_bias": {"50": -100}}, True),
+        ({"logit_bias": {"50": 100.5}}, False),
+        ({"logit_bias": {"x": 1}}, False),
+        ({"guided_choice": ["a"] * 256}, True),
+        ({"guided_choice": ["a"] * 257}, False),
+        ({"guided_choice": [""]}, False),
+        ({"guided_choice": ["a" * 1001]}, False),
+        ({"guided_regex": "a" * 4000}, True),
+        ({"guided_regex": "a" * 4001}, False),
+        ({"logprobs": True, "top_logprobs": 21}, False),
+        ({"presence_penalty": "1"}, False),
+    ],
+)
+def test_the_published_schema_has_the_workers_default_limits(fields, valid):
+    """`inferq schema JobRequest` is what producers validate against: it refuses what the worker refuses
+    with its default limits (lengths in characters where the worker counts bytes)."""
+    import jsonschema
+
+    schema = JobRequest.model_json_schema()
+    assert jsonschema.Draft202012Validator(schema).is_valid({"prompt": "x", **fields}) is valid
+    if not valid:
+        with pytest.raises(InvalidMessage):
+            parse_job(json.dumps({"prompt": "x", **fields}).encode(), Limits())

@@ -82,3 +82,21 @@ def test_a_rerun_replaces_the_files(tmp_path):
     write_results(read_batch(path), BULK, lookup_from([row("a"), row("b")]), out, err)
     assert [o["custom_id"] for o in read_jsonl(out)] == ["a", "b"] and read_jsonl(err) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["err.jsonl", "in.jsonl", "out.jsonl"]
+
+
+def test_a_job_the_worker_refused_is_an_invalid_line_as_run_batch_reports_it(tmp_path):
+    """Refused before running (attempts 0: a logit_bias id past the vocabulary, found only by the model's
+    worker): `invalid_request`, `line N:`, no id, counted invalid. A job that ran and ended `rejected` (a
+    grammar's dead end) stays a failed request."""
+    path = write_batch(tmp_path / "in.jsonl", [batch_line("oov"), batch_line("dead"), batch_line("ok")])
+    refused = "logit_bias names token 60000; this model's vocabulary has 49152 tokens (ids 0-49151)"
+    rows = [row("oov", "rejected", error=refused, attempts=0, output_text=None),
+            row("dead", "rejected", error="the output constraint allows no token here", attempts=1),
+            row("ok", attempts=1)]  # fmt: skip
+    out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
+    counts = write_results(read_batch(path), BULK, lookup_from(rows), out, err)
+    assert (counts.succeeded, counts.failed, counts.invalid, counts.unfinished) == (1, 1, 1, 0)
+    oov, dead = read_jsonl(err)
+    error = {"code": "invalid_request", "message": f"line 1: {refused}", "line": 1}
+    assert oov == {"id": None, "custom_id": "oov", "response": None, "error": error}
+    assert dead["error"]["code"] == "rejected" and dead["id"] == f"batch_req_{job_id_for(BULK, 'dead')}"

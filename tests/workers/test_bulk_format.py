@@ -41,6 +41,9 @@ def test_chat_line_with_text_parts_and_max_completion_tokens():
     assert job.max_tokens == 9 and job.prompt is None
 
 
+BOUNDS_CROSSED = {"type": "integer", "minimum": 5, "maximum": 1}
+
+
 @pytest.mark.parametrize(
     ("line", "expected"),
     [
@@ -56,7 +59,7 @@ def test_chat_line_with_text_parts_and_max_completion_tokens():
         (batch_line("x", top_logprobs=2), "unsupported body fields for /v1/completions: top_logprobs"),
         (batch_line("x", CHAT, top_logprobs=2), "top_logprobs needs logprobs: true"),
         (batch_line("x", CHAT, logprobs=True, top_logprobs=21), "top_logprobs"),
-        (batch_line("x", n=17), "n 17 is over the limit 16"),
+        (batch_line("x", n=17), "n: Input should be less than or equal to 16"),
         (batch_line("x", n=0), "n: Input should be greater than or equal to 1"),
         (batch_line("x", stream=True), "body.stream must be false"),
         (batch_line("x", presence_penalty=2.5), "presence_penalty"),
@@ -65,6 +68,25 @@ def test_chat_line_with_text_parts_and_max_completion_tokens():
         (batch_line("x", logit_bias={"hello": 1}), "keys must be token ids"),
         (batch_line("x", logit_bias={"5": 101}), "within -100..100"),
         (batch_line("x", CHAT, response_format={"type": "xml"}), "response_format"),
+        (
+            batch_line(
+                "x",
+                CHAT,
+                response_format={"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}},
+            ),
+            "response_format cannot be compiled: json_schema: type at $ must be one of",
+        ),
+        (
+            batch_line("x", response_format={"type": "json_schema", "json_schema": {"schema": {"not": {}}}}),
+            "response_format cannot be compiled: json_schema keyword 'not' at $ cannot be enforced",
+        ),
+        (batch_line("x", guided_regex="(ab"), "guided_regex cannot be compiled: invalid regex"),
+        (
+            batch_line(
+                "x", response_format={"type": "json_schema", "json_schema": {"schema": BOUNDS_CROSSED}}
+            ),
+            "response_format cannot be compiled: invalid json_schema: ",  # xgrammar's own reason
+        ),
         (batch_line("x", guided_regex="a+", guided_choice=["a"]), "at most one output constraint"),
         (batch_line("x", guided_choice=[]), "guided_choice"),
         (batch_line("x", CHAT, echo=False), "unsupported body fields for /v1/chat/completions: echo"),

@@ -10,7 +10,7 @@ import threading
 import pytest
 from sqlalchemy import create_engine
 
-from schemas.jobs import TokenEvent
+from schemas.jobs import TokenEvent, Usage
 from tests.services.factories import make_private_services
 from tests.workers.worker_factories import make_deployment, now_ms, start_worker, wait_terminal
 from workers.client import DeliveryFailed, JobClient, JobTimeout, Submitted
@@ -122,8 +122,9 @@ def test_stream_skips_copies_and_the_events_of_an_attempt_a_later_one_replaced(s
             (2, 1, None), (1, 3, None), (2, 2, "stop")]  # fmt: skip
     producer = Producer(dep.kafka_connection, "inferq-test-dedupe")
     for attempt, seq, finish in sent:
+        usage = Usage(prompt_tokens=1, completion_tokens=seq) if finish else None  # the attempt's last
         event = TokenEvent(job_id=job_id, attempt=attempt, seq=seq, text=f"{attempt}.{seq} ",
-                           token_ids=[seq], finish_reason=finish)  # fmt: skip
+                           token_ids=[seq], finish_reason=finish, usage=usage)  # fmt: skip
         producer.send(dep.topics.tokens, job_id, event.model_dump_json().encode())
     producer.flush(30)
     producer.close()

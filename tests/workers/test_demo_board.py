@@ -44,13 +44,13 @@ def test_duplicates_are_ignored_and_a_retry_starts_the_text_again():
     assert board.apply(event("j-low", 0, "Que"), now=101.1) is None  # the producer resent seq 0
     board.apply(event("j-low", 0, "Queues", attempt=1), now=105)  # another worker redid the job
     assert board.apply(event("j-low", 1, "ues", attempt=0), now=105.5) is None  # late, from attempt 0
-    board.apply(event("j-low", 1, " hum.", attempt=1, finish="stop"), now=106)
+    board.apply(event("j-low", 1, " hum.", attempt=1, finish="stop", completion=4), now=106)
     assert board.texts()["j-low"] == "Queues hum." and board.streams["j-low"].ttft_ms == 5000.0
 
 
 def test_live_view_shows_priority_tenant_text_and_timings():
     board = DemoBoard(JOBS)
-    board.apply(event("j-high", 0, "Paris.", tokens=3, finish="stop"), now=100.5)
+    board.apply(event("j-high", 0, "Paris.", tokens=3, finish="stop", completion=3), now=100.5)
     board.apply(event("j-low", 0, "Queues"), now=100.5)
     console = Console(record=True, width=100, color_system=None)
     console.print(render_live(board))

@@ -15,9 +15,10 @@ import pytest
 from sqlalchemy import create_engine
 
 from gpu.engine_types import GrammarSpec, RequestOutput, TokenLogprob
+from gpu.grammar import DEAD_END
 from gpu.tokenizer import ByteTokenizer
 from scheduler.types import FinishReason
-from schemas.jobs import JobRequest, JobResult, TokenEvent
+from schemas.jobs import JobRequest, JobResult, TokenEvent, Usage
 from schemas.tables import jobs as jobs_table
 from schemas.topics import Topics
 from schemas.validation import Limits
@@ -46,7 +47,8 @@ def request(**fields) -> JobRequest:
     return JobRequest.model_validate({"prompt": "hi", **fields})
 
 
-KEY = job_key("default", "j")  # the engine's request id of tenant default's job j
+USAGE = Usage(prompt_tokens=3, completion_tokens=2)
+KEY = job_key("default", "j")  # the engine's request id of job "j" of the default tenant
 
 
 def output(index=0, ids: tuple[int, ...] = (), finish: FinishReason | None = None, lps=(), started=False):
@@ -234,17 +236,36 @@ def test_token_events_carry_the_sample_index_and_logprobs():
     streamer.add("j", "b", (B,), 1, [lp(B, -0.1)])
     streamer.flush_due()
     streamer.add("j", "a", (A,), 1, [lp(A, -0.5)])
-    streamer.finish("j", "stop", None)
-    assert [(e.seq, e.index, e.text, e.finish_reason) for e in sent] == [
-        (0, 0, "a", None), (1, 1, "b", None), (2, 1, "a", "stop"),
+    streamer.finish("j", "stop", USAGE)
+    assert [(e.seq, e.index, e.text, e.finish_reason, e.final) for e in sent] == [
+        (0, 0, "a", None, False), (1, 1, "b", None, False),
+        (2, 0, "", "stop", False), (3, 1, "a", "stop", True),
     ]  # fmt: skip
     assert sent[0].logprobs[0].token == "a" and sent[0].logprobs[0].logprob == -0.5
     plain: list[TokenEvent] = []
     streamer = TokenStreamer(lambda event, tenant: plain.append(event), coalesce_s=60.0)
     streamer.start("k", attempt=1)
     streamer.add("k", "x", (9,))
-    streamer.finish("k", "length", None)
-    assert [(e.index, e.logprobs, e.finish_reason) for e in plain] == [(0, None, "length")]
+    streamer.finish("k", "length", USAGE)
+    assert [(e.index, e.logprobs, e.finish_reason, e.usage) for e in plain] == [(0, None, "length", USAGE)]
+
+
+def test_each_sample_ends_with_its_own_reason_and_the_last_event_carries_usage():
+    sent: list[TokenEvent] = []
+    streamer = TokenStreamer(lambda event, tenant: sent.append(event), coalesce_s=60.0)
+    streamer.start("j", attempt=1)
+    streamer.add("j", "a", (A,), 0)
+    streamer.add("j", "b", (B,), 1)
+    streamer.add("j", "c", (C,), 2)
+    streamer.end_sample("j", 1, "stop")  # sent at once, with what sample 1 had buffered
+    assert [(e.index, e.text, e.finish_reason, e.usage) for e in sent] == [(1, "b", "stop", None)]
+    streamer.add("j", "b", (B,), 0)
+    streamer.finish("j", "length", USAGE, {0: "length", 1: "stop", 2: None})  # 2 cut short by the job's end
+    assert [(e.index, e.text, e.finish_reason, e.usage) for e in sent[1:]] == [
+        (0, "ab", "length", None),
+        (2, "c", "length", USAGE),
+    ]
+    assert [e.seq for e in sent] == [0, 1, 2]
 
 
 def test_the_lifecycle_routes_engine_outputs_to_samples_events_and_the_terminal_row():
@@ -281,8 +302,34 @@ def test_the_lifecycle_routes_engine_outputs_to_samples_events_and_the_terminal_
     for event in sent:
         by_index[event.index] = by_index.get(event.index, "") + event.text
         assert event.logprobs is not None and len(event.logprobs) == len(event.token_ids)
-    assert by_index == {0: "ab", 1: "bc"} and sent[-1].finish_reason == "stop"
+    assert by_index == {0: "ab", 1: "bc"}
+    finishes = [(e.index, e.finish_reason, e.usage is not None) for e in sent if e.finish_reason]
+    assert finishes == [(0, "stop", False), (1, "length", True)]  # each sample's own; usage on the last
+    assert sent[-1].usage.model_dump() == {"prompt_tokens": 3, "completion_tokens": 4}
     assert [e.seq for e in sent] == list(range(len(sent)))
+
+
+def test_a_grammar_dead_end_rejects_the_job_with_the_reason_and_stops_its_other_samples():
+    engine = make_engine()
+    written: list = []
+    lifecycle = JobLifecycle(
+        engine, Topics("inferq"), worker_id="w-t", limits=Limits(), coalesce_s=60.0,
+        database=create_engine(Settings.from_env().database_url),  # never connected: no admissions here
+        ready=threading.Event(), offsets=OffsetTracker(), owned=set, metrics=WorkerMetrics(),
+        write=written.extend, send_event=lambda event, tenant: None,
+    )  # fmt: skip
+    job = request(job_id="j", n=2, max_tokens=4)
+    lifecycle._start(
+        Accepted(record({"job_id": "j", "prompt": "hi"}), "j", "normal", job, "hi", (5, 6), 4), 1
+    )
+    assert engine.has_unfinished()
+    dead = RequestOutput(KEY, (), "", FinishReason.REJECTED, False, 2, 1, DEAD_END, index=1)
+    lifecycle.on_output(dead)
+    assert KEY not in lifecycle.jobs and not engine.has_unfinished()  # sample 0 no longer runs for nothing
+    lifecycle.flush(force=True)
+    (concluded,) = [w for w in written if isinstance(w, Concluded)]
+    assert (concluded.row.status, concluded.row.values["error"]) == ("rejected", DEAD_END)
+    assert concluded.row.values["finish_reason"] == "rejected"
 
 
 # ---- rows -> results and Batch output bodies -------------------------------------------------

@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from gpu.grammar import DEAD_END
 from gpu.model import load_model
 from gpu.model_source import DEFAULT_MODEL
 from tests.gpu.factories import make_engine
@@ -133,7 +134,7 @@ def test_bad_options_are_rejected_with_clear_reasons(deployment):
     rows = wait_terminal(db, [f"{n}-{dep.topic_prefix}" for n in bad], timeout_s=120)
     errors = {n: rows[f"{n}-{dep.topic_prefix}"]["error"] for n in bad}
     assert {r["status"] for r in rows.values()} == {"rejected"}
-    assert "n 99 is over the limit 16" in errors["too-many"]
+    assert "n: Input should be less than or equal to 16" in errors["too-many"]
     assert "top_logprobs needs logprobs: true" in errors["top-alone"]
     assert "within -100..100" in errors["bias-range"]
     assert "logit_bias names token 10000000" in errors["bias-vocab"]
@@ -153,6 +154,44 @@ def test_an_invalid_grammar_is_rejected_never_stuck(deployment):
     assert rows[regex]["status"] == "rejected" and "guided_regex cannot be compiled" in rows[regex]["error"]
     assert rows[schema]["status"] == "rejected"
     assert "response_format cannot be compiled" in rows[schema]["error"]
+
+
+def test_schema_keywords_the_grammar_would_drop_and_empty_languages_are_rejected(deployment):
+    """Never a job that succeeds with output its schema forbids, never an `abort` nobody asked for."""
+    dep, client, db, _ = deployment
+    unique = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
+              "uniqueItems": True}}, "required": ["tags"]}  # fmt: skip
+    fmt = {"type": "json_schema", "json_schema": {"schema": unique}}
+    dropped = submit(client, dep, "unique-items", prompt="Tags:", max_tokens=30, response_format=fmt)
+    nothing = submit(
+        client, dep, "empty-regex", prompt="x", max_tokens=5, guided_regex="[^\\x00-\\U0010FFFF]"
+    )
+    dead_end = submit(client, dep, "dead-end", prompt="x", max_tokens=5, guided_regex="a[^\\x00-\\U0010FFFF]")
+    client.flush()
+    rows = wait_terminal(db, [dropped, nothing, dead_end], timeout_s=300)
+    assert rows[dropped]["status"] == "rejected"
+    assert "keyword 'uniqueItems' at $.properties.tags cannot be enforced" in rows[dropped]["error"]
+    assert rows[nothing]["status"] == "rejected" and "allows no output at all" in rows[nothing]["error"]
+    ended = rows[dead_end]
+    assert (ended["status"], ended["finish_reason"], ended["output_text"]) == ("rejected", "rejected", "a")
+    assert ended["error"] == DEAD_END
+
+
+def test_each_samples_last_token_event_has_its_own_finish_and_the_last_has_usage(deployment):
+    dep, client, db, _ = deployment
+    since = now_ms()
+    job_id = submit(client, dep, "n-events", messages=chat("Write a word."), temperature=1.0, seed=5,
+                    max_tokens=6, n=3, stop=["e"])  # fmt: skip
+    client.flush()
+    row = wait_terminal(db, [job_id], timeout_s=300)[job_id]
+    done = lambda rs: any(b'"usage":{' in r.value and job_id.encode() in r.value for r in rs)  # noqa: E731
+    events = token_events(read_topic(dep, dep.topics.tokens, since, done))[job_id]
+    finishes = [(e.index, e.finish_reason) for e in events if e.finish_reason]
+    assert sorted(finishes) == sorted((c["index"], c["finish_reason"]) for c in row["choices"])
+    assert [e.final for e in events] == [False] * (len(events) - 1) + [True]
+    assert events[-1].usage.completion_tokens == row["completion_tokens"]
+    for choice in row["choices"]:  # each sample's deltas, and only its own, add up to its text
+        assert "".join(e.text for e in events if e.index == choice["index"]) == choice["text"]
 
 
 def test_greedy_json_schema_jobs_parse_validate_and_end_by_themselves(deployment):
@@ -285,13 +324,14 @@ def test_bulk_jobs_through_celery_answer_every_choice_with_logprobs(deployment, 
         batch_line(
             "h", CHAT, max_tokens=40, logprobs=True, top_logprobs=1, response_format={"type": "json_object"}
         ),
-        batch_line("bad", CHAT, guided_regex="(unclosed"),
+        batch_line("bad", CHAT, guided_regex="(unclosed"),  # refused when the file is read
+        batch_line("oov", CHAT, max_tokens=4, logit_bias={"60000": 1}),  # refused by the worker (vocabulary)
     ]
     path = write_batch(tmp_path / "in.jsonl", lines)
     env = cli_env(dep, tmp_path / "state")
     bulk = start_bulk_worker(dep, tmp_path / "state", tmp_path / "bulk-worker.log")
     try:
-        bulk_id = run_cli("bulk", "submit", str(path), env=env).stdout.strip()
+        bulk_id = run_cli("bulk", "submit", str(path), "--skip-invalid", env=env).stdout.strip()
         run_cli("bulk", "wait", bulk_id, "--interval", "0.5", env=env, check=False)
         out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
         run_cli("bulk", "fetch", bulk_id, "-o", str(out), "--errors", str(err), env=env)
@@ -306,5 +346,9 @@ def test_bulk_jobs_through_celery_answer_every_choice_with_logprobs(deployment, 
     content = chat_body["choices"][0]["logprobs"]["content"]
     assert len(content) == chat_body["usage"]["completion_tokens"]
     assert isinstance(json.loads(chat_body["choices"][0]["message"]["content"]), dict)
-    [bad] = read_jsonl(err)
+    bad, oov = read_jsonl(err)  # both invalid lines, reported as run-batch reports them
     assert bad["custom_id"] == "bad" and "guided_regex cannot be compiled" in bad["error"]["message"]
+    assert oov["custom_id"] == "oov" and "logit_bias names token 60000" in oov["error"]["message"]
+    for line_no, error in ((3, bad), (4, oov)):
+        assert error["id"] is None and error["error"]["code"] == "invalid_request"
+        assert error["error"]["message"].startswith(f"line {line_no}: ")

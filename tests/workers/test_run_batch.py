@@ -44,13 +44,18 @@ def test_answers_come_in_input_order_with_the_served_model_name(tmp_path):
     assert by_id["first"][0]["response"]["body"]["object"] == "text_completion"
     assert by_id["chat"][0]["response"]["body"]["choices"][0]["message"]["role"] == "assistant"
     bad, ok = by_id["bad"]
-    assert not ok and bad["id"] is None and "n 17 is over the limit" in bad["error"]["message"]
-    long, ok = by_id["long"]
-    assert not ok and long["id"] is not None and "context" in long["error"]["message"]
+    assert (
+        not ok
+        and bad["id"] is None
+        and "n: Input should be less than or equal to 16" in bad["error"]["message"]
+    )
+    long, ok = by_id["long"]  # what only the model can tell is an invalid line too, as bulk reports it
+    assert not ok and long["id"] is None and long["error"]["code"] == "invalid_request"
+    assert long["error"]["message"].startswith("line 4: prompt is") and "context" in long["error"]["message"]
     tally = Tally()
     for answer in answers:
         tally.add(answer)
-    assert (tally.succeeded, tally.failed, tally.invalid) == (6, 1, 2)
+    assert (tally.succeeded, tally.failed, tally.invalid) == (6, 0, 3)
 
 
 def test_the_command_writes_the_output_and_errors_files(tmp_path):
@@ -58,7 +63,7 @@ def test_the_command_writes_the_output_and_errors_files(tmp_path):
     out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
     done = run_cli("run-batch", "-i", str(path), "-o", str(out), "--errors-file", str(err),
                    "--model", "tiny", "--served-model-name", "my-model")  # fmt: skip
-    assert "6 succeeded, 1 failed, 2 invalid lines" in done.stderr
+    assert "6 succeeded, 0 failed, 3 invalid lines" in done.stderr
     ok = [json.loads(line) for line in out.read_text().splitlines()]
     errors = [json.loads(line) for line in err.read_text().splitlines()]
     assert [o["custom_id"] for o in ok] == ["first", "chat", "more-0", "more-1", "more-2", "more-3"]

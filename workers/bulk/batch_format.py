@@ -18,6 +18,7 @@ from typing import Any
 from schemas.jobs import JobRequest
 from schemas.validation import InvalidMessage, Limits, parse_job
 from workers.bulk.batch_fields import OPTIONS, check_body
+from workers.serving.sampling import constraint_field, grammar_spec
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 MAX_CUSTOM_ID = 512
@@ -156,12 +157,28 @@ def parse_line(raw: str, line_no: int) -> BatchLine | LineError:
             custom_id = data["custom_id"]
         custom_id, url, body = _check_envelope(data)
         line = BatchLine(line_no, custom_id, url, body.get("model"), body)
-        to_job(line, bulk_id="check", tenant="check")
+        _check_constraint(to_job(line, bulk_id="check", tenant="check"))
     except json.JSONDecodeError as exc:
         return LineError(line_no, None, f"line {line_no}: not JSON: {exc.msg} (column {exc.colno})")
     except InvalidMessage as exc:
         return LineError(line_no, custom_id, f"line {line_no}: {exc}")
     return line
+
+
+def _check_constraint(job: JobRequest) -> None:
+    """A schema or regex the worker's compiler would refuse makes the line invalid here, with the worker's
+    reason, rather than a job that is `rejected` once it reaches a worker. (What needs the model, say a
+    logit_bias id past its vocabulary, is found by the worker: finalize reports it as an invalid line too.)"""
+    spec = grammar_spec(job)
+    if spec is None:
+        return
+    from gpu.grammar import GrammarError
+    from gpu.grammar.compiler import precheck  # loads xgrammar: only for lines that carry a constraint
+
+    try:
+        precheck(spec)
+    except GrammarError as exc:
+        raise InvalidMessage(f"{constraint_field(spec)} cannot be compiled: {exc}") from None
 
 
 def read_batch(path: Path) -> Iterator[BatchLine | LineError]:

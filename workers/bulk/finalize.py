@@ -30,6 +30,13 @@ def _chunks(items: Iterable[BatchLine | LineError], size: int) -> Iterator[list[
         yield chunk
 
 
+def refused_by_worker(row: Row | None) -> bool:
+    """A job the worker refused before it ever ran (attempts 0: never admitted), for what only the model
+    can tell (a logit_bias id past its vocabulary, a prompt past its context, a grammar it cannot use):
+    an invalid line, as `inferq run-batch` reports it, not a failed request."""
+    return row is not None and row["status"] == "rejected" and not row.get("attempts")
+
+
 def write_results(
     items: Iterable[BatchLine | LineError],
     bulk_id: str,
@@ -56,7 +63,11 @@ def write_results(
                     job_id = job_id_for(bulk_id, item.custom_id)
                     row = rows.get(job_id)
                     status = row["status"] if row else None
-                    if status == "succeeded":
+                    if refused_by_worker(row):
+                        counts["invalid"] += 1
+                        message = f"line {item.line_no}: {row.get('error') or 'refused by the worker'}"
+                        record, target = invalid_line(LineError(item.line_no, item.custom_id, message)), err
+                    elif status == "succeeded":
                         counts["succeeded"] += 1
                         record, target = success_line(item, row, model_name), out
                     elif status in ("failed", "rejected", "cancelled", "expired"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 from datetime import datetime
 from typing import Any
 
@@ -26,16 +27,29 @@ def completion_logprobs(chat: dict[str, Any] | None) -> dict[str, Any] | None:
     if chat is None:
         return None
     entries = chat["content"]
-    offsets, at = [], 0
-    for e in entries:
-        offsets.append(at)
-        at += len(e["token"])
     return {
         "tokens": [e["token"] for e in entries],
         "token_logprobs": [e["logprob"] for e in entries],
         "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
-        "text_offset": offsets,
+        "text_offset": text_offsets(entries),
     }
+
+
+def text_offsets(entries: list[dict[str, Any]]) -> list[int]:
+    """Where each token starts in the text, in characters of the text as emitted: every piece of a
+    character split over tokens starts where the character does, and it counts once (each piece's
+    `token` is U+FFFD: counting those would run past the text). From the exact `bytes`, decoded as the
+    detokenizer does; an entry without them counts its `token`."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    offsets, at = [], 0
+    for e in entries:
+        offsets.append(at)
+        raw = e.get("bytes")
+        if raw is None:
+            at += len(e["token"])
+            continue
+        at += len(decoder.decode(bytes(raw)))
+    return offsets
 
 
 def response_body(line: BatchLine, row: Row, model_name: str | None = None) -> dict[str, Any]:

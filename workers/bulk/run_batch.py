@@ -18,9 +18,9 @@ from schemas.statuses import STATUS_OF_FINISH
 from schemas.topics import Topics
 from schemas.validation import InvalidMessage, Limits
 from workers.bulk.batch_format import BatchLine, LineError, job_id_for, to_job
-from workers.bulk.output import error_line, failed_line, invalid_line, success_line
+from workers.bulk.output import failed_line, invalid_line, success_line
 from workers.clock import utcnow
-from workers.serving.choices import Choices, LogprobFormatter
+from workers.serving.choices import REQUEST_ENDS, Choices, LogprobFormatter
 from workers.serving.intake import Intake
 from workers.serving.sampling import sampling_params
 
@@ -94,8 +94,9 @@ class BatchRunner:
         try:
             _, ids, max_tokens = self.intake.prepare(job)
             grammar = self.intake.grammar(job)
-        except InvalidMessage as exc:
-            return error_line(item.custom_id, item.line_no, "invalid_request", str(exc), job_id), False
+        except InvalidMessage as exc:  # what only the model can tell (vocabulary, context): an invalid line,
+            # as bulk's finalize reports a line its worker refused
+            return invalid_line(LineError(item.line_no, item.custom_id, f"line {item.line_no}: {exc}")), False
         sampling = sampling_params(job, max_tokens, self.engine)
         self.engine.add_request(
             EngineRequest(job_id, ids, sampling, stop=tuple(job.stop), n=job.n, grammar=grammar)
@@ -116,6 +117,8 @@ class BatchRunner:
         finish = job.choices.end(out.index, out.finish_reason.value)
         if finish is None:
             return None
+        if finish in REQUEST_ENDS:  # one sample ended the request (a grammar's dead end): stop the others
+            self.engine.abort_request(out.request_id)
         return self._answer(out.request_id, running, finish, out.detail or None)
 
     def _lost(self, job_id: str, running: dict) -> tuple[int, Answer]:

@@ -32,6 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    _add_generation_options(p)
     p.add_argument(
         "--job-timeout",
         type=float,
@@ -89,10 +90,60 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.set_defaults(func=schema)
 
 
+def _add_generation_options(p: argparse.ArgumentParser) -> None:
+    """The JobRequest's issue-20 fields, spelt as the message spells them (README: generation options)."""
+    g = p.add_argument_group("generation options (as the job message's fields)")
+    g.add_argument("--n", type=int, default=None, help="samples of the prompt, each a choice (1-16)")
+    g.add_argument("--logprobs", action="store_true", default=None, help="each token's log probability")
+    g.add_argument("--top-logprobs", type=int, default=None, help="with --logprobs: the k most likely (0-20)")
+    g.add_argument("--response-format", type=_json_arg, default=None, metavar="JSON|@FILE",
+                   help='OpenAI\'s response_format, e.g. \'{"type": "json_object"}\'')  # fmt: skip
+    g.add_argument("--json-schema", type=_json_arg, default=None, metavar="JSON|@FILE",
+                   help="a JSON Schema the output follows (as response_format json_schema)")  # fmt: skip
+    g.add_argument("--guided-regex", default=None, metavar="REGEX", help="the whole output matches it")
+    g.add_argument("--guided-choice", action="append", default=None, metavar="TEXT",
+                   help="the output is exactly one of these (repeatable)")  # fmt: skip
+    g.add_argument("--presence-penalty", type=float, default=None, help="-2 to 2 (OpenAI's)")
+    g.add_argument("--frequency-penalty", type=float, default=None, help="-2 to 2 (OpenAI's)")
+    g.add_argument("--repetition-penalty", type=float, default=None, help="above 0, at most 10 (HF's)")
+    g.add_argument("--logit-bias", type=_json_arg, default=None, metavar="JSON|@FILE",
+                   help='token id -> bias (-100..100), e.g. \'{"198": -100}\'')  # fmt: skip
+
+
+def _json_arg(value: str) -> object:
+    """A JSON value given inline, or as @path to a file holding it."""
+    text = Path(value[1:]).read_text() if value.startswith("@") else value
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+
+
+def _generation_fields(args: argparse.Namespace) -> dict:
+    fields = {
+        "n": args.n,
+        "logprobs": args.logprobs,
+        "top_logprobs": args.top_logprobs,
+        "response_format": args.response_format,
+        "guided_regex": args.guided_regex,
+        "guided_choice": args.guided_choice,
+        "presence_penalty": args.presence_penalty,
+        "frequency_penalty": args.frequency_penalty,
+        "repetition_penalty": args.repetition_penalty,
+        "logit_bias": args.logit_bias,
+    }
+    if args.json_schema is not None:
+        if args.response_format is not None:
+            raise SystemExit("inferq submit: give --json-schema or --response-format, not both")
+        fields["response_format"] = {"type": "json_schema", "json_schema": {"schema": args.json_schema}}
+    return fields
+
+
 def _jobs_from_args(args: argparse.Namespace) -> list:
     overrides = {
         k: v
         for k, v in {
+            **_generation_fields(args),
             "tenant": args.tenant,
             "max_tokens": args.max_tokens,
             "temperature": args.temperature,
@@ -165,16 +216,39 @@ def submit(args: argparse.Namespace) -> int:
 def _print_stream(
     client, job_id: str, timeout: float, since_ms: int | None = None, tenant: str | None = None
 ) -> str | None:
+    """Print the job's text as it comes, then its finish reason. With n > 1 samples, choice 0 is printed
+    live and the others, which would interleave with it, each after it, in index order; each choice's
+    text is followed by `[choice i: reason]` on stderr."""
     attempt = None
+    others: dict[int, list[str]] = {}
+    reasons: dict[int, str] = {}
     for event in client.stream(job_id, timeout, since_ms, tenant):
         if attempt is not None and event.attempt != attempt:
             print(f"\n[attempt {event.attempt} restarts the output]", file=sys.stderr)
+            others, reasons = {}, {}
         attempt = event.attempt
-        print(event.text, end="", flush=True)
+        if event.index == 0:
+            print(event.text, end="", flush=True)
+        else:
+            others.setdefault(event.index, []).append(event.text)
         if event.finish_reason:
-            print(f"\n[{event.finish_reason}]", file=sys.stderr)
-            return event.finish_reason
+            reasons[event.index] = event.finish_reason
+        if event.final:
+            _print_choices(others, reasons, event.finish_reason or "")
+            return reasons.get(0, event.finish_reason)
     return None
+
+
+def _print_choices(others: dict[int, list[str]], reasons: dict[int, str], job_finish: str) -> None:
+    """After choice 0's live text: its reason, then every other choice's text and reason."""
+    if not others:
+        print(f"\n[{reasons.get(0, job_finish)}]", file=sys.stderr)
+        return
+    print(file=sys.stdout, flush=True)
+    print(f"[choice 0: {reasons.get(0, job_finish)}]", file=sys.stderr, flush=True)
+    for index in sorted(others):
+        print("".join(others[index]), flush=True)
+        print(f"[choice {index}: {reasons.get(index, job_finish)}]", file=sys.stderr, flush=True)
 
 
 def cancel(args: argparse.Namespace) -> int:

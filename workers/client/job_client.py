@@ -207,7 +207,7 @@ class JobClient:
                     continue  # a producer retry, or a partition read again for another follower
                 seen.add(event.seq)
                 yield event
-                if event.finish_reason is not None:
+                if event.final:  # with n > 1, samples' finish_reason come before: not the end yet
                     return
             raise JobTimeout(f"no final token event for {job_id} within {timeout_s}s")
         finally:

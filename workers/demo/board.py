@@ -78,7 +78,7 @@ class DemoBoard:
         stream.tokens += len(event.token_ids)
         if event.token_ids and stream.first_token_s is None:
             stream.first_token_s = now
-        if event.finish_reason is not None:
+        if event.final:  # the job's end (with n > 1, a sample's finish_reason is not)
             stream.finish_reason = event.finish_reason
             stream.finished_s = now
             if event.usage is not None:

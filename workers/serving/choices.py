@@ -20,8 +20,9 @@ LOGPROB_FLOOR = -9999.0
 class LogprobFormatter:
     """Engine logprobs → OpenAI's chat entries `{"token", "logprob", "bytes", "top_logprobs"}`.
 
-    A token's text is what the tokenizer decodes it to alone; its bytes are the token's own when the
-    tokenizer can tell them (a piece of a multi-byte character), else that text's UTF-8 (as vLLM's).
+    A token's text is what the tokenizer decodes it to alone (U+FFFD for a piece of a multi-byte
+    character); its bytes are the token's own (`token_bytes`: both built-in tokenizers have it, so a
+    choice's bytes add up to its text's UTF-8), else that text's UTF-8.
     Lookups are cached: the same few thousand tokens recur in every top list. Not thread-safe: one per
     thread, with that thread's tokenizer.
     """

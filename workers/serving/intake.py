@@ -18,7 +18,7 @@ from schemas.jobs import JobRequest
 from schemas.topics import Topics
 from schemas.validation import InvalidMessage, Limits, parse_job, peek_job_id, peek_tenant
 from workers.kafka_io import Record
-from workers.serving.sampling import grammar_spec
+from workers.serving.sampling import constraint_field, grammar_spec
 from workers.serving.writes import Rejected
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class Intake:
         spec = grammar_spec(job)
         if spec is None:
             return None
-        field = "response_format" if spec.kind.startswith("json") else f"guided_{spec.kind}"
+        field = constraint_field(spec)
         if self.compile_grammar is None:
             raise InvalidGrammar(f"{field}: this worker does not support output constraints")
         try:

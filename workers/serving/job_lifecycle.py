@@ -25,7 +25,7 @@ from workers.kafka_io import Partition, Record
 from workers.serving import cancels
 from workers.serving.admission import Admitter, Decision
 from workers.serving.admission_thread import AdmissionThread
-from workers.serving.choices import LogprobFormatter
+from workers.serving.choices import REQUEST_ENDS, LogprobFormatter
 from workers.serving.delivery import Waitable
 from workers.serving.inflight import InFlightJob
 from workers.serving.intake import Accepted, Intake, job_key
@@ -289,15 +289,22 @@ class JobLifecycle:
             if first:
                 job_event("first_token", job.job_id, job.priority, attempt=job.attempt,
                           ttft_ms=_ms_between(job.created_at, job.first_token_at))  # fmt: skip
-        if out.finish_reason is not None and (finish := job.on_end(out.index, out.finish_reason.value)):
+        if out.finish_reason is None:
+            return
+        if finish := job.on_end(out.index, out.finish_reason.value):
             self._conclude(job, finish, out.detail or None)
+            if finish in REQUEST_ENDS:  # one sample ended the job (a grammar's dead end): stop the others
+                self.engine.abort_request(out.request_id)  # their outputs find no job: dropped
+        else:  # the job goes on: this sample's last token event, with its own reason
+            self.streamer.end_sample(out.request_id, out.index, out.finish_reason.value)
 
     def _conclude(self, job: InFlightJob, finish: str, detail: str | None) -> None:
         key = job_key(job.request.tenant, job.job_id)
         del self.jobs[key]
         row, timings = job.conclude(finish, self.worker_id, error=detail)
         row = replace(row, tenant=job.request.tenant)
-        stream_end = self.streamer.finish(key, finish, job.usage)
+        reasons = {sample.index: sample.finish_reason for sample in job.choices.samples}
+        stream_end = self.streamer.finish(key, finish, job.usage, reasons)
         self.items.append(Concluded(row, tuple(job.sources), stream_end))
         self.metrics.observe_job(row.status, finish, job.priority, timings)
         ms = timings.model_dump(include={"queue_ms", "ttft_ms", "mean_itl_ms", "e2e_ms"})

@@ -249,7 +249,7 @@ class Worker:
     # ---- Kafka out -------------------------------------------------------------------------
     def send_token_event(self, event: TokenEvent, tenant: str) -> Sent | None:
         """Queued for the sender thread; the last event of an attempt comes back as a handle to wait on."""
-        return self.events.send(event, tenant, track=event.finish_reason is not None)
+        return self.events.send(event, tenant, track=event.usage is not None)
 
     def _dead_letter(self, r: Rejected) -> Delivery:
         """The record as it came (cut to what the broker accepts), with why it was refused in headers."""

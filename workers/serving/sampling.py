@@ -46,3 +46,8 @@ def grammar_spec(job: JobRequest) -> GrammarSpec | None:
     if job.guided_choice is not None:
         return GrammarSpec("choice", json.dumps(job.guided_choice))
     return None
+
+
+def constraint_field(spec: GrammarSpec) -> str:
+    """The job field a constraint came from, as reasons name it."""
+    return "response_format" if spec.kind.startswith("json") else f"guided_{spec.kind}"

@@ -31,15 +31,18 @@ class _Pending:
     deltas: dict[int, _Delta] = field(default_factory=dict)  # by sample index
     tokens: int = 0  # token ids not sent yet
     since: float | None = None  # monotonic time of the oldest unsent delta; None: nothing unsent
+    ended: set[int] = field(default_factory=set)  # samples whose last event is sent
 
 
 class TokenStreamer:
     """Buffers deltas per job and emits a TokenEvent when the oldest one is `coalesce_s` old.
 
     The first event of a job goes out at the next flush, so coalescing never delays the first token.
-    The last event of an attempt (finish_reason set) is emitted at once, with whatever is buffered.
     Deltas of one job concatenate exactly to its final output, since nothing is ever dropped; with n > 1
     samples, each event carries one sample's delta (`index`), and a sample's deltas concatenate to its text.
+    Each sample's last event carries that sample's own `finish_reason` (sent at once when the sample ends,
+    with whatever it had buffered); the attempt's last event, also sent at once, carries `usage` for the
+    whole job: with n = 1 that is the one event with a finish reason, as before.
     Log probabilities are turned into OpenAI's entries (`format_logprobs`) only when an event is sent.
     """
 
@@ -83,10 +86,30 @@ class TokenStreamer:
                 delta.logprobs = []
             delta.logprobs.extend(logprobs)
 
-    def finish(self, job_id: str, finish_reason: str, usage: Usage) -> Any:
-        """Send the attempt's last event; returns what `emit` returned for it."""
+    def end_sample(self, job_id: str, index: int, finish_reason: str) -> None:
+        """Sample `index` ended and the job goes on (its other samples run): its last event, now."""
+        p = self._jobs.get(job_id)
+        if p is not None and index not in p.ended:
+            p.ended.add(index)
+            self._send_sample(p, index, p.deltas.get(index) or _Delta(), finish_reason, None)
+
+    def finish(
+        self, job_id: str, finish_reason: str, usage: Usage, reasons: dict[int, str | None] | None = None
+    ) -> Any:
+        """Send the attempt's last events: every sample not ended yet gets its last one, with its reason in
+        `reasons` (by index; default and None: `finish_reason`, the job's, e.g. a cancel that cut it short),
+        and the very last carries `usage`. Returns what `emit` returned for that one."""
         p = self._jobs.pop(job_id, None)
-        return self._send(p, finish_reason, usage) if p is not None else None
+        if p is None:
+            return None
+        reasons = reasons or {0: None}
+        open_ = [i for i in sorted(set(reasons) | set(p.deltas)) if i not in p.ended] or [max(p.ended)]
+        sent = None
+        for k, index in enumerate(open_):
+            usage_here = usage if k == len(open_) - 1 else None
+            delta = p.deltas.get(index) or _Delta()
+            sent = self._send_sample(p, index, delta, reasons.get(index) or finish_reason, usage_here)
+        return sent
 
     def drop(self, job_id: str) -> None:
         """Forget a job without a final event (aborted locally; another worker redoes it)."""
@@ -99,32 +122,38 @@ class TokenStreamer:
                 self._send(p, None, None)
 
     def _send(self, p: _Pending, finish_reason: str | None, usage: Usage | None) -> Any:
-        """One event per sample with unsent output, in index order; the last carries `finish_reason`."""
-        due = [(i, d) for i, d in sorted(p.deltas.items()) if d.text or d.token_ids]
-        if not due:
-            due = [(0, _Delta())]
+        """One event per sample with unsent output, in index order."""
         sent = None
-        for i, (index, delta) in enumerate(due):
-            last = i == len(due) - 1
-            logprobs = None
-            if delta.logprobs is not None and self._format_logprobs is not None:
-                logprobs = self._format_logprobs(delta.logprobs)
-            event = TokenEvent(
-                job_id=p.job_id,
-                attempt=p.attempt,
-                seq=p.seq,
-                text="".join(delta.text),
-                token_ids=list(delta.token_ids),
-                finish_reason=finish_reason if last else None,
-                usage=usage if last else None,
-                index=index,
-                logprobs=logprobs,
-            )
-            sent = self._emit(event, p.tenant)
-            p.seq += 1
-            delta.text.clear()
-            delta.token_ids.clear()
-            delta.logprobs = None
+        for index, delta in sorted(p.deltas.items()):
+            if delta.text or delta.token_ids:
+                sent = self._send_sample(p, index, delta, finish_reason, usage)
         p.tokens = 0
         p.since = None
+        return sent
+
+    def _send_sample(
+        self, p: _Pending, index: int, delta: _Delta, finish_reason: str | None, usage: Usage | None
+    ) -> Any:
+        logprobs = None
+        if delta.logprobs is not None and self._format_logprobs is not None:
+            logprobs = self._format_logprobs(delta.logprobs)
+        event = TokenEvent(
+            job_id=p.job_id,
+            attempt=p.attempt,
+            seq=p.seq,
+            text="".join(delta.text),
+            token_ids=list(delta.token_ids),
+            finish_reason=finish_reason,
+            usage=usage,
+            index=index,
+            logprobs=logprobs,
+        )
+        sent = self._emit(event, p.tenant)
+        p.seq += 1
+        p.tokens -= len(delta.token_ids)
+        delta.text.clear()
+        delta.token_ids.clear()
+        delta.logprobs = None
+        if not p.tokens:
+            p.since = None
         return sent
