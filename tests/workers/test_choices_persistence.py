@@ -32,12 +32,12 @@ def test_choices_are_stored_as_jsonb_and_published_with_the_result(env):
     ]
     common = {"finish_reason": "stop", "finished_at": now, "prompt_tokens": 4}
     topic = dep.topics.jobs("normal")
+    many_row = {**common, "output_text": "a", "completion_tokens": 3, "choices": choices}
+    one_row = {**common, "output_text": "solo", "completion_tokens": 1}
     items = [
-        Concluded(Terminal(many, "succeeded", {**common, "output_text": "a", "completion_tokens": 3,
-                                                "choices": choices}, attempt=1, tenant="t-a"), ((topic, 0, 70),)),
-        Concluded(Terminal(one, "succeeded", {**common, "output_text": "solo", "completion_tokens": 1},
-                           attempt=1, tenant="t-a"), ((topic, 0, 71),)),
-    ]  # fmt: skip
+        Concluded(Terminal(many, "succeeded", many_row, attempt=1, tenant="t-a"), ((topic, 0, 70),)),
+        Concluded(Terminal(one, "succeeded", one_row, attempt=1, tenant="t-a"), ((topic, 0, 71),)),
+    ]
     assert run_items(start_persister(dep, db, producer), items) == {(topic, 0, 70), (topic, 0, 71)}
     rows = job_rows(db, [many, one])
     assert rows[many]["choices"] == choices and rows[many]["output_text"] == "a"
