@@ -13,7 +13,8 @@ _CONTEXT_TOKENS = 5
 
 
 class _ByteStream:
-    """For tokenizers that expose each token's bytes: an incremental UTF-8 decoder, exact and O(1)."""
+    """For tokenizers whose decode is their tokens' bytes joined: an incremental UTF-8 decoder, exact and
+    O(1) a token."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._token_bytes = tokenizer.token_bytes  # type: ignore[attr-defined]
@@ -61,7 +62,7 @@ class Detokenizer:
     def __init__(
         self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (), stop: Sequence[str] = ()
     ) -> None:
-        if hasattr(tokenizer, "token_bytes"):
+        if getattr(tokenizer, "decodes_by_bytes", False):
             self._stream: _ByteStream | _WindowStream = _ByteStream(tokenizer)
         else:
             self._stream = _WindowStream(tokenizer, prompt_ids)

@@ -49,6 +49,7 @@ class ByteTokenizer:
     pad_token_id = PAD_ID
     bos_token_id = BOS_ID
     eos_token_ids: tuple[int, ...] = (EOS_ID,)
+    decodes_by_bytes = True  # decode() is exactly the concatenation of token_bytes
 
     def __init__(self, vocab_size: int = NUM_BYTE_IDS) -> None:
         if vocab_size < NUM_BYTE_IDS:
@@ -128,6 +129,17 @@ class HFTokenizer:
         self._control = tuple(sorted((t for t in spellings if t), key=len, reverse=True))
         self._vocab_kind: str | None = None  # how a token's string spells its bytes: found on first use
         self._added = dict(tokenizer.added_tokens_decoder)  # id -> AddedToken (a property built per call)
+
+    @property
+    def decodes_by_bytes(self) -> bool:
+        """Whether decode() is exactly the UTF-8 of the tokens' bytes joined (GPT-2-style byte-level
+        vocabularies without clean-up of spaces): then text is streamed from token_bytes, an O(1) step per
+        token, rather than by decoding windows. SentencePiece decoders strip a leading space and clean-up
+        rewrites " ." to ".", so those decode as HF does."""
+        if self._vocab_kind is None:
+            self._vocab_kind = _vocab_kind(self.hf)
+        cleans_up = getattr(self.hf, "clean_up_tokenization_spaces", False)
+        return self._vocab_kind == "byte_level" and not cleans_up
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for, exactly: a piece of a multi-byte character is that piece (which

@@ -51,3 +51,24 @@ def test_logprobs_bytes_add_up_to_the_output_and_offsets_count_its_characters(sm
     # each token starts in the character its first byte belongs to (whole characters before it, counted)
     assert offsets == [len(utf8[:b].decode("utf-8", errors="ignore")) for b in starts]
     assert offsets[-1] <= len(text) and any(a == b for a, b in zip(offsets, offsets[1:], strict=False))
+
+
+def test_text_streams_from_bytes_only_where_decode_is_exactly_those_bytes(smollm2):
+    """SmolLM2's byte-level vocabulary without clean-up streams its text from token bytes; the same
+    tokenizer with clean-up of spaces (" ." -> ".") decodes windows as HF does, and both give HF's text."""
+    import copy
+
+    from gpu.detokenizer import Detokenizer, _ByteStream, _WindowStream
+    from gpu.tokenizer import HFTokenizer
+
+    plain = smollm2.tokenizer
+    hf = copy.deepcopy(plain.hf)
+    hf.clean_up_tokenization_spaces = True
+    cleaning = HFTokenizer(hf)
+    assert plain.decodes_by_bytes and not cleaning.decodes_by_bytes
+    ids = plain.encode("Hello , world . It 's fine 😀 !")
+    for tokenizer, stream in ((plain, _ByteStream), (cleaning, _WindowStream)):
+        detokenizer = Detokenizer(tokenizer, ())
+        assert isinstance(detokenizer._stream, stream)
+        text = "".join(detokenizer.push(i) for i in ids) + detokenizer.flush()
+        assert text == tokenizer.hf.decode(ids, skip_special_tokens=True)
