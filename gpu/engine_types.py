@@ -31,6 +31,16 @@ class EngineConfig:
     decode_kernel: str | None = None  # CPU decode attention, "native" or "torch"; None = measured
     fused_rope: bool | None = None  # CPU: RoPE + K/V cache write in one native pass; None = measured
     tune_linears: bool = True  # CPU: measure the linear kernels per shape and row count at start
+    # Schedule step N+1 and build its inputs while step N runs (forward and sampling on a worker thread),
+    # its outputs returned one step() call later. None: off (see resolve_async_scheduling).
+    async_scheduling: bool | None = None
+
+
+def resolve_async_scheduling(wanted: bool | None, device: Any) -> bool:
+    """Whether the engine overlaps scheduling with the model. None: off for now on every device: on the
+    CPU the forward and the host work compete for the same cores, and on CUDA the overlap has not yet
+    been measured on a device (turn it on with True)."""
+    return bool(wanted)
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,16 @@ is built for them.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from gpu.attention.metadata import AttentionMetadata, PrefillChunk
 from scheduler.output import ScheduledChunk, SchedulerOutput
+
+_NO_ROWS = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,10 @@ class StepInputs:
     attention: AttentionMetadata
     sample_rows: torch.Tensor  # [S] rows whose hidden state predicts a sampled token
     sample_chunks: tuple[ScheduledChunk, ...]  # the S chunks that sample, in the same order
+    # Async scheduling: rows whose token is a PLACEHOLDER (sampled by the step still in flight), and each
+    # one's index in that step's sampling order; the runner fills them in once those tokens are known.
+    placeholder_rows: np.ndarray = field(default_factory=lambda: _NO_ROWS)
+    placeholder_from: np.ndarray = field(default_factory=lambda: _NO_ROWS)
 
 
 class InputBuilder:
@@ -78,10 +85,20 @@ class InputBuilder:
             self._free = list(range(2 * old - 1, old - 1, -1))
         return self._free.pop()
 
-    def build(self, output: SchedulerOutput) -> StepInputs:
+    def build(self, output: SchedulerOutput, previous: Mapping[str, int] | None = None) -> StepInputs:
+        """The step's inputs. `previous` (async scheduling): sequence -> index in the in-flight step's
+        sampling order, for the placeholder tokens; the block tables are then copied, since the next
+        build changes the persistent ones while this step runs."""
         chunks = output.chunks
         count = len(chunks)
-        seats = np.array([self.seat_of(c) for c in chunks], dtype=np.int64)
+        seat_of, written, seat = self.seat_of, self._written, self._seat
+        seats = np.array(
+            [
+                s if (s := seat.get(c.seq_id)) is not None and c.block_table is written[s] else seat_of(c)
+                for c in chunks
+            ],
+            dtype=np.int64,
+        )
         starts = np.array([c.start_position for c in chunks], dtype=np.int64)
         lengths = np.array([len(c.token_ids) for c in chunks], dtype=np.int64)
         total = int(lengths.sum())
@@ -116,8 +133,17 @@ class InputBuilder:
         else:
             picked = np.flatnonzero(np.array(sample, dtype=bool))
             sample_rows, sample_chunks = ends[picked] - 1, tuple(chunks[i] for i in picked)
+        placeholder_rows = placeholder_from = _NO_ROWS
+        if previous is not None:
+            placeholder_rows = np.flatnonzero(ids < 0)
+            if len(placeholder_rows):  # only ever a chunk's last token: the one its sequence sampled last
+                owners = np.searchsorted(ends, placeholder_rows, side="right")
+                placeholder_from = np.array(
+                    [previous[chunks[i].seq_id] for i in owners.tolist()], dtype=np.int64
+                )
+        tables = self._tables if previous is None else self._tables.copy()
         attention = AttentionMetadata(
-            block_tables=torch.from_numpy(self._tables),
+            block_tables=torch.from_numpy(tables),
             decode_rows=torch.from_numpy(decode_rows),
             decode_seats=torch.from_numpy(seats[single]),
             decode_lens=torch.from_numpy(decode_lens),
@@ -132,4 +158,6 @@ class InputBuilder:
             attention=attention,
             sample_rows=torch.from_numpy(sample_rows),
             sample_chunks=sample_chunks,
+            placeholder_rows=placeholder_rows,
+            placeholder_from=placeholder_from,
         )
