@@ -279,7 +279,7 @@ class Engine:
                 raise StepFailed(self.last_step, results, exc) from exc
             self._record(len(output.chunks), output.num_tokens, time.perf_counter() - start)
         started = self._newly_started(output)
-        updates = self.scheduler.commit(self.scheduler.advance(output), tokens)
+        updates = self.scheduler.update_in_order(output, tokens)
         self._outputs(updates, started, results, bool(tokens))
         self.clock.lap(OUTPUTS)
         return results
@@ -308,13 +308,19 @@ class Engine:
         if self._matchers:
             updates = self._advance_grammars(updates)
         if started:
-            sampled_ids = {u.seq_id for u in updates}
+            sampled_ids, current = {u.seq_id for u in updates}, self._live
             for seq_id, live in started.items():
-                if seq_id not in sampled_ids:  # a prefill chunk that sampled nothing yet: still news
+                # A prefill chunk that sampled nothing yet is still news, unless the request ended since
+                # (aborted while its step was in flight: its final output went out already).
+                if seq_id not in sampled_ids and current.get(seq_id) is live:
                     results.append(self._output(live, (), "", None, True))
-        on_token = self._on_token
-        for update in updates:
-            results.append(on_token(update, update.seq_id in started))
+        on_token, append = self._on_token, results.append
+        if started:
+            for update in updates:
+                append(on_token(update, update.seq_id in started))
+        else:  # the common decode step
+            for update in updates:
+                append(on_token(update, False))
         if sampled and (logprobs := self._logits.take_logprobs()):
             attach_logprobs(results, logprobs)
 
@@ -374,7 +380,7 @@ class Engine:
         try:
             tokens = step.future.result()
         except Exception as exc:
-            raise self._failed(step.output, exc, launched) from exc
+            raise self._failed(step.output, exc, launched, step.started) from exc
         self.clock.lap(FORWARD)  # the wait: what the engine thread could not overlap
         output = step.output
         self._record(len(output.chunks), output.num_tokens, time.perf_counter() - step.launched)
@@ -391,13 +397,21 @@ class Engine:
         self.clock.lap(OUTPUTS)
         return results
 
-    def _failed(self, output: SchedulerOutput, exc: Exception, other: _InFlight | None) -> StepFailed:
-        """A launched step failed: it and the one launched after it never happened. Their sequences
-        drop their placeholders and are preempted (recomputed when readmitted), as the KV of neither
-        step can be trusted."""
+    def _failed(
+        self,
+        output: SchedulerOutput,
+        exc: Exception,
+        other: _InFlight | None,
+        started: dict[str, _Live] | None = None,
+    ) -> StepFailed:
+        """A launched step failed: it and the other one launched (after it, or before the one whose launch
+        failed) never happened. Their sequences drop their placeholders and are preempted (recomputed when
+        readmitted), as the KV of neither step can be trusted; those they started count as not started."""
         self._inflight = None
         if other is not None and not other.future.cancel():  # it runs after the failed one: let it end
             other.future.exception()
+        for live in (*(started or {}).values(), *(other.started.values() if other is not None else ())):
+            live.started = False
         for chunks in (output.chunks, other.output.chunks if other is not None else ()):
             for seq_id in self.scheduler.rollback(chunks, time.monotonic()):
                 self.runner.release(seq_id)

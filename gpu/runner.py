@@ -162,7 +162,7 @@ class ModelRunner:
         it gets its own copy of the block tables."""
         inputs = self.inputs.build(output, previous)
         chunks = inputs.sample_chunks
-        random = [i for i, c in enumerate(chunks) if not c.sampling.greedy]
+        random = [i for i, c in enumerate(chunks) if c.sampling.temperature > 0.0]  # not .greedy: per row
         batch = None  # all greedy, the common case: one argmax and no per-row settings
         if random:
             picked = [chunks[i] for i in random]

@@ -23,7 +23,7 @@ from scheduler.config import SchedulerConfig
 from scheduler.deadlines import DeadlineHeap
 from scheduler.fairness import TenantLedger
 from scheduler.kv_manager import KVCacheManager
-from scheduler.limits import check_config, why_never_fits
+from scheduler.limits import check_config, stop_reason, why_never_fits
 from scheduler.output import FinishedSequence, ScheduledChunk, SchedulerOutput, TokenUpdate
 from scheduler.preemption import block_victims, decodes_deferred_after, seat_victims
 from scheduler.sequence import RequestGroup, Sequence, SequenceStatus
@@ -202,8 +202,46 @@ class Scheduler:
 
     def update(self, output: SchedulerOutput, sampled: Mapping[str, int]) -> list[TokenUpdate]:
         """Advance num_computed_tokens for every chunk, append sampled tokens, detect EOS/stop/max_tokens."""
-        pending = self.advance(output)
-        return self.commit(pending, [sampled.get(seq_id, -1) for seq_id in pending.seq_ids])
+        return self.update_in_order(
+            output, [sampled.get(c.seq_id, PLACEHOLDER) for c in output.chunks if c.sample]
+        )
+
+    def update_in_order(self, output: SchedulerOutput, tokens: SequenceOf[int]) -> list[TokenUpdate]:
+        """`update` with the sampled tokens in the order of the chunks that sample (as the runner returns
+        them): `advance` and `commit` at once, in one pass (the synchronous step's common path)."""
+        updates = []
+        seqs, running = self._seqs, SequenceStatus.RUNNING
+        block_size, caching = self.config.block_size, self.kv.enable_caching
+        max_model_len = self.config.max_model_len
+        if len(tokens) != sum(1 for c in output.chunks if c.sample):
+            raise ValueError(
+                f"{len(tokens)} sampled tokens for a step whose chunks sample a different number"
+            )
+        next_token = iter(tokens).__next__
+        for chunk in output.chunks:
+            seq = seqs.get(chunk.seq_id)
+            if seq is None or seq.status is not running:
+                if chunk.sample:
+                    next_token()  # ended (aborted, finished) between schedule() and update(): dropped
+                continue
+            if seq.num_computed_tokens != chunk.start_position:
+                raise ValueError(f"chunk of {chunk.seq_id!r} does not continue the sequence (stale output?)")
+            computed = seq.num_computed_tokens = chunk.start_position + len(chunk.token_ids)
+            if caching and computed // block_size > seq.num_cached_blocks:  # a block just filled up
+                self.kv.cache_full_blocks(seq)
+            if seq.group is not None and seq.group.unforked and computed >= seq.num_prompt_tokens:
+                self._fork(seq)  # before its token may end it: the siblings take their blocks first
+            if not chunk.sample:
+                continue
+            token = next_token()
+            if token < 0:
+                raise KeyError(f"no sampled token for {chunk.seq_id!r}, whose chunk asked for one")
+            seq.token_ids.append(token)
+            reason = stop_reason(seq, token, max_model_len)
+            if reason is not None:
+                self._end(seq, reason)
+            updates.append(TokenUpdate(chunk.seq_id, token, reason))
+        return updates
 
     def advance(self, output: SchedulerOutput) -> PendingTokens:
         """The step ran (or is running): every chunk's tokens count as computed, and each sampling chunk's

@@ -156,6 +156,23 @@ def test_same_outputs_when_the_caller_aborts_on_what_it_saw():
     assert outs["r4#0"][-1][2] is FinishReason.ABORT and sum(len(o[0]) for o in outs["r4#0"]) == 3
 
 
+def test_an_abort_while_the_first_step_is_in_flight_is_final():
+    engine = make_engine(async_scheduling=True, max_num_batched_tokens=16, max_num_seqs=4)
+    requests = mixed_requests(6, seed=7)
+    for request in requests:
+        engine.add_request(request)
+    assert engine.step() == []  # the first step is in flight: nothing to report yet
+    aborted = [out for r in requests[:3] for out in engine.abort_request(r.request_id)]
+    assert [o.finish_reason for o in aborted] == [FinishReason.ABORT] * 3
+    later = []
+    while engine.has_unfinished():
+        later += engine.step()
+    engine.close()
+    assert not {o.request_id for o in later} & {r.request_id for r in requests[:3]}
+    assert {o.request_id for o in later if o.finish_reason} == {r.request_id for r in requests[3:]}
+    assert engine.stats().kv_blocks_used == 0
+
+
 def test_deadlines_and_rejections():
     past = time.monotonic() - 1
     requests = [
