@@ -56,11 +56,6 @@ class _InFlight:
     future: Future  # its tokens, in its sampling order
     launched: float  # perf_counter when it was submitted
 
-    @property
-    def index(self) -> dict[str, int]:
-        """Sequence -> its token's index in the step's sampling order (for the next step's placeholders)."""
-        return {seq_id: i for i, seq_id in enumerate(self.pending.seq_ids)}
-
 
 @dataclass(slots=True)
 class _Live:
@@ -354,7 +349,9 @@ class Engine:
                     self.fault_hook(tuple(self._request_ids(output.chunks)))
                 except Exception as exc:
                     raise self._failed(output, exc, previous) from exc
-            prepared = self.runner.prepare(output, self._seeds, previous.index if previous else None)
+            prepared = self.runner.prepare(
+                output, self._seeds, previous.pending.seq_ids if previous else None
+            )
             started = self._newly_started(output)
             assert self._worker is not None
             launched = _InFlight(

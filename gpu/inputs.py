@@ -9,7 +9,6 @@ is built for them.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -85,9 +84,9 @@ class InputBuilder:
             self._free = list(range(2 * old - 1, old - 1, -1))
         return self._free.pop()
 
-    def build(self, output: SchedulerOutput, previous: Mapping[str, int] | None = None) -> StepInputs:
-        """The step's inputs. `previous` (async scheduling): sequence -> index in the in-flight step's
-        sampling order, for the placeholder tokens; the block tables are then copied, since the next
+    def build(self, output: SchedulerOutput, previous: list[str] | None = None) -> StepInputs:
+        """The step's inputs. `previous` (async scheduling): the sequences of the in-flight step that
+        sample, in order, for the placeholder tokens; the block tables are then copied, since the next
         build changes the persistent ones while this step runs."""
         chunks = output.chunks
         count = len(chunks)
@@ -137,10 +136,15 @@ class InputBuilder:
         if previous is not None:
             placeholder_rows = np.flatnonzero(ids < 0)
             if len(placeholder_rows):  # only ever a chunk's last token: the one its sequence sampled last
-                owners = np.searchsorted(ends, placeholder_rows, side="right")
-                placeholder_from = np.array(
-                    [previous[chunks[i].seq_id] for i in owners.tolist()], dtype=np.int64
+                owners = (
+                    placeholder_rows if total == count else np.searchsorted(ends, placeholder_rows, "right")
                 )
+                names = [chunks[i].seq_id for i in owners.tolist()]
+                if names == previous:  # the same sequences in the same order: the common decode step
+                    placeholder_from = np.arange(len(names), dtype=np.int64)
+                else:
+                    index = {seq_id: i for i, seq_id in enumerate(previous)}
+                    placeholder_from = np.array([index[n] for n in names], dtype=np.int64)
         tables = self._tables if previous is None else self._tables.copy()
         attention = AttentionMetadata(
             block_tables=torch.from_numpy(tables),

@@ -154,12 +154,12 @@ class ModelRunner:
         self,
         output: SchedulerOutput,
         seeds: Mapping[str, int],
-        previous: Mapping[str, int] | None = None,
+        previous: list[str] | None = None,
     ) -> PreparedStep:
         """The host's part of a step before the model runs: its inputs and sampling settings. `previous`
-        (async scheduling): each sequence of the step still in flight -> its index in that step's sampling
-        order, for this step's placeholder tokens; this step then runs while the next one is prepared, so
-        it gets its own copy of the block tables."""
+        (async scheduling): the sequences of the step still in flight that sample, in its sampling order,
+        for this step's placeholder tokens; this step then runs while the next one is prepared, so it gets
+        its own copy of the block tables."""
         inputs = self.inputs.build(output, previous)
         chunks = inputs.sample_chunks
         random = [i for i, c in enumerate(chunks) if c.sampling.temperature > 0.0]  # not .greedy: per row
