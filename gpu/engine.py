@@ -32,7 +32,7 @@ from gpu.logits_processors import LogitsState
 from gpu.model import LoadedModel, load_model
 from gpu.runner import ModelRunner, RunnerConfig
 from gpu.samples import sample_seed
-from gpu.step_clock import FORWARD, OUTPUTS, SCHEDULE, StepClock
+from gpu.step_clock import FORWARD, INPUTS, OUTPUTS, SCHEDULE, StepClock
 from scheduler.config import SchedulerConfig
 from scheduler.limits import check_config
 from scheduler.output import FinishedSequence, SchedulerOutput, TokenUpdate
@@ -361,6 +361,7 @@ class Engine:
                 self._worker.submit(self._run_after, prepared, previous.future if previous else None),
                 time.perf_counter(),
             )
+            self.clock.lap(INPUTS)  # the placeholders and the launch: host work like building the inputs
         self._inflight = launched
         return [] if previous is None else self._collect(previous, launched)
 
