@@ -238,3 +238,20 @@ def test_a_failed_step_rolls_back_and_the_requests_still_finish(fail_at: int):
             tokens[out.request_id] += out.new_token_ids
     engine.close()
     assert failures == 1 and tokens == want and engine.stats().kv_blocks_used == 0
+
+
+def test_cuda_step_logic_on_the_worker_thread_matches_hf():
+    """The CUDA step (static decode buffers, staging, padding rows; graphs run eagerly on the CPU) driven
+    from the async worker thread, placeholders filled before staging: greedy still equals HF, under
+    preemption too."""
+    from tests.gpu.factories import make_model
+    from tests.gpu.test_cuda_path import cuda_path_engine
+    from tests.gpu.test_gold import run_and_check
+
+    model = make_model()
+    engine = cuda_path_engine(
+        model, block_size=4, num_blocks=14, max_num_batched_tokens=16, async_scheduling=True
+    )
+    stats = run_and_check(engine, model, make_prompts(5, 10, 20, seed=5), [20, 25, 15, 22, 18])
+    assert stats.preemptions > 0
+    engine.close()
