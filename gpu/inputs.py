@@ -99,7 +99,11 @@ class InputBuilder:
             dtype=np.int64,
         )
         starts = np.array([c.start_position for c in chunks], dtype=np.int64)
-        lengths = np.array([len(c.token_ids) for c in chunks], dtype=np.int64)
+        all_decode = output.num_decodes == count  # one token a chunk, each sampling: the common step
+        if all_decode:
+            lengths = np.ones(count, dtype=np.int64)
+        else:
+            lengths = np.array([len(c.token_ids) for c in chunks], dtype=np.int64)
         total = int(lengths.sum())
         if total == count:  # one token a chunk (an all-decode step): rows are chunks
             ends = np.arange(1, count + 1, dtype=np.int64)
@@ -126,7 +130,7 @@ class InputBuilder:
             PrefillChunk(int(row_starts[i]), int(lengths[i]), int(starts[i]), int(seats[i]))
             for i in np.flatnonzero(~single)
         )
-        sample = [c.sample for c in chunks]
+        sample = [True] if all_decode else [c.sample for c in chunks]
         if all(sample):  # the common case: every chunk samples
             sample_rows, sample_chunks = ends - 1, tuple(chunks)
         else:

@@ -150,6 +150,7 @@ class ModelRunner:
         `grammars`: each constrained sequence's grammar matcher (gpu.grammar); the others sample freely."""
         return self.run(self.prepare(output, seeds), logits_state, grammars)
 
+    @torch.inference_mode()  # its tensors are made as before the split: inference tensors
     def prepare(
         self,
         output: SchedulerOutput,

@@ -23,7 +23,7 @@ from scheduler.config import SchedulerConfig
 from scheduler.deadlines import DeadlineHeap
 from scheduler.fairness import TenantLedger
 from scheduler.kv_manager import KVCacheManager
-from scheduler.limits import check_config, stop_reason, why_never_fits
+from scheduler.limits import check_config, why_never_fits
 from scheduler.output import FinishedSequence, ScheduledChunk, SchedulerOutput, TokenUpdate
 from scheduler.preemption import block_victims, decodes_deferred_after, seat_victims
 from scheduler.sequence import RequestGroup, Sequence, SequenceStatus
@@ -236,8 +236,15 @@ class Scheduler:
             token = next_token()
             if token < 0:
                 raise KeyError(f"no sampled token for {chunk.seq_id!r}, whose chunk asked for one")
-            seq.token_ids.append(token)
-            reason = stop_reason(seq, token, max_model_len)
+            tokens = seq.token_ids
+            tokens.append(token)
+            # stop_reason(), inline: this runs per row per step
+            if token in seq.stop_token_ids:
+                reason: FinishReason | None = FinishReason.STOP
+            elif len(tokens) >= seq.max_num_tokens or len(tokens) >= max_model_len:
+                reason = FinishReason.LENGTH
+            else:
+                reason = None
             if reason is not None:
                 self._end(seq, reason)
             updates.append(TokenUpdate(chunk.seq_id, token, reason))
@@ -414,6 +421,9 @@ class Scheduler:
         preempted: list[str] = []
         block_size, charge, chunk_of = self.config.block_size, self._ledger.charge, ScheduledChunk
         last_in_flight = self._last_in_flight
+        # Decode tokens served but not yet charged to their tenant (the ledger is only read when admitting).
+        run_tenant: str | None = None
+        run_length = 0
         i = 0
         while i < len(running):
             seq = running[i]
@@ -436,7 +446,12 @@ class Scheduler:
                     # The common decode: past the prompt, its last block has room. What allocate() and
                     # _chunk() would do, without their calls (this runs per row per step).
                     budget.used += 1
-                    charge(seq.tenant, 1)
+                    if seq.tenant is run_tenant:  # charged per run of one tenant's decodes, not per row
+                        run_length += 1
+                    else:
+                        if run_length:
+                            charge(run_tenant, run_length)
+                        run_tenant, run_length = seq.tenant, 1
                     decodes.append(
                         chunk_of(
                             seq.seq_id,
@@ -480,6 +495,8 @@ class Scheduler:
                 # One token reaching the end of a sequence past its prompt is a decode; nothing else is.
                 (decodes if uncomputed == 1 and chunk.num_generated else prefills).append(chunk)
                 i += 1
+        if run_length:
+            charge(run_tenant, run_length)
         return decodes, prefills, preempted
 
     def _admit_waiting(self, budget: TokenBudget) -> list[ScheduledChunk]:
