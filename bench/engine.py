@@ -36,6 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-step-time", action="store_true", help="skip inferq's step time at batch 16/32/64"
     )
+    parser.add_argument(
+        "--async-scheduling",
+        choices=["on", "off", "auto"],
+        default="auto",
+        help="inferq: schedule the next step while this one runs (auto: the engine's default)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda (every contender runs there)")
     parser.add_argument(
         "--kv-cache-gib",

@@ -54,15 +54,18 @@ class HostSteps:
 
     batch: int
     step_ms: float  # wall time of engine.step() (and the bench's check of its outputs)
-    host_ms: float  # inside engine.step(), the stub forward left out
+    host_ms: float  # inside engine.step(), the stub forward left out (async: the wait for the worker)
     phases_ms: dict[str, float]  # per phase of gpu/step_clock.py
     argmax_ms: float  # the sampler's argmax over the stub logits alone (device work on CUDA)
     decode_steps: int  # steps measured
     tokens: int  # tokens those steps returned (batch per step)
 
 
-def stub_engine(model: str, max_num_seqs: int, max_context: int) -> tuple[Engine, StubForward]:
-    """The engine on `model` with its forward stubbed; start-up measurements off (nothing runs the model)."""
+def stub_engine(
+    model: str, max_num_seqs: int, max_context: int, async_scheduling: bool = False
+) -> tuple[Engine, StubForward]:
+    """The engine on `model` with its forward stubbed; start-up measurements off (nothing runs the model).
+    async_scheduling: the forward and sampling run on the engine's worker thread, the host work here."""
     from gpu.engine import Engine
 
     engine = Engine.from_options(
@@ -75,6 +78,7 @@ def stub_engine(model: str, max_num_seqs: int, max_context: int) -> tuple[Engine
         decode_kernel="torch",
         fused_rope=False,
         tune_linears=False,
+        async_scheduling=async_scheduling,
     )
     token = engine.tokenizer.encode("a")[-1]  # a printable character: the detokenizer does real work
     if token in engine.eos_token_ids:

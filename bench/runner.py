@@ -125,6 +125,8 @@ def _inferq_options(args: argparse.Namespace) -> dict[str, object]:
         "device": args.device,
         "dtype": args.dtype,
         **({"kv_cache_memory": int(args.kv_cache_gib * 2**30)} if args.kv_cache_gib else {}),
+        # getattr: other benches build these options without the flag
+        "async_scheduling": {"on": True, "off": False}.get(getattr(args, "async_scheduling", "auto")),
     }
 
 

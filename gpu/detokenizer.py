@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import codecs
+import weakref
 from collections.abc import Sequence
+from typing import Any
 
 from gpu.tokenizer import Tokenizer
 
 # Prompt tokens decoded together with the first output tokens, so tokenizers that render a token
 # differently by context (leading spaces in SentencePiece) give the right first delta.
 _CONTEXT_TOKENS = 5
+
+
+# tokenizer -> {token id: its text}, for tokens whose bytes are whole UTF-8 characters: shared by every
+# request's detokenizer, so the common token costs one dict lookup.
+_WHOLE_TEXTS: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
 
 
 class _ByteStream:
@@ -19,9 +26,27 @@ class _ByteStream:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._token_bytes = tokenizer.token_bytes  # type: ignore[attr-defined]
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._texts = _WHOLE_TEXTS.setdefault(tokenizer, {})
+        self._held = False  # the decoder holds the first bytes of a character
 
     def push(self, token_id: int) -> str:
-        return self._decoder.decode(self._token_bytes(token_id))
+        if not self._held:
+            text = self._texts.get(token_id)
+            if text is not None:
+                return text  # whole characters after whole characters: what the decoder would return
+            data = self._token_bytes(token_id)
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+            else:
+                self._texts[token_id] = text
+                return text
+        else:
+            data = self._token_bytes(token_id)
+        out = self._decoder.decode(data)
+        self._held = bool(self._decoder.getstate()[0])
+        return out
 
     def flush(self) -> str:
         return self._decoder.decode(b"", final=True)

@@ -8,9 +8,12 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from gpu.detokenizer import Detokenizer
 from gpu.engine_types import (
@@ -21,6 +24,7 @@ from gpu.engine_types import (
     RequestOutput,
     StepFailed,
     TokenLogprob,
+    resolve_async_scheduling,
     resolve_max_model_len,
 )
 from gpu.generation_config import GenerationDefaults, eos_token_ids
@@ -29,11 +33,11 @@ from gpu.logits_processors import LogitsState
 from gpu.model import LoadedModel, load_model
 from gpu.runner import ModelRunner, RunnerConfig
 from gpu.samples import sample_seed
-from gpu.step_clock import OUTPUTS, SCHEDULE, StepClock
+from gpu.step_clock import FORWARD, INPUTS, OUTPUTS, SCHEDULE, StepClock
 from scheduler.config import SchedulerConfig
 from scheduler.limits import check_config
 from scheduler.output import FinishedSequence, SchedulerOutput, TokenUpdate
-from scheduler.scheduler import Scheduler
+from scheduler.scheduler import PendingTokens, Scheduler
 from scheduler.types import FinishReason, SequenceRequest, sample_seq_id
 
 __all__ = ["Engine", "EngineConfig", "EngineRequest", "EngineStats", "RequestOutput"]
@@ -42,6 +46,17 @@ log = logging.getLogger(__name__)
 
 _DEAD_END = FinishReason.REJECTED  # a grammar with no way on (see _advance_grammars)
 _STOP = FinishReason.STOP  # read per token: an Enum member lookup on the class is not free
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """A step launched on the async worker whose tokens the engine has not seen yet."""
+
+    output: SchedulerOutput
+    pending: PendingTokens  # where its tokens go (placeholders in the sequences until then)
+    started: dict[str, _Live]  # sequences it runs for the first time
+    future: Future  # its tokens, in its sampling order
+    launched: float  # perf_counter when it was submitted
 
 
 @dataclass(slots=True)
@@ -123,6 +138,16 @@ class Engine:
         self._batch_seqs = 0
         self._batch_tokens = 0
         self._by_batch: dict[int, tuple[int, float]] = {}
+        # Async scheduling: one worker thread runs the forward and sampling of each step, in order, while
+        # this thread schedules the next one and turns the last one's tokens into outputs.
+        self._inflight: _InFlight | None = None
+        self._worker: ThreadPoolExecutor | None = None
+        if resolve_async_scheduling(config.async_scheduling, self.runner.device):
+            # The worker's torch ops use as many threads as this one's (a new thread would take the default).
+            self._worker = ThreadPoolExecutor(
+                1, "inferq-step", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)
+            )
+        log.info("async scheduling: %s", "on" if self._worker is not None else "off")
 
     @classmethod
     def from_options(
@@ -198,71 +223,215 @@ class Engine:
 
     @property
     def last_step(self) -> tuple[str, ...]:
-        """The requests the last step ran, each once (built on demand: only failing steps and their
-        probes ask)."""
-        request_of = self._request_of
-        return tuple(dict.fromkeys(request_of.get(c.seq_id, c.seq_id) for c in self._last_chunks))
+        """The requests of the step whose outputs the last step() returned, each once (built on demand:
+        only failing steps and their probes ask)."""
+        return tuple(self._request_ids(self._last_chunks))
 
     def running_ids(self) -> list[str]:
         """Requests with a sample holding a seat (what `step(only=...)` takes)."""
         return self.scheduler.running_request_ids()
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._inflight is not None
+
+    def close(self) -> None:
+        """Finish the step in flight (its outputs are dropped) and stop the async worker thread."""
+        if self._inflight is not None:
+            self._inflight.future.exception()
+            self._inflight = None
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
 
     # ---- one step --------------------------------------------------------------------------------
 
     def step(self, only: str | None = None) -> list[RequestOutput]:
         """One iteration: schedule, forward, sample, outputs. `only`: run that request alone (to find
-        which one makes steps fail). Raises StepFailed when the forward or sampling raises."""
+        which one makes steps fail). Raises StepFailed when the forward or sampling raises.
+
+        With async scheduling each call schedules and launches the next step before it waits for the one
+        in flight, and returns that one's outputs: the same outputs as synchronous steps, one call later.
+        Steps that need the last token before they start (grammars, penalties, logprobs, `only`) run
+        synchronously, after the step in flight is finished."""
+        if self._inflight is not None and (only is not None or not self._can_overlap()):
+            return self._finish_inflight()  # this call finishes the step in flight; the next one runs alone
+        if self._worker is not None and only is None and self._can_overlap():
+            return self._step_async()
         self.clock.start()
-        if self._retired:
-            for seq_id in self._retired:
-                del self._request_of[seq_id]
-            self._retired.clear()
+        self._drop_retired()
         output = self.scheduler.schedule(time.monotonic(), only)
         for seq_id in output.preempted:  # its blocks are gone; a readmission starts a new table
             self.runner.release(seq_id)
         results = [self._finish(ended, (), "") for ended in output.finished]
         self.clock.lap(SCHEDULE)
-        sampled: dict[str, int] = {}
+        tokens: list[int] = []
         self._last_chunks = output.chunks
         if output.chunks:
             start = time.perf_counter()
             try:
                 if self.fault_hook is not None:
                     self.fault_hook(self.last_step)
-                sampled = self.runner.execute(output, self._seeds, self._logits, self._matchers)
+                tokens = self.runner.execute(output, self._seeds, self._logits, self._matchers)
             except Exception as exc:
                 raise StepFailed(self.last_step, results, exc) from exc
             self._record(len(output.chunks), output.num_tokens, time.perf_counter() - start)
         started = self._newly_started(output)
-        updates = self.scheduler.update(output, sampled)
-        if self._matchers:
-            updates = self._advance_grammars(updates)
-        if started:
-            sampled_ids = {u.seq_id for u in updates}
-            for seq_id in started:
-                if seq_id not in sampled_ids:  # a prefill chunk that sampled nothing yet: still news
-                    results.append(self._output(self._live[seq_id], (), "", None, True))
-        on_token = self._on_token
-        for update in updates:
-            results.append(on_token(update, update.seq_id in started))
-        if sampled and (logprobs := self._logits.take_logprobs()):
-            attach_logprobs(results, logprobs)
+        updates = self.scheduler.update_in_order(output, tokens)
+        self._outputs(updates, started, results, bool(tokens))
         self.clock.lap(OUTPUTS)
         return results
 
-    def _newly_started(self, output: SchedulerOutput) -> dict[str, None]:
+    def _drop_retired(self) -> None:
+        if self._retired:
+            for seq_id in self._retired:
+                del self._request_of[seq_id]
+            self._retired.clear()
+
+    def _can_overlap(self) -> bool:
+        """Whether the next step may be scheduled before the last one's tokens are known: not while a
+        grammar masks with its matcher's state or penalties count the tokens (both need the last token),
+        nor while logprobs are recorded (kept per step in LogitsState)."""
+        return not self._matchers and not self._logits
+
+    def _outputs(
+        self,
+        updates: list[TokenUpdate],
+        started: dict[str, _Live],
+        results: list[RequestOutput],
+        sampled: bool,
+    ) -> None:
+        """A step's outputs after `results`: sequences it started that sampled nothing yet, then a token
+        each (text, stop strings, grammars)."""
+        if self._matchers:
+            updates = self._advance_grammars(updates)
+        if started:
+            sampled_ids, current = {u.seq_id for u in updates}, self._live
+            for seq_id, live in started.items():
+                # A prefill chunk that sampled nothing yet is still news, unless the request ended since
+                # (aborted while its step was in flight: its final output went out already).
+                if seq_id not in sampled_ids and current.get(seq_id) is live:
+                    results.append(self._output(live, (), "", None, True))
+        on_token, append = self._on_token, results.append
+        if started:
+            for update in updates:
+                append(on_token(update, update.seq_id in started))
+        else:  # the common decode step
+            for update in updates:
+                append(on_token(update, False))
+        if sampled and (logprobs := self._logits.take_logprobs()):
+            attach_logprobs(results, logprobs)
+
+    # ---- async scheduling --------------------------------------------------------------------------
+
+    def _step_async(self) -> list[RequestOutput]:
+        """Schedule and launch step N+1 (placeholders for the tokens of step N, in flight), then wait for
+        step N and return its outputs."""
+        self.clock.start()
+        self._drop_retired()
+        output = self.scheduler.schedule(time.monotonic())
+        for seq_id in output.preempted:
+            self.runner.release(seq_id)
+        self.clock.lap(SCHEDULE)
+        previous = self._inflight
+        try:
+            results = self._launch_and_collect(output, previous)
+        except StepFailed as failed:
+            failed.outputs.extend(self._finish(ended, (), "") for ended in output.finished)
+            raise
+        # Ended while scheduling (deadlines): after the outputs of the step before, which they may follow.
+        results += [self._finish(ended, (), "") for ended in output.finished]
+        self.clock.lap(OUTPUTS)
+        return results
+
+    def _launch_and_collect(self, output: SchedulerOutput, previous: _InFlight | None) -> list[RequestOutput]:
+        launched = None
+        if output.chunks:
+            if self.fault_hook is not None:
+                try:
+                    self.fault_hook(tuple(self._request_ids(output.chunks)))
+                except Exception as exc:
+                    raise self._failed(output, exc, previous) from exc
+            prepared = self.runner.prepare(
+                output, self._seeds, previous.pending.seq_ids if previous else None
+            )
+            started = self._newly_started(output)
+            assert self._worker is not None
+            launched = _InFlight(
+                output,
+                self.scheduler.advance(output),
+                started,
+                self._worker.submit(self._run_after, prepared, previous.future if previous else None),
+                time.perf_counter(),
+            )
+            self.clock.lap(INPUTS)  # the placeholders and the launch: host work like building the inputs
+        self._inflight = launched
+        return [] if previous is None else self._collect(previous, launched)
+
+    def _run_after(self, prepared: Any, before: Future | None) -> list[int]:
+        """On the worker thread: the step's forward and sampling, its placeholders filled with the tokens of
+        the step before (finished by then: the worker runs steps in order)."""
+        return self.runner.run(
+            prepared, previous=before.result() if before is not None else None, clock=False
+        )
+
+    def _collect(self, step: _InFlight, launched: _InFlight | None) -> list[RequestOutput]:
+        """Wait for a launched step; commit its tokens and make its outputs."""
+        self._last_chunks = step.output.chunks
+        try:
+            tokens = step.future.result()
+        except Exception as exc:
+            raise self._failed(step.output, exc, launched, step.started) from exc
+        self.clock.lap(FORWARD)  # the wait: what the engine thread could not overlap
+        output = step.output
+        self._record(len(output.chunks), output.num_tokens, time.perf_counter() - step.launched)
+        results: list[RequestOutput] = []
+        self._outputs(self.scheduler.commit(step.pending, tokens), step.started, results, True)
+        return results
+
+    def _finish_inflight(self) -> list[RequestOutput]:
+        """Finish the step in flight without launching another (the next step must run synchronously)."""
+        self.clock.start()
+        step, self._inflight = self._inflight, None
+        assert step is not None
+        results = self._collect(step, None)
+        self.clock.lap(OUTPUTS)
+        return results
+
+    def _failed(
+        self,
+        output: SchedulerOutput,
+        exc: Exception,
+        other: _InFlight | None,
+        started: dict[str, _Live] | None = None,
+    ) -> StepFailed:
+        """A launched step failed: it and the other one launched (after it, or before the one whose launch
+        failed) never happened. Their sequences drop their placeholders and are preempted (recomputed when
+        readmitted), as the KV of neither step can be trusted; those they started count as not started."""
+        self._inflight = None
+        if other is not None and not other.future.cancel():  # it runs after the failed one: let it end
+            other.future.exception()
+        for live in (*(started or {}).values(), *(other.started.values() if other is not None else ())):
+            live.started = False
+        for chunks in (output.chunks, other.output.chunks if other is not None else ()):
+            for seq_id in self.scheduler.rollback(chunks, time.monotonic()):
+                self.runner.release(seq_id)
+        self._last_chunks = output.chunks
+        return StepFailed(self.last_step, [], exc)
+
+    def _request_ids(self, chunks: Iterable[Any]) -> Iterable[str]:
+        request_of = self._request_of
+        return dict.fromkeys(request_of.get(c.seq_id, c.seq_id) for c in chunks)
+
+    def _newly_started(self, output: SchedulerOutput) -> dict[str, _Live]:
         """Sequences scheduled for the first time this step, in chunk order (a dict: ordered, O(1) `in`).
         Decode chunks continue sequences that started before."""
-        started: dict[str, None] = {}
+        started: dict[str, _Live] = {}
         live = self._live
         for chunk in output.chunks[output.num_decodes :]:
             state = live[chunk.seq_id]
             if not state.started:
                 state.started = True
-                started[chunk.seq_id] = None
+                started[chunk.seq_id] = state
         return started
 
     def _advance_grammars(self, updates: list[TokenUpdate]) -> list[TokenUpdate]:

@@ -31,6 +31,19 @@ class EngineConfig:
     decode_kernel: str | None = None  # CPU decode attention, "native" or "torch"; None = measured
     fused_rope: bool | None = None  # CPU: RoPE + K/V cache write in one native pass; None = measured
     tune_linears: bool = True  # CPU: measure the linear kernels per shape and row count at start
+    # Schedule step N+1 and build its inputs while step N runs (forward and sampling on a worker thread),
+    # its outputs returned one step() call later. None: on for CUDA, off on the CPU (see below).
+    async_scheduling: bool | None = None
+
+
+def resolve_async_scheduling(wanted: bool | None, device: Any) -> bool:
+    """Whether the engine overlaps scheduling with the model. None: on CUDA, where the host work of one
+    step then runs while the device computes another; off on the CPU, where the forward and the host work
+    compete for the same cores (measured: no gain on a shared 2-core machine, bench/host_overhead.py and
+    `inferq bench engine --async-scheduling on|off`)."""
+    if wanted is not None:
+        return wanted
+    return getattr(device, "type", str(device)) == "cuda"
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,15 @@ is built for them.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from gpu.attention.metadata import AttentionMetadata, PrefillChunk
 from scheduler.output import ScheduledChunk, SchedulerOutput
+
+_NO_ROWS = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,10 @@ class StepInputs:
     attention: AttentionMetadata
     sample_rows: torch.Tensor  # [S] rows whose hidden state predicts a sampled token
     sample_chunks: tuple[ScheduledChunk, ...]  # the S chunks that sample, in the same order
+    # Async scheduling: rows whose token is a PLACEHOLDER (sampled by the step still in flight), and each
+    # one's index in that step's sampling order; the runner fills them in once those tokens are known.
+    placeholder_rows: np.ndarray = field(default_factory=lambda: _NO_ROWS)
+    placeholder_from: np.ndarray = field(default_factory=lambda: _NO_ROWS)
 
 
 class InputBuilder:
@@ -78,12 +84,26 @@ class InputBuilder:
             self._free = list(range(2 * old - 1, old - 1, -1))
         return self._free.pop()
 
-    def build(self, output: SchedulerOutput) -> StepInputs:
+    def build(self, output: SchedulerOutput, previous: list[str] | None = None) -> StepInputs:
+        """The step's inputs. `previous` (async scheduling): the sequences of the in-flight step that
+        sample, in order, for the placeholder tokens; the block tables are then copied, since the next
+        build changes the persistent ones while this step runs."""
         chunks = output.chunks
         count = len(chunks)
-        seats = np.array([self.seat_of(c) for c in chunks], dtype=np.int64)
+        seat_of, written, seat = self.seat_of, self._written, self._seat
+        seats = np.array(
+            [
+                s if (s := seat.get(c.seq_id)) is not None and c.block_table is written[s] else seat_of(c)
+                for c in chunks
+            ],
+            dtype=np.int64,
+        )
         starts = np.array([c.start_position for c in chunks], dtype=np.int64)
-        lengths = np.array([len(c.token_ids) for c in chunks], dtype=np.int64)
+        all_decode = output.num_decodes == count  # one token a chunk, each sampling: the common step
+        if all_decode:
+            lengths = np.ones(count, dtype=np.int64)
+        else:
+            lengths = np.array([len(c.token_ids) for c in chunks], dtype=np.int64)
         total = int(lengths.sum())
         if total == count:  # one token a chunk (an all-decode step): rows are chunks
             ends = np.arange(1, count + 1, dtype=np.int64)
@@ -110,14 +130,28 @@ class InputBuilder:
             PrefillChunk(int(row_starts[i]), int(lengths[i]), int(starts[i]), int(seats[i]))
             for i in np.flatnonzero(~single)
         )
-        sample = [c.sample for c in chunks]
+        sample = [True] if all_decode else [c.sample for c in chunks]
         if all(sample):  # the common case: every chunk samples
             sample_rows, sample_chunks = ends - 1, tuple(chunks)
         else:
             picked = np.flatnonzero(np.array(sample, dtype=bool))
             sample_rows, sample_chunks = ends[picked] - 1, tuple(chunks[i] for i in picked)
+        placeholder_rows = placeholder_from = _NO_ROWS
+        if previous is not None:
+            placeholder_rows = np.flatnonzero(ids < 0)
+            if len(placeholder_rows):  # only ever a chunk's last token: the one its sequence sampled last
+                owners = (
+                    placeholder_rows if total == count else np.searchsorted(ends, placeholder_rows, "right")
+                )
+                names = [chunks[i].seq_id for i in owners.tolist()]
+                if names == previous:  # the same sequences in the same order: the common decode step
+                    placeholder_from = np.arange(len(names), dtype=np.int64)
+                else:
+                    index = {seq_id: i for i, seq_id in enumerate(previous)}
+                    placeholder_from = np.array([index[n] for n in names], dtype=np.int64)
+        tables = self._tables if previous is None else self._tables.copy()
         attention = AttentionMetadata(
-            block_tables=torch.from_numpy(self._tables),
+            block_tables=torch.from_numpy(tables),
             decode_rows=torch.from_numpy(decode_rows),
             decode_seats=torch.from_numpy(seats[single]),
             decode_lens=torch.from_numpy(decode_lens),
@@ -132,4 +166,6 @@ class InputBuilder:
             attention=attention,
             sample_rows=torch.from_numpy(sample_rows),
             sample_chunks=sample_chunks,
+            placeholder_rows=placeholder_rows,
+            placeholder_from=placeholder_from,
         )

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from gpu import autotune
@@ -142,56 +143,27 @@ class ModelRunner:
         seeds: Mapping[str, int],
         logits_state: LogitsState | None = None,
         grammars: Mapping[str, Any] | None = None,
-    ) -> dict[str, int]:
-        """Run every scheduled token through the model and sample for the chunks that ask for it.
-        logits_state: the sequences using logit_bias, penalties or logprobs; the step's sampled tokens
-        and log probabilities are recorded into it. `grammars`: each constrained sequence's grammar
-        matcher (gpu.grammar); the others sample freely."""
-        if self.threads is None:
-            return self._execute(output, seeds, 0.0, logits_state, grammars)
-        work = self._work(output)
-        self.threads.before_step()
-        start = time.perf_counter()
-        try:
-            return self._execute(output, seeds, work, logits_state, grammars)
-        finally:
-            self.threads.after_step(time.perf_counter() - start, work)
+    ) -> list[int]:
+        """Run every scheduled token through the model and sample for the chunks that ask for it: the
+        tokens, in the order of the chunks that sample. logits_state: the sequences using logit_bias,
+        penalties or logprobs; the step's sampled tokens and log probabilities are recorded into it.
+        `grammars`: each constrained sequence's grammar matcher (gpu.grammar); the others sample freely."""
+        return self.run(self.prepare(output, seeds), logits_state, grammars)
 
-    def _work(self, output: SchedulerOutput) -> float:
-        """The step's compute in token-equivalents (attention over the context left out)."""
-        return output.num_tokens + self.lm_head_weight * sum(c.sample for c in output.chunks)
-
-    @torch.inference_mode()
-    def _execute(
+    @torch.inference_mode()  # its tensors are made as before the split: inference tensors
+    def prepare(
         self,
         output: SchedulerOutput,
         seeds: Mapping[str, int],
-        work: float,
-        logits_state: LogitsState | None,
-        grammars: Mapping[str, Any] | None,
-    ) -> dict[str, int]:
-        inputs = self.inputs.build(output)
-        self.clock.lap(INPUTS)
-        greedy = None  # each row's argmax, when the device computed it inside the step's graph
-        if self.cuda_step is not None:
-            step = self.cuda_step.run(inputs)
-            logits, greedy = step.logits, step.greedy
-        elif self.device.type != "cpu":
-            inputs = to_device(inputs, self.device)
-            logits = self.forward(inputs, self.cache, self.attention)
-        elif self.threads is not None:
-            logits = self.threads.forward(
-                lambda: self.forward(inputs, self.cache, self.attention),
-                len(inputs.input_ids),
-                work,
-            )
-        else:
-            logits = self.forward(inputs, self.cache, self.attention)
-        self.clock.lap(FORWARD)
+        previous: list[str] | None = None,
+    ) -> PreparedStep:
+        """The host's part of a step before the model runs: its inputs and sampling settings. `previous`
+        (async scheduling): the sequences of the step still in flight that sample, in its sampling order,
+        for this step's placeholder tokens; this step then runs while the next one is prepared, so it gets
+        its own copy of the block tables."""
+        inputs = self.inputs.build(output, previous)
         chunks = inputs.sample_chunks
-        if grammars and self._constrain(logits, chunks, grammars):
-            greedy = None  # the mask changed the logits after the graph's argmax
-        random = [i for i, c in enumerate(chunks) if not c.sampling.greedy]
+        random = [i for i, c in enumerate(chunks) if c.sampling.temperature > 0.0]  # not .greedy: per row
         batch = None  # all greedy, the common case: one argmax and no per-row settings
         if random:
             picked = [chunks[i] for i in random]
@@ -201,13 +173,75 @@ class ModelRunner:
                 [seeds.get(c.seq_id, 0) for c in picked],
                 [c.num_generated for c in picked],
             )
+        work = len(inputs.input_ids) + self.lm_head_weight * len(chunks)  # token-equivalents, for threads
+        self.clock.lap(INPUTS)
+        return PreparedStep(inputs, batch, work)
+
+    def run(
+        self,
+        step: PreparedStep,
+        logits_state: LogitsState | None = None,
+        grammars: Mapping[str, Any] | None = None,
+        previous: list[int] | None = None,
+        clock: bool = True,
+    ) -> list[int]:
+        """The model's part of a prepared step: forward and sampling, the tokens back as a list. `previous`:
+        the tokens of the step before, in its sampling order, for the placeholders of this one (async
+        scheduling: each placeholder row names its token's index there). `clock`: lap the step clock
+        (off on the async worker thread: the engine thread times its own phases)."""
+        if len(step.inputs.placeholder_rows):
+            if previous is None:
+                raise ValueError("a step with placeholder tokens ran without its previous step's tokens")
+            ids = step.inputs.input_ids.numpy()
+            ids[step.inputs.placeholder_rows] = np.asarray(previous, dtype=np.int64)[
+                step.inputs.placeholder_from
+            ]
+        if self.threads is None:
+            return self._execute(step, logits_state, grammars, clock)
+        self.threads.before_step()
+        start = time.perf_counter()
+        try:
+            return self._execute(step, logits_state, grammars, clock)
+        finally:
+            self.threads.after_step(time.perf_counter() - start, step.work)
+
+    @torch.inference_mode()
+    def _execute(
+        self,
+        step: PreparedStep,
+        logits_state: LogitsState | None,
+        grammars: Mapping[str, Any] | None,
+        clock: bool,
+    ) -> list[int]:
+        inputs = step.inputs
+        greedy = None  # each row's argmax, when the device computed it inside the step's graph
+        if self.cuda_step is not None:
+            result = self.cuda_step.run(inputs)
+            logits, greedy = result.logits, result.greedy
+        elif self.device.type != "cpu":
+            inputs = to_device(inputs, self.device)
+            logits = self.forward(inputs, self.cache, self.attention)
+        elif self.threads is not None:
+            logits = self.threads.forward(
+                lambda: self.forward(inputs, self.cache, self.attention),
+                len(inputs.input_ids),
+                step.work,
+            )
+        else:
+            logits = self.forward(inputs, self.cache, self.attention)
+        if clock:
+            self.clock.lap(FORWARD)
+        chunks = inputs.sample_chunks
+        if grammars and self._constrain(logits, chunks, grammars):
+            greedy = None  # the mask changed the logits after the graph's argmax
         plan = logits_state.plan(chunks) if logits_state else None  # None: no tracked sequence (common)
-        sampled = sample(logits, batch, plan, greedy if plan is None else None)
+        sampled = sample(logits, step.batch, plan, greedy if plan is None else None)
         tokens = sampled.tolist()
         if plan is not None and logits_state is not None:
             logits_state.record(plan, tokens, token_logprobs(logits, sampled, plan))
-        self.clock.lap(SAMPLE)
-        return {c.seq_id: t for c, t in zip(chunks, tokens, strict=True)}
+        if clock:
+            self.clock.lap(SAMPLE)
+        return tokens
 
     def _constrain(self, logits: torch.Tensor, chunks: tuple, grammars: Mapping[str, Any]) -> bool:
         """Forbid, in the rows of constrained sequences, every token their grammar does not allow next.
@@ -221,6 +255,15 @@ class ModelRunner:
             self.token_mask = TokenMask(logits.shape[-1], self.config.max_num_seqs)
         self.token_mask.apply(logits, self.token_mask.fill(matchers))
         return True
+
+
+@dataclass(frozen=True)
+class PreparedStep:
+    """A step's inputs and sampling settings, built on the engine's thread, ready for the model."""
+
+    inputs: StepInputs
+    batch: SamplingBatch | None  # the rows that draw at random; None: every row is greedy
+    work: float  # the step's compute in token-equivalents (attention left out): the thread tuner's measure
 
 
 def linears_of(forward: LlamaForward) -> list[Linear]:

@@ -14,6 +14,8 @@ INPUTS = "inputs"  # the step's flat input tensors and attention metadata
 FORWARD = "forward"  # the model (on CUDA: launching it; the wait for it lands in the sample phase)
 SAMPLE = "sample"  # sampling settings, the draw, and the copy of the tokens back to Python
 OUTPUTS = "outputs"  # the scheduler's bookkeeping, detokenizing and the step's RequestOutputs
+# With async scheduling the forward and sampling run on the engine's worker thread: FORWARD is then the
+# engine thread's wait for the step in flight, and SAMPLE is not timed (it overlaps the host phases).
 PHASES = (SCHEDULE, INPUTS, FORWARD, SAMPLE, OUTPUTS)
 
 

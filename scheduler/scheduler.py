@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Mapping
+from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
 
 from scheduler.budget import TokenBudget
@@ -22,12 +23,23 @@ from scheduler.config import SchedulerConfig
 from scheduler.deadlines import DeadlineHeap
 from scheduler.fairness import TenantLedger
 from scheduler.kv_manager import KVCacheManager
-from scheduler.limits import check_config, stop_reason, why_never_fits
+from scheduler.limits import check_config, why_never_fits
 from scheduler.output import FinishedSequence, ScheduledChunk, SchedulerOutput, TokenUpdate
 from scheduler.preemption import block_victims, decodes_deferred_after, seat_victims
 from scheduler.sequence import RequestGroup, Sequence, SequenceStatus
 from scheduler.types import FinishReason, Priority, SequenceRequest, sample_seq_id
 from scheduler.waiting_queue import WaitingQueue
+
+PLACEHOLDER = -1  # a sampled token not known yet (its step is in flight): never fed to the model as such
+
+
+@dataclass(slots=True)
+class PendingTokens:
+    """The sampling chunks of an advanced step, in order: which sequence and where its token goes."""
+
+    seq_ids: list[str]
+    seqs: list[Sequence | None]  # None: the sequence had ended before the step was advanced
+    positions: list[int]  # index of the PLACEHOLDER in the sequence's token_ids
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,8 @@ class Scheduler:
         self._prefix_hit_tokens = 0
         self._prompt_tokens_computed = 0
         self._deferred_last_step = False
+        # Sequences whose in-flight token is their last (max_tokens, max_model_len): not scheduled again.
+        self._last_in_flight: set[Sequence] = set()
 
     # ---- requests in and out -------------------------------------------------------------------------
 
@@ -188,14 +202,28 @@ class Scheduler:
 
     def update(self, output: SchedulerOutput, sampled: Mapping[str, int]) -> list[TokenUpdate]:
         """Advance num_computed_tokens for every chunk, append sampled tokens, detect EOS/stop/max_tokens."""
+        return self.update_in_order(
+            output, [sampled.get(c.seq_id, PLACEHOLDER) for c in output.chunks if c.sample]
+        )
+
+    def update_in_order(self, output: SchedulerOutput, tokens: SequenceOf[int]) -> list[TokenUpdate]:
+        """`update` with the sampled tokens in the order of the chunks that sample (as the runner returns
+        them): `advance` and `commit` at once, in one pass (the synchronous step's common path)."""
         updates = []
         seqs, running = self._seqs, SequenceStatus.RUNNING
         block_size, caching = self.config.block_size, self.kv.enable_caching
         max_model_len = self.config.max_model_len
+        if len(tokens) != sum(1 for c in output.chunks if c.sample):
+            raise ValueError(
+                f"{len(tokens)} sampled tokens for a step whose chunks sample a different number"
+            )
+        next_token = iter(tokens).__next__
         for chunk in output.chunks:
             seq = seqs.get(chunk.seq_id)
             if seq is None or seq.status is not running:
-                continue  # ended (aborted, finished) between schedule() and update()
+                if chunk.sample:
+                    next_token()  # ended (aborted, finished) between schedule() and update(): dropped
+                continue
             if seq.num_computed_tokens != chunk.start_position:
                 raise ValueError(f"chunk of {chunk.seq_id!r} does not continue the sequence (stale output?)")
             computed = seq.num_computed_tokens = chunk.start_position + len(chunk.token_ids)
@@ -205,15 +233,116 @@ class Scheduler:
                 self._fork(seq)  # before its token may end it: the siblings take their blocks first
             if not chunk.sample:
                 continue
-            token = sampled.get(chunk.seq_id)
-            if token is None:
+            token = next_token()
+            if token < 0:
                 raise KeyError(f"no sampled token for {chunk.seq_id!r}, whose chunk asked for one")
-            seq.token_ids.append(token)
-            reason = stop_reason(seq, token, max_model_len)
+            tokens = seq.token_ids
+            tokens.append(token)
+            # stop_reason(), inline: this runs per row per step
+            if token in seq.stop_token_ids:
+                reason: FinishReason | None = FinishReason.STOP
+            elif len(tokens) >= seq.max_num_tokens or len(tokens) >= max_model_len:
+                reason = FinishReason.LENGTH
+            else:
+                reason = None
             if reason is not None:
                 self._end(seq, reason)
             updates.append(TokenUpdate(chunk.seq_id, token, reason))
         return updates
+
+    def advance(self, output: SchedulerOutput) -> PendingTokens:
+        """The step ran (or is running): every chunk's tokens count as computed, and each sampling chunk's
+        sequence gets a PLACEHOLDER token, so the next step can be scheduled before the tokens are known
+        (async scheduling). `commit` puts the real tokens in and applies the stop conditions."""
+        seqs, running = self._seqs, SequenceStatus.RUNNING
+        block_size, caching, max_model_len = (
+            self.config.block_size,
+            self.kv.enable_caching,
+            self.config.max_model_len,
+        )
+        pending = PendingTokens([], [], [])
+        add_id, add_seq, add_position = pending.seq_ids.append, pending.seqs.append, pending.positions.append
+        for chunk in output.chunks:
+            seq = seqs.get(chunk.seq_id)
+            if seq is None or seq.status is not running:
+                if chunk.sample:  # ended (aborted, finished) between schedule() and now: keep the alignment
+                    add_id(chunk.seq_id)
+                    add_seq(None)
+                    add_position(0)
+                continue
+            if seq.num_computed_tokens != chunk.start_position:
+                raise ValueError(f"chunk of {chunk.seq_id!r} does not continue the sequence (stale output?)")
+            computed = seq.num_computed_tokens = chunk.start_position + len(chunk.token_ids)
+            # A sampling chunk's last token may itself be a placeholder: its blocks are cached on commit.
+            if caching and not chunk.sample and computed // block_size > seq.num_cached_blocks:
+                self.kv.cache_full_blocks(seq)  # a block just filled up
+            if seq.group is not None and seq.group.unforked and computed >= seq.num_prompt_tokens:
+                self._fork(seq)  # before its token may end it: the siblings take their blocks first
+            if not chunk.sample:
+                continue
+            tokens = seq.token_ids
+            add_id(chunk.seq_id)
+            add_seq(seq)
+            add_position(len(tokens))
+            tokens.append(PLACEHOLDER)
+            if len(tokens) >= seq.max_num_tokens or len(tokens) >= max_model_len:
+                self._last_in_flight.add(seq)  # that token ends it: never feed it back
+        return pending
+
+    def commit(self, pending: PendingTokens, tokens: SequenceOf[int]) -> list[TokenUpdate]:
+        """The tokens of an advanced step, in its sampling chunks' order: placeholders replaced, EOS, stop
+        tokens and max_tokens applied. A sequence that ended since (abort, deadline, a stop found in an
+        earlier step's output) drops its token."""
+        updates = []
+        finished, running = SequenceStatus.FINISHED, SequenceStatus.RUNNING
+        caching, block_size, max_model_len = (
+            self.kv.enable_caching,
+            self.config.block_size,
+            self.config.max_model_len,
+        )
+        for seq, position, token in zip(pending.seqs, pending.positions, tokens, strict=True):
+            if seq is None or seq.status is finished:
+                continue
+            if token < 0:
+                raise KeyError(f"no sampled token for {seq.seq_id!r}, whose chunk asked for one")
+            seq.token_ids[position] = token
+            num_tokens = position + 1
+            if token in seq.stop_token_ids:
+                reason: FinishReason | None = FinishReason.STOP
+            elif num_tokens >= seq.max_num_tokens or num_tokens >= max_model_len:
+                reason = FinishReason.LENGTH
+            else:
+                reason = None
+            if reason is not None:
+                del seq.token_ids[num_tokens:]  # a placeholder the next step ran for it: discarded
+                self._end(seq, reason)
+            elif (
+                caching
+                and seq.status is running
+                and seq.num_computed_tokens // block_size > seq.num_cached_blocks
+            ):
+                self.kv.cache_full_blocks(seq)  # every token before num_computed_tokens is real now
+            updates.append(TokenUpdate(seq.seq_id, token, reason))
+        return updates
+
+    def rollback(self, chunks: SequenceOf[ScheduledChunk], now: float) -> list[str]:
+        """Advanced steps that failed: their sequences drop their placeholder tokens, and those holding KV
+        blocks (n > 1: with their samples) are preempted, since the KV those steps wrote is unknown. The
+        sequences preempted, whose runner state must go."""
+        preempted: list[str] = []
+        for chunk in chunks:
+            seq = self._seqs.get(chunk.seq_id)
+            if seq is None:
+                continue
+            tokens = seq.token_ids
+            while len(tokens) > seq.num_prompt_tokens and tokens[-1] == PLACEHOLDER:
+                tokens.pop()
+            self._last_in_flight.discard(seq)
+            for member in seq.group.members if seq.group is not None else (seq,):
+                if member.status is SequenceStatus.RUNNING:
+                    self._preempt(member, now)
+                    preempted.append(member.seq_id)
+        return preempted
 
     # ---- steps of schedule() -------------------------------------------------------------------------
 
@@ -290,16 +419,52 @@ class Scheduler:
         decodes: list[ScheduledChunk] = []
         prefills: list[ScheduledChunk] = []
         preempted: list[str] = []
+        block_size, charge, chunk_of = self.config.block_size, self._ledger.charge, ScheduledChunk
+        last_in_flight = self._last_in_flight
+        # Decode tokens served but not yet charged to their tenant (the ledger is only read when admitting).
+        run_tenant: str | None = None
+        run_length = 0
         i = 0
         while i < len(running):
             seq = running[i]
-            uncomputed = len(seq.token_ids) - seq.num_computed_tokens
+            tokens = seq.token_ids
+            computed = seq.num_computed_tokens
+            uncomputed = len(tokens) - computed
             if uncomputed == 1:
-                if deferred_after is not None and seq.queue_class > deferred_after:
+                if (deferred_after is not None and seq.queue_class > deferred_after) or (
+                    last_in_flight and seq in last_in_flight
+                ):
                     i += 1
                     continue
                 if decodes_left is not None:
                     decodes_left -= 1
+                if (
+                    computed >= seq.num_prompt_tokens
+                    and computed < len(seq.block_table) * block_size
+                    and budget.used < budget.limit
+                ):
+                    # The common decode: past the prompt, its last block has room. What allocate() and
+                    # _chunk() would do, without their calls (this runs per row per step).
+                    budget.used += 1
+                    if seq.tenant is run_tenant:  # charged per run of one tenant's decodes, not per row
+                        run_length += 1
+                    else:
+                        if run_length:
+                            charge(run_tenant, run_length)
+                        run_tenant, run_length = seq.tenant, 1
+                    decodes.append(
+                        chunk_of(
+                            seq.seq_id,
+                            (tokens[computed],),
+                            computed,
+                            seq.block_table,
+                            True,
+                            seq.sampling,
+                            computed + 1 - seq.num_prompt_tokens,
+                        )
+                    )
+                    i += 1
+                    continue
                 n = min(1, budget.left)
             else:  # the rest of a prefill, leaving one token for each decode still to come
                 if decodes_left is None:
@@ -330,6 +495,8 @@ class Scheduler:
                 # One token reaching the end of a sequence past its prompt is a decode; nothing else is.
                 (decodes if uncomputed == 1 and chunk.num_generated else prefills).append(chunk)
                 i += 1
+        if run_length:
+            charge(run_tenant, run_length)
         return decodes, prefills, preempted
 
     def _admit_waiting(self, budget: TokenBudget) -> list[ScheduledChunk]:
@@ -337,7 +504,7 @@ class Scheduler:
         chunks = []
         while budget.left > 0 and len(self._running) < self.config.max_num_seqs:
             seq = self._waiting.peek()
-            if seq is None:
+            if seq is None or seq in self._last_in_flight:  # its last token is in flight: it is ending
                 break
             cached = self._cached_prefix(seq)
             num_cached_tokens = len(cached) * self.kv.block_size
@@ -417,6 +584,7 @@ class Scheduler:
             self._waiting.remove(seq)  # waiting sequences hold no blocks
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+        self._last_in_flight.discard(seq)
         del self._seqs[seq.seq_id]
         self._deadlines.discard(seq)
         self._ledger.leave(seq.tenant)

@@ -1,7 +1,9 @@
 """Host-to-device copies through pinned (page-locked) buffers, so they are truly asynchronous.
 
 A buffer is reused on the next step: safe because every step ends by reading its sampled tokens back
-to the host, which waits for all work queued before it, these copies included.
+to the host, which waits for all work queued before it, these copies included. With async scheduling
+(gpu/engine.py) that still holds: the engine's one worker thread stages, runs and reads back each step in
+turn, while the engine thread only builds the next step's inputs on the host (its own block-table copy).
 """
 
 from __future__ import annotations

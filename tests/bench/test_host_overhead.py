@@ -33,3 +33,13 @@ def test_host_overhead_decodes_every_row_and_writes_the_result(tmp_path, capsys)
     # Prefill steps, the warm-up and the timed steps all ran the (stub) forward.
     assert payload["forward_calls"] >= 2 * (6 + 1 + 1)
     assert "us/row" in capsys.readouterr().out
+
+
+def test_host_overhead_with_async_scheduling(tmp_path):
+    # The stub runs on the engine's worker thread, a step ahead: every timed step still returns every row.
+    path = tmp_path / "host.json"
+    argv = ["--batch-sizes", "3", "--prompt-len", "20", "--steps", "3", "--reps", "2", "--warmup", "1"]
+    assert main([*argv, "--async-scheduling", "--json", str(path)]) == 0
+    payload = json.loads(path.read_text())
+    assert payload["tokens"] == {"3": 18} and payload["phases"]["3"]["sample"] == 0  # sampled on the worker
+    assert payload["host_ms_without_argmax"] == payload["host_ms_per_step"]
