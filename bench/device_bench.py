@@ -251,6 +251,10 @@ def run_shape(args: argparse.Namespace) -> int:
     requests = make_workload(WorkloadSpec(args.requests, (16, 128), (8, 256), 0), vocab)
     report.put("inferq", {"requests": len(requests), **run_inferq(engine, requests)})
     _log(f"{args.shape}: inferq {report.data['inferq']['tok_s']:,.0f} tok/s")
+    engine.set_async_scheduling(True)  # the same workload with step N+1 staged while step N runs
+    report.put("inferq_async", {"requests": len(requests), **run_inferq(engine, requests)})
+    engine.set_async_scheduling(False)
+    _log(f"{args.shape}: inferq, async scheduling {report.data['inferq_async']['tok_s']:,.0f} tok/s")
 
     steps: dict[str, Any] = {}
     for batch in args.batches:
@@ -279,10 +283,9 @@ def summarize(paths: list[Path]) -> str:
 
     batches = sorted({int(b) for r in results for b in r.get("decode_steps", {})})
     lines = [
-        "| shape | start-up s | graphs | inferq tok/s (requests) | HF CB tok/s (requests) | x HF CB | "
-        + " | ".join(f"step ms @{b}" for b in batches)
-        + " |",
-        "|---" * (6 + len(batches)) + "|",
+        "| shape | start-up s | graphs | inferq tok/s (requests) | async tok/s | HF CB tok/s (requests) | "
+        "x HF CB | " + " | ".join(f"step ms @{b}" for b in batches) + " |",
+        "|---" * (7 + len(batches)) + "|",
     ]
     for r in results:
         inferq, hf, steps = r.get("inferq", {}), r.get("hf_cb", {}), r.get("decode_steps", {})
@@ -291,6 +294,7 @@ def summarize(paths: list[Path]) -> str:
             num(r.get("startup_s"), ".1f"),
             str(r.get("cuda_step", {}).get("graphs", "-")),
             f"{num(inferq.get('tok_s'))} ({inferq.get('requests', '-')})",
+            num(r.get("inferq_async", {}).get("tok_s")),
             f"{num(hf.get('tok_s'))} ({hf.get('requests', '-')})",
             num(r.get("x_hf_cb"), ".1f"),
             *(num(steps.get(str(b), {}).get("step_ms"), ".2f") for b in batches),

@@ -142,12 +142,7 @@ class Engine:
         # this thread schedules the next one and turns the last one's tokens into outputs.
         self._inflight: _InFlight | None = None
         self._worker: ThreadPoolExecutor | None = None
-        if resolve_async_scheduling(config.async_scheduling, self.runner.device):
-            # The worker's torch ops use as many threads as this one's (a new thread would take the default).
-            self._worker = ThreadPoolExecutor(
-                1, "inferq-step", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)
-            )
-        log.info("async scheduling: %s", "on" if self._worker is not None else "off")
+        self.set_async_scheduling(resolve_async_scheduling(config.async_scheduling, self.runner.device))
 
     @classmethod
     def from_options(
@@ -233,6 +228,18 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._inflight is not None
+
+    def set_async_scheduling(self, on: bool) -> None:
+        """Turn async scheduling on or off (at start, or between runs: benchmarks compare both on one
+        engine); turning it off finishes the step in flight, whose outputs are dropped."""
+        if on and self._worker is None:
+            # The worker's torch ops use as many threads as this one's (a new thread would take the default).
+            self._worker = ThreadPoolExecutor(
+                1, "inferq-step", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)
+            )
+        elif not on:
+            self.close()
+        log.info("async scheduling: %s", "on" if self._worker is not None else "off")
 
     def close(self) -> None:
         """Finish the step in flight (its outputs are dropped) and stop the async worker thread."""

@@ -21,6 +21,7 @@ def test_summary_tables_show_missing_phases_as_dashes(tmp_path):
             ],
         },
         "inferq": {"requests": 256, "tok_s": 31000.0},
+        "inferq_async": {"requests": 256, "tok_s": 34000.0},
         "hf_cb": {"requests": 64, "tok_s": 1000.0},
         "x_hf_cb": 31.0,
         "decode_steps": {
@@ -36,8 +37,9 @@ def test_summary_tables_show_missing_phases_as_dashes(tmp_path):
     paths[1].write_text(json.dumps(cut))
     lines = device_bench.summarize(paths).splitlines()
     assert lines[0].endswith("| step ms @64 | step ms @256 |")
-    assert lines[2] == "| llama-1.1b-shape | 12.5 | 17 | 31,000 (256) | 1,000 (64) | 31.0 | 1.40 | 2.90 |"
-    assert lines[3] == "| llama-3-8b-shape | 30.0 | - | - (-) | - (-) | - | - | - |"
+    row = "| llama-1.1b-shape | 12.5 | 17 | 31,000 (256) | 34,000 | 1,000 (64) | 31.0 | 1.40 | 2.90 |"
+    assert lines[2] == row
+    assert lines[3] == "| llama-3-8b-shape | 30.0 | - | - (-) | - | - (-) | - | - | - |"
     assert "| llama-1.1b-shape | 64 | 1.40 | 1,200 | 300 | 86% | 90% |" in lines
     assert "| varlen | torch | - | - | bad/x |" in lines  # a '|' would break the table
     assert "| 800.0 | 88.0 | `gemm` |" in lines

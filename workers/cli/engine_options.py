@@ -83,6 +83,12 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", **hidden)
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
     g.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="schedule and stage step N+1 while step N runs (default: off; see README)",
+    )
+    g.add_argument(
         "--allow-special-tokens",
         action="store_true",
         help="parse control tokens spelt in prompts and messages (e.g. <|im_start|>) as control tokens; "
@@ -123,6 +129,7 @@ def build_engine(args: argparse.Namespace, cache_dir: Path | None = None, show_p
         max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size,
         enable_prefix_caching=args.enable_prefix_caching,
+        async_scheduling=getattr(args, "async_scheduling", False),
     )
     # Only when given, so the engine's own defaults (and their sizing rules) apply otherwise.
     if args.kv_cache_memory is not None:
