@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from bench.contenders import RunResult
 from bench.flops import ModelShape
 from bench.summary import EngineBenchRaw
 from bench.workload import BenchRequest, WorkloadSpec, make_workload
+
+
+@pytest.fixture
+def keep_threads(monkeypatch):
+    """Benches set torch threads and OMP_NUM_THREADS for their process: the session gets its own back."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
 
 
 def make_requests(requests: int = 6, seed: int = 0, vocab_size: int = 1000) -> tuple[BenchRequest, ...]:

@@ -5,21 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from bench.host_overhead import main
 from gpu.step_clock import PHASES
 
 
-@pytest.fixture(autouse=True)
-def _keep_threads(monkeypatch):
-    """The bench sets torch threads and OMP_NUM_THREADS for its process: the session gets its own back."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
+@pytest.mark.usefixtures("keep_threads")
 def test_host_overhead_decodes_every_row_and_writes_the_result(tmp_path, capsys):
     path = tmp_path / "host.json"
     argv = ["--batch-sizes", "2,3", "--prompt-len", "20", "--steps", "3", "--reps", "2", "--warmup", "1"]
@@ -35,6 +26,7 @@ def test_host_overhead_decodes_every_row_and_writes_the_result(tmp_path, capsys)
     assert "us/row" in capsys.readouterr().out
 
 
+@pytest.mark.usefixtures("keep_threads")
 def test_host_overhead_with_async_scheduling(tmp_path):
     # The stub runs on the engine's worker thread, a step ahead: every timed step still returns every row.
     path = tmp_path / "host.json"

@@ -5,20 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from bench.structured import main
 
 
-@pytest.fixture(autouse=True)
-def _keep_threads(monkeypatch):
-    """The bench sets torch threads and OMP_NUM_THREADS for its process: the session gets its own back."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
+@pytest.mark.usefixtures("keep_threads")
 def test_structured_runs_both_batches_on_the_same_tokens(tmp_path, capsys):
     path = tmp_path / "structured.json"
     argv = ["--requests", "4", "--reps", "1", "--free-len", "6", "--prompt-len", "4:8", "--threads", "1"]
