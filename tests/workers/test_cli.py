@@ -140,3 +140,12 @@ def test_submit_flags_set_the_generation_options(tmp_path):
                                                    '{"type": "json_object"}']))  # fmt: skip
     with pytest.raises(SystemExit, match="n: Input should be less than or equal to 16"):
         _jobs_from_args(build_parser().parse_args(["submit", "hi", "--n", "17"]))
+
+
+def test_worker_tenant_topics_flag_overrides_the_environment_only_when_given():
+    parse = build_parser().parse_args
+    assert parse(["worker"]).tenant_topics is None  # INFERQ_TENANT_TOPICS decides
+    assert parse(["worker", "--tenant-topics"]).tenant_topics is True
+    assert parse(["worker", "--no-tenant-topics"]).tenant_topics is False
+    assert parse(["worker", "--async-scheduling"]).async_scheduling is True
+    assert parse(["worker"]).async_scheduling is False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import logging
 import os
@@ -53,6 +54,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="send token events of a job at most this often (default: 50)",
     )
     p.add_argument(
+        "--tenant-topics",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="tenant isolation: read each tenant's own topics, the tenant proven by the topic "
+        "(default: INFERQ_TENANT_TOPICS; see `inferq tenant add`)",
+    )
+    p.add_argument(
         "--grace-s",
         type=float,
         default=30.0,
@@ -73,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     from workers.serving.metrics import WorkerMetrics
 
     settings = Settings.from_env()
+    if args.tenant_topics is not None:
+        settings = dataclasses.replace(settings, tenant_topics=args.tenant_topics)
     sys.setswitchinterval(settings.switch_interval_s)
     show_progress = args.log_format == "text" and progress.wanted()
     engine = build_engine(args, settings.cache_dir, show_progress)
