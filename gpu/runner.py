@@ -23,11 +23,10 @@ from gpu.linear import Linear
 from gpu.logits_processors import LogitsState, token_logprobs
 from gpu.model import LoadedModel
 from gpu.rope_cache import RopeCacheWrite
-from gpu.sampler import SamplingBatch, fast_argmax, sample
+from gpu.sampler import SamplingBatch, sample
 from gpu.step_clock import FORWARD, INPUTS, SAMPLE, StepClock
 from gpu.threads import ThreadTuner
 from scheduler.output import SchedulerOutput
-from scheduler.types import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -254,32 +253,8 @@ class ModelRunner:
             from gpu.grammar.mask import TokenMask  # xgrammar loads only once a grammar is used
 
             self.token_mask = TokenMask(logits.shape[-1], self.config.max_num_seqs)
-        mask = self.token_mask
-        rows = mask.fill(matchers)
-        if logits.device.type == "cpu":
-            # Masking a row costs a pass over the vocabulary (the most of a constrained step's cost on the
-            # CPU); a greedy row whose own argmax the grammar allows picks that token anyway (the first
-            # maximum stays the first allowed one), so only the others are masked.
-            plain = [r for r in rows if _argmax_suffices(chunks[r].sampling)]
-            if plain:
-                best = fast_argmax(logits[plain]).tolist()
-                allowed = {r for r, token in zip(plain, best, strict=True) if mask.allows(r, token)}
-                rows = [r for r in rows if r not in allowed]
-        mask.apply(logits, rows)
-        return bool(rows)
-
-
-def _argmax_suffices(p: SamplingParams) -> bool:
-    """A greedy row whose logits nothing reads after the mask but the argmax: no logprobs, no bias, no
-    penalties (those change or report the logits after the mask)."""
-    return (
-        p.greedy
-        and p.logprobs is None
-        and not p.logit_bias
-        and p.presence_penalty == 0
-        and p.frequency_penalty == 0
-        and p.repetition_penalty == 1
-    )
+        self.token_mask.apply(logits, self.token_mask.fill(matchers))
+        return True
 
 
 @dataclass(frozen=True)

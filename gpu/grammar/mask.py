@@ -26,11 +26,6 @@ class TokenMask:
         bitmask = self.bitmask
         return [row for row, matcher in matchers if matcher.fill_next_token_bitmask(bitmask, row)]
 
-    def allows(self, row: int, token_id: int) -> bool:
-        """Whether the filled mask of `row` allows `token_id`."""
-        word = int(self.bitmask[row, token_id >> 5])
-        return bool((word >> (token_id & 31)) & 1)
-
     def apply(self, logits: torch.Tensor, rows: list[int]) -> None:
         """Mask rows of logits [S, V] (CPU or CUDA) in place, with xgrammar's native kernel for the device."""
         if not rows:

@@ -114,19 +114,6 @@ def test_json_object_outputs_are_objects():
     assert any(last.finish_reason is FinishReason.STOP for _, _, last in results.values())
 
 
-def test_greedy_rows_whose_argmax_the_grammar_allows_skip_the_mask_and_decode_the_same(monkeypatch):
-    """On the CPU a plain greedy row is masked only when its own argmax is forbidden: the tokens are those
-    of masking every row (sampled rows, always masked, are unchanged too)."""
-    import gpu.runner
-
-    requests = constrained(schema_spec(), 6, seed=3)
-    skipping = run(make_engine(), requests)
-    monkeypatch.setattr(gpu.runner, "_argmax_suffices", lambda p: False)
-    masking = run(make_engine(), requests)
-    assert {i: r[1] for i, r in skipping.items()} == {i: r[1] for i, r in masking.items()}
-    assert_stopped(skipping)
-
-
 def test_free_requests_are_unchanged_by_constrained_ones_in_their_batch():
     prompts = make_prompts(4, 5, 15, seed=4)
     free = [
