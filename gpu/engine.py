@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
-import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,6 +28,7 @@ from gpu.engine_types import (
 )
 from gpu.generation_config import GenerationDefaults, eos_token_ids
 from gpu.grammar import DEAD_END
+from gpu.grammar.constraints import DEAD_END_REASON, Constraints
 from gpu.logits_processors import LogitsState
 from gpu.model import LoadedModel, load_model
 from gpu.runner import ModelRunner, RunnerConfig
@@ -44,7 +44,7 @@ __all__ = ["Engine", "EngineConfig", "EngineRequest", "EngineStats", "RequestOut
 
 log = logging.getLogger(__name__)
 
-_DEAD_END = FinishReason.REJECTED  # a grammar with no way on (see _advance_grammars)
+_DEAD_END = DEAD_END_REASON  # a grammar with no way on (gpu.grammar.constraints)
 _STOP = FinishReason.STOP  # read per token: an Enum member lookup on the class is not free
 
 
@@ -129,10 +129,9 @@ class Engine:
         self._retired: list[str] = []
         # live sequences using logit_bias, penalties or logprobs (their token history for the penalties)
         self._logits = LogitsState(model.config.vocab_size)
-        # sequence id -> its grammar's matcher (gpu.grammar), for as long as it is live; constrained only
-        self._matchers: dict[str, Any] = {}
-        self._grammar_compiler: Any = None  # gpu.grammar.compiler.GrammarCompiler, made on first use
-        self._grammar_lock = threading.Lock()
+        # output constraints: the grammar compiler and each constrained live sequence's matcher
+        self._constraints = Constraints(self.tokenizer, model.config.vocab_size, self.eos_token_ids)
+        self._matchers = self._constraints.matchers  # read every step: whether any sequence is constrained
         self._steps = 0
         self._forward_seconds = 0.0
         self._batch_seqs = 0
@@ -163,22 +162,7 @@ class Engine:
     def compile_grammar(self, spec: GrammarSpec) -> Any:
         """The spec compiled for this engine's vocabulary, for EngineRequest.grammar. Any thread may call it
         (the worker's intake thread does, off the engine thread); raises gpu.grammar.GrammarError."""
-        with self._grammar_lock:
-            if self._grammar_compiler is None:
-                from gpu.grammar.compiler import GrammarCompiler  # xgrammar loads only once a grammar is used
-
-                vocab_size = self.model.config.vocab_size  # the logits' width, maybe past the tokenizer's
-                self._grammar_compiler = GrammarCompiler(self.tokenizer, vocab_size, self.eos_token_ids)
-            compiler = self._grammar_compiler
-        return compiler.compile(spec)
-
-    def _grammar_matcher(self, grammar: Any) -> Any:
-        """A fresh matcher for a request's grammar: a GrammarSpec, or what compile_grammar returned."""
-        if isinstance(grammar, GrammarSpec):
-            return self.compile_grammar(grammar).matcher()
-        if grammar.compiler is not self._grammar_compiler:  # compiled for another engine's vocabulary
-            return self.compile_grammar(grammar.spec).matcher()
-        return grammar.matcher()
+        return self._constraints.compile(spec)
 
     def add_request(self, request: EngineRequest) -> None:
         """Queue a request; n > 1: n samples of its prompt, prefilled once (outputs carry `index`)."""
@@ -186,7 +170,7 @@ class Engine:
         if any(seq_id in self._live for seq_id in seq_ids):
             raise ValueError(f"request {request.request_id!r} is already in the engine")
         # Compiled before anything is added, so a grammar error leaves the engine as it was.
-        matcher = None if request.grammar is None else self._grammar_matcher(request.grammar)
+        matcher = None if request.grammar is None else self._constraints.matcher(request.grammar)
         eos = frozenset() if request.sampling.ignore_eos else self.eos_token_ids
         self.scheduler.add(
             SequenceRequest(
@@ -210,7 +194,7 @@ class Engine:
             if index:
                 self._request_of[seq_id] = request.request_id
             if matcher is not None:  # every sample follows the grammar on its own
-                self._matchers[seq_id] = matcher if index == 0 else self._grammar_matcher(request.grammar)
+                self._matchers[seq_id] = matcher if index == 0 else self._constraints.matcher(request.grammar)
 
     def abort_request(self, request_id: str) -> list[RequestOutput]:
         """End every live sample of the request: one ABORT output each, by index (none if none is live)."""
@@ -310,7 +294,7 @@ class Engine:
         """A step's outputs after `results`: sequences it started that sampled nothing yet, then a token
         each (text, stop strings, grammars)."""
         if self._matchers:
-            updates = self._advance_grammars(updates)
+            updates = self._constraints.advance(updates, self.scheduler.finish)
         if started:
             sampled_ids, current = {u.seq_id for u in updates}, self._live
             for seq_id, live in started.items():
@@ -441,27 +425,6 @@ class Engine:
                 started[chunk.seq_id] = state
         return started
 
-    def _advance_grammars(self, updates: list[TokenUpdate]) -> list[TokenUpdate]:
-        """Each constrained sequence's matcher takes its new token. A sequence whose grammar terminated
-        (the token was a stop token the grammar allowed, which the scheduler did not end it for, as with
-        ignore_eos) ends with STOP, like a stop string."""
-        matchers, advanced = self._matchers, []
-        for update in updates:
-            matcher = matchers.get(update.seq_id)
-            if matcher is not None and update.finish is None:
-                if not matcher.accept_token(update.token_id):
-                    # The mask allowed nothing (the grammar has no way on, e.g. a regex no text matches) and
-                    # the sampler drew anyway, or (a bug) let a forbidden token by: end the sequence
-                    # `rejected` with DEAD_END, without the token, never go on off-grammar.
-                    log.warning("grammar of %s rejected token %d", update.seq_id, update.token_id)
-                    self.scheduler.finish(update.seq_id, _DEAD_END)
-                    update = TokenUpdate(update.seq_id, update.token_id, _DEAD_END)
-                elif matcher.is_terminated():
-                    self.scheduler.finish(update.seq_id, _STOP)
-                    update = TokenUpdate(update.seq_id, update.token_id, _STOP)
-            advanced.append(update)
-        return advanced
-
     def _on_token(self, update: TokenUpdate, started: bool) -> RequestOutput:
         live = self._live[update.seq_id]
         live.num_tokens += 1
@@ -484,7 +447,7 @@ class Engine:
                 "",
                 live.index,
             )
-        if finish is _DEAD_END:  # the grammar refused the token: not part of the output (_advance_grammars)
+        if finish is _DEAD_END:  # the grammar refused the token: not part of the output (Constraints.advance)
             return self._finish(FinishedSequence(update.seq_id, finish, DEAD_END), (), delta, started)
         return self._finish(FinishedSequence(update.seq_id, finish), (token,), delta, started)
 
@@ -497,7 +460,7 @@ class Engine:
         self._logits.drop(ended.seq_id)
         if ended.seq_id in self._request_of:
             self._retired.append(ended.seq_id)
-        self._matchers.pop(ended.seq_id, None)
+        self._constraints.drop(ended.seq_id)
         if live is None:  # rejected by add(): the engine never saw it run
             return RequestOutput(ended.seq_id, (), "", ended.reason, False, 0, 0, ended.detail)
         delta += live.detokenizer.flush()

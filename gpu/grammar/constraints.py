@@ -1,0 +1,75 @@
+"""The engine's output constraints: one compiler for its vocabulary, one matcher per constrained sequence.
+
+Imports no xgrammar itself: the compiler (and with it xgrammar) is made on first use, so an engine that
+never sees a grammar never loads it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gpu.engine_types import GrammarSpec
+from scheduler.output import TokenUpdate
+from scheduler.types import FinishReason
+
+log = logging.getLogger(__name__)
+
+DEAD_END_REASON = FinishReason.REJECTED  # a grammar with no way on (see `advance`)
+_STOP = FinishReason.STOP
+
+
+class Constraints:
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
+        self._tokenizer, self._vocab_size, self._eos = tokenizer, vocab_size, eos_token_ids
+        self._compiler: Any = None  # gpu.grammar.compiler.GrammarCompiler, made on first use
+        self._lock = threading.Lock()
+        # sequence id -> its grammar's matcher, for as long as it is live (what the runner masks with)
+        self.matchers: dict[str, Any] = {}
+
+    def compile(self, spec: GrammarSpec) -> Any:
+        """The spec compiled for this vocabulary. Any thread may call it (the worker's intake thread does,
+        off the engine thread); raises gpu.grammar.GrammarError."""
+        with self._lock:
+            if self._compiler is None:
+                from gpu.grammar.compiler import GrammarCompiler  # xgrammar loads only once a grammar is used
+
+                self._compiler = GrammarCompiler(self._tokenizer, self._vocab_size, self._eos)
+            compiler = self._compiler
+        return compiler.compile(spec)
+
+    def matcher(self, grammar: Any) -> Any:
+        """A fresh matcher for a request's grammar: a GrammarSpec, or what `compile` returned."""
+        if isinstance(grammar, GrammarSpec):
+            return self.compile(grammar).matcher()
+        if grammar.compiler is not self._compiler:  # compiled for another engine's vocabulary
+            return self.compile(grammar.spec).matcher()
+        return grammar.matcher()
+
+    def drop(self, seq_id: str) -> None:
+        self.matchers.pop(seq_id, None)
+
+    def advance(
+        self, updates: list[TokenUpdate], finish: Callable[[str, FinishReason], object]
+    ) -> list[TokenUpdate]:
+        """Each constrained sequence's matcher takes its new token. A sequence whose grammar terminated
+        (the token was a stop token the grammar allowed, which the scheduler did not end it for, as with
+        ignore_eos) ends with STOP, like a stop string; `finish` ends it in the scheduler."""
+        matchers, advanced = self.matchers, []
+        for update in updates:
+            matcher = matchers.get(update.seq_id)
+            if matcher is not None and update.finish is None:
+                if not matcher.accept_token(update.token_id):
+                    # The mask allowed nothing (the grammar has no way on, e.g. a regex no text matches) and
+                    # the sampler drew anyway, or (a bug) let a forbidden token by: end the sequence
+                    # `rejected` with DEAD_END, without the token, never go on off-grammar.
+                    log.warning("grammar of %s rejected token %d", update.seq_id, update.token_id)
+                    finish(update.seq_id, DEAD_END_REASON)
+                    update = TokenUpdate(update.seq_id, update.token_id, DEAD_END_REASON)
+                elif matcher.is_terminated():
+                    finish(update.seq_id, _STOP)
+                    update = TokenUpdate(update.seq_id, update.token_id, _STOP)
+            advanced.append(update)
+        return advanced
