@@ -21,6 +21,7 @@ from gpu import triton_kernels
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
+_first_imported_here = False  # triton was first imported by import_kernels, under the interpreter
 
 
 @contextlib.contextmanager
@@ -34,7 +35,11 @@ def interpreting() -> Iterator[None]:
 def import_kernels(*names: str) -> list[ModuleType]:
     """gpu.triton_kernels.<name> for each name, or the calling module skipped where they cannot run."""
     # Imported earlier in this process without the interpreter (nothing in the repo does): cannot interpret.
-    too_late = not CUDA and "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
+    # Another test module importing it here first, under the interpreter, is fine.
+    global _first_imported_here
+    imported = "triton" in sys.modules
+    interpreted = _first_imported_here or os.environ.get("TRITON_INTERPRET") == "1"
+    too_late = not CUDA and imported and not interpreted
     with interpreting():
         if not triton_kernels.importable():
             pytest.skip(
@@ -46,4 +51,6 @@ def import_kernels(*names: str) -> list[ModuleType]:
                 "its own or with TRITON_INTERPRET=1",
                 allow_module_level=True,
             )
-        return [importlib.import_module(f"gpu.triton_kernels.{name}") for name in names]
+        modules = [importlib.import_module(f"gpu.triton_kernels.{name}") for name in names]
+        _first_imported_here = _first_imported_here or not imported
+        return modules
