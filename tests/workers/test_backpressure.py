@@ -28,9 +28,11 @@ def test_a_paused_backlog_drains_completely_and_high_jobs_pass_it(settings, tmp_
             high = client.submit(urgent, "high").job_id
         rows = wait_terminal(db, [*low, high], timeout_s=180)
         assert {r["status"] for r in rows.values()} == {"succeeded"}
-        # the high job got in while the low partitions were paused, well before the backlog drained
-        last_low = max(rows[j]["finished_at"] for j in low)
-        assert rows[high]["finished_at"] < last_low
+        # the high job got in while the low partitions were paused, well before the backlog drained: the
+        # low records buffered in the consumer neither kept its partition unfetched (kafka-python fetches
+        # nothing while records are buffered) nor filled the room it needed (a poll brings every class)
+        started_before = sorted(j for j in low if rows[j]["started_at"] < rows[high]["started_at"])
+        assert len(started_before) < len(low) // 4, started_before
     finally:
         db.dispose()
         assert worker.stop() == 0, worker.output()[-3000:]

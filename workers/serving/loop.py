@@ -200,8 +200,8 @@ class Worker:
         clock.lap("commit")
         stats = self.engine.stats()
         self._waiting = sum(stats.waiting.values())
-        self.intake_thread.room = self._room()
         self._flow_control()
+        self.intake_thread.room = self._room()  # after: it depends on the classes left open
         self._observe(stats)
         clock.lap("flow")
 
@@ -274,14 +274,29 @@ class Worker:
         """Jobs this worker holds but does not run yet: waiting in the engine or for their admission."""
         return self._waiting + len(self.lifecycle.admitter)
 
+    def _caps(self) -> dict[str, int]:
+        """Jobs held here at which each class's partitions pause (they resume below three quarters)."""
+        limit = self.options.max_waiting
+        return {"low": limit, "normal": int(limit * 1.5), "high": HARD_CAP_FACTOR * limit}
+
+    def _job_topics(self) -> set[str]:
+        """The job topics of this worker's partitions."""
+        topics = self.settings.topics
+        assigned = {t for t, _ in self.intake_thread.assignment if topics.is_jobs(t)}
+        return assigned if topics.tenants else assigned | set(topics.all_jobs)
+
     def _room(self) -> int:
-        return max(0, HARD_CAP_FACTOR * self.options.max_waiting - self._held())
+        """Records the next poll may bring. A poll returns records of every class not paused, so it takes
+        no more than the lowest of them may still add: a backlog of low jobs never fills the room (and so
+        pauses the partitions) that a high job posted after it needs."""
+        topics, caps = self.settings.topics, self._caps()
+        open_classes = {topics.priority_of(t) for t in self._job_topics() - self._paused} or set(caps)
+        return max(0, min(caps[p] for p in open_classes) - self._held())
 
     def _flow_control(self) -> None:
         """Pause intake while admission waits for the database or row writes pile up; otherwise pause low,
         then normal, then high partitions as the jobs held here grow: a backlog waits in Kafka, not here."""
-        waiting, limit = self._held(), self.options.max_waiting
-        topics = self.settings.topics
+        waiting, topics = self._held(), self.settings.topics
         # the topics of this worker's partitions (with per-tenant topics, those are known only so)
         assigned = {t for t, _ in self.intake_thread.assignment}
         if not topics.tenants:
@@ -290,8 +305,7 @@ class Worker:
             wanted = assigned
         else:
             wanted = {t for t in self._paused if topics.is_jobs(t)}
-            thresholds = (("low", limit), ("normal", int(limit * 1.5)), ("high", HARD_CAP_FACTOR * limit))
-            for priority, threshold in thresholds:
+            for priority, threshold in self._caps().items():
                 of_class = {t for t in assigned if topics.is_jobs(t) and topics.priority_of(t) == priority}
                 if waiting >= threshold:
                     wanted |= of_class
