@@ -48,6 +48,24 @@ class StubForward:
         return self._logits[:rows]
 
 
+class StubDeviceStep:
+    """Stands in for the CUDA step (gpu/cuda/step.py): the stub's logits with each row's argmax computed
+    "on the device", as the decode graph returns it, so the sampler takes those ids and the host does
+    exactly what it does around a graph step (the argmax itself is the device's, not timed here)."""
+
+    def __init__(self, stub: StubForward) -> None:
+        self.stub = stub
+        self._greedy = torch.full((len(stub._logits),), stub.token, dtype=torch.int64)
+
+    def run(self, inputs: StepInputs) -> Any:
+        from gpu.cuda.step import StepLogits
+
+        logits = self.stub(inputs, None, None)
+        if len(logits) > len(self._greedy):
+            self._greedy = torch.full((len(logits),), self.stub.token, dtype=torch.int64)
+        return StepLogits(logits, self._greedy[: len(logits)])
+
+
 @dataclass(frozen=True)
 class HostSteps:
     """Decode steps of one batch size: medians over repetitions of `steps` steps each."""
@@ -62,10 +80,15 @@ class HostSteps:
 
 
 def stub_engine(
-    model: str, max_num_seqs: int, max_context: int, async_scheduling: bool = False
+    model: str,
+    max_num_seqs: int,
+    max_context: int,
+    async_scheduling: bool = False,
+    device_argmax: bool = False,
 ) -> tuple[Engine, StubForward]:
     """The engine on `model` with its forward stubbed; start-up measurements off (nothing runs the model).
-    async_scheduling: the forward and sampling run on the engine's worker thread, the host work here."""
+    async_scheduling: the forward and sampling run on the engine's worker thread, the host work here.
+    device_argmax: the stub stands in for the CUDA step, argmax included (see StubDeviceStep)."""
     from gpu.engine import Engine
 
     engine = Engine.from_options(
@@ -85,6 +108,8 @@ def stub_engine(
         raise ValueError(f"stub token {token} is an EOS token of {model}")
     stub = StubForward(engine.model.config.vocab_size, token, max_num_seqs)
     engine.runner.forward = stub  # type: ignore[assignment]
+    if device_argmax:
+        engine.runner.cuda_step = StubDeviceStep(stub)  # type: ignore[assignment]
     return engine, stub
 
 

@@ -35,3 +35,20 @@ def test_host_overhead_with_async_scheduling(tmp_path):
     payload = json.loads(path.read_text())
     assert payload["tokens"] == {"3": 18} and payload["phases"]["3"]["sample"] == 0  # sampled on the worker
     assert payload["host_ms_without_argmax"] == payload["host_ms_per_step"]
+
+
+@pytest.mark.usefixtures("keep_threads")
+def test_host_overhead_with_the_argmax_on_the_device(tmp_path, monkeypatch):
+    # The stub stands in for the CUDA step and returns each row's argmax: the engine never runs one itself.
+    import gpu.sampler
+
+    calls, argmax = [], gpu.sampler.fast_argmax
+    counted = lambda logits: calls.append(len(logits)) or argmax(logits)  # noqa: E731
+    monkeypatch.setattr(gpu.sampler, "fast_argmax", counted)
+    path = tmp_path / "host.json"
+    argv = ["--batch-sizes", "2,3", "--prompt-len", "20", "--steps", "3", "--reps", "2", "--warmup", "1"]
+    assert main([*argv, "--device-argmax", "--json", str(path)]) == 0
+    payload = json.loads(path.read_text())
+    assert payload["tokens"] == {"2": 12, "3": 18}
+    assert payload["host_ms_without_argmax"] == payload["host_ms_per_step"]
+    assert sorted(set(calls)) == [2, 3] and len(calls) == 2 * 20  # only the bench's own argmax timing
