@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
@@ -95,7 +95,34 @@ class GroupConsumer:
             self._consumer.subscribe(list(topics), listener=_Listener(self._events))
 
     # ---- records --------------------------------------------------------------------------------
-    def poll(self, timeout_s: float, max_records: int | None = None) -> list[Record]:
+    def poll(
+        self, timeout_s: float, max_records: int | None = None, first: Callable[[str], bool] | None = None
+    ) -> list[Record]:
+        """Records fetched since the last poll, at most `max_records`. `first`: topics whose records are
+        handed out before any other's. kafka-python hands out all of one partition's buffered records
+        before it looks at any other fetched partition (and fetches nothing while others wait to be
+        handed out), so a backlog buffered from one topic would hold back a record of another posted after
+        it; the other partitions are paused for a first poll that takes only what `first` topics have."""
+        if first is not None:
+            records = self._poll_first(first, max_records)
+            if records:
+                return records
+        return self._poll(timeout_s, max_records)
+
+    def _poll_first(self, first: Callable[[str], bool], max_records: int | None) -> list[Record]:
+        paused = self._consumer.paused()
+        others = [tp for tp in self._consumer.assignment() if not first(tp.topic) and tp not in paused]
+        if not others:
+            return []  # nothing to hold back: the one poll does
+        self._consumer.pause(*others)
+        try:
+            return self._poll(0.0, max_records)
+        finally:
+            # a rebalance inside the poll may have taken some of them: resume only what is still ours
+            assigned = self._consumer.assignment()
+            self._consumer.resume(*(tp for tp in others if tp in assigned))
+
+    def _poll(self, timeout_s: float, max_records: int | None) -> list[Record]:
         self._unpark_resumed()
         try:
             batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)

@@ -35,12 +35,15 @@ class IntakeThread:
         poll_s: float = 0.2,
         control_poll_s: float = 0.1,
         prepare: Callable[[Record], Any] = lambda record: None,
+        first: Callable[[str], bool] | None = None,
     ) -> None:
+        """first: topics whose records each poll takes before any other's (see GroupConsumer.poll)."""
         self.consumer = consumer  # touched by this thread only, until stop()
         self._control = control
         self._poll_s = poll_s
         self._control_poll_s = control_poll_s
         self._prepare = prepare  # must not raise: it turns a record's failure into a decision
+        self._first = first
         self._records: queue.Queue[list[Prepared]] = queue.Queue()
         self._queued = 0  # records handed over but not taken by the loop yet
         self._queued_lock = threading.Lock()
@@ -118,7 +121,7 @@ class IntakeThread:
                     time.sleep(FULL_WAIT_S)
                     continue
                 last_poll = now
-                records = self.consumer.poll(self._poll_s, max(1, budget))
+                records = self.consumer.poll(self._poll_s, max(1, budget), self._first)
                 self.assignment = frozenset(self.consumer.assignment())
                 if records:
                     with self._queued_lock:

@@ -114,7 +114,12 @@ class Worker:
         )
         # records are validated and tokenized on the intake thread: a 256 KB prompt never stalls a step
         self.intake_thread = IntakeThread(
-            self.consumer, self.control, self.ready, options.poll_s, prepare=self.lifecycle.prepare
+            self.consumer,
+            self.control,
+            self.ready,
+            options.poll_s,
+            prepare=self.lifecycle.prepare,
+            first=self._before_low,  # interactive jobs are never read behind a bulk backlog
         )
         self.guard = StepGuard()
         self.gave_up: str | None = None  # why the worker stopped because its steps kept failing
@@ -273,6 +278,11 @@ class Worker:
     def _held(self) -> int:
         """Jobs this worker holds but does not run yet: waiting in the engine or for their admission."""
         return self._waiting + len(self.lifecycle.admitter)
+
+    def _before_low(self, topic: str) -> bool:
+        """Topics read before the low class's: the higher jobs classes, and control (its cancels)."""
+        topics = self.settings.topics
+        return not topics.is_jobs(topic) or topics.priority_of(topic) != "low"
 
     def _caps(self) -> dict[str, int]:
         """Jobs held here at which each class's partitions pause (they resume below three quarters)."""
