@@ -58,20 +58,21 @@ def _is_urgent(topic: str) -> bool:
     return topic.endswith(".urgent")
 
 
-def test_records_of_first_topics_pass_a_buffered_backlog(settings):
-    reader, backlog, urgent = _backlogged_reader(settings, _is_urgent)
+def _read_ahead_of_urgent(settings, first) -> int:
+    """Backlog records handed out before a record of the urgent topic posted after them."""
+    reader, _backlog, urgent = _backlogged_reader(settings, first)
     try:
-        ahead = _backlog_read_before_urgent(settings, reader, urgent, _is_urgent)
+        return _backlog_read_before_urgent(settings, reader, urgent, first)
     finally:
         reader.close()
+
+
+def test_records_of_first_topics_pass_a_buffered_backlog(settings):
+    ahead = _read_ahead_of_urgent(settings, _is_urgent)
     assert ahead < BACKLOG // 10, ahead
 
 
 def test_without_first_the_backlog_is_read_before_anything_else(settings):
     # the behaviour `first` exists for (kafka-python 3.0 hands out all 300): if this fails, it may be moot
-    reader, backlog, urgent = _backlogged_reader(settings, None)
-    try:
-        ahead = _backlog_read_before_urgent(settings, reader, urgent, None)
-    finally:
-        reader.close()
+    ahead = _read_ahead_of_urgent(settings, None)
     assert ahead >= BACKLOG // 2, ahead
