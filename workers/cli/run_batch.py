@@ -17,8 +17,10 @@ DESCRIPTION = (
     "Read an OpenAI Batch input file (one {custom_id, method, url, body} per line, "
     "/v1/completions or /v1/chat/completions), generate every request with continuous batching in "
     "this process, and write one output line per input line, in input order: a response, or an "
-    "error (invalid line, prompt too long). Fields that change nothing (n: 1, logprobs: false, "
-    "presence_penalty: 0, user, stream_options, ...) are accepted. Exit 0 once the file is written."
+    "error (invalid line, prompt too long). Bodies may carry n, logprobs/top_logprobs, penalties, "
+    "logit_bias, response_format, guided_regex and guided_choice, validated as the Kafka job message; "
+    "fields that change nothing (stream: false, best_of: 1, user, stream_options, ...) are accepted. "
+    "Exit 0 once the file is written."
 )
 
 
