@@ -132,6 +132,7 @@ class Engine:
         # output constraints: the grammar compiler and each constrained live sequence's matcher
         self._constraints = Constraints(self.tokenizer, model.config.vocab_size, self.eos_token_ids)
         self._matchers = self._constraints.matchers  # read every step: whether any sequence is constrained
+        self.runner.closing = self._constraints.closing
         self._steps = 0
         self._forward_seconds = 0.0
         self._batch_seqs = 0
@@ -194,7 +195,8 @@ class Engine:
             if index:
                 self._request_of[seq_id] = request.request_id
             if matcher is not None:  # every sample follows the grammar on its own
-                self._matchers[seq_id] = matcher if index == 0 else self._constraints.matcher(request.grammar)
+                own = matcher if index == 0 else self._constraints.matcher(request.grammar)
+                self._constraints.add(seq_id, request.grammar, own)
 
     def abort_request(self, request_id: str) -> list[RequestOutput]:
         """End every live sample of the request: one ABORT output each, by index (none if none is live)."""

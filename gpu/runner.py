@@ -16,6 +16,7 @@ from gpu import autotune
 from gpu.attention import PagedAttention
 from gpu.attention.native_decode import NativeDecode
 from gpu.forward import LlamaForward
+from gpu.grammar.closing import Closing
 from gpu.inputs import InputBuilder, StepInputs
 from gpu.kv_cache import KVCache
 from gpu.kv_sizing import KVPlan, activation_estimate, plan_kv
@@ -103,6 +104,7 @@ class ModelRunner:
         layer_weights = sum(m.weight.numel() for m in linears_of(self.forward))
         self.lm_head_weight = self.forward.lm_head.weight.numel() / max(layer_weights, 1)
         self.token_mask: Any = None  # a gpu.grammar.mask.TokenMask, made on the first constrained step
+        self.closing: Closing | None = None  # which constrained sequences are JSON (set by the engine)
 
     def _choose_attention(self) -> PagedAttention:
         shape, heads = self.cache.shape, self.forward.num_heads
@@ -254,6 +256,15 @@ class ModelRunner:
 
             self.token_mask = TokenMask(logits.shape[-1], self.config.max_num_seqs)
         self.token_mask.apply(logits, self.token_mask.fill(matchers))
+        closing = self.closing
+        if closing is not None and closing.sequences:  # JSON outputs in their budget's last tokens close
+            due = closing.due
+            rows = [
+                (i, chunks[i].seq_id)
+                for i, _ in matchers
+                if due(chunks[i].seq_id, chunks[i].sampling.max_tokens, chunks[i].num_generated)
+            ]
+            closing.restrict(logits, rows)
         return True
 
 

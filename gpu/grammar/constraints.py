@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpu.engine_types import GrammarSpec
+from gpu.grammar.closing import JSON_KINDS, Closing
 from scheduler.output import TokenUpdate
 from scheduler.types import FinishReason
 
@@ -28,6 +29,7 @@ class Constraints:
         self._lock = threading.Lock()
         # sequence id -> its grammar's matcher, for as long as it is live (what the runner masks with)
         self.matchers: dict[str, Any] = {}
+        self.closing = Closing()  # the JSON ones among them, closed before their budget runs out
 
     def compile(self, spec: GrammarSpec) -> Any:
         """The spec compiled for this vocabulary. Any thread may call it (the worker's intake thread does,
@@ -37,6 +39,7 @@ class Constraints:
                 from gpu.grammar.compiler import GrammarCompiler  # xgrammar loads only once a grammar is used
 
                 self._compiler = GrammarCompiler(self._tokenizer, self._vocab_size, self._eos)
+                self.closing.set_vocabulary(self._compiler.info.decoded_vocab)
             compiler = self._compiler
         return compiler.compile(spec)
 
@@ -48,8 +51,16 @@ class Constraints:
             return self.compile(grammar.spec).matcher()
         return grammar.matcher()
 
+    def add(self, seq_id: str, grammar: Any, matcher: Any) -> None:
+        """Constrain a live sequence with a matcher of `grammar` (a GrammarSpec or what `compile` made)."""
+        self.matchers[seq_id] = matcher
+        spec = grammar if isinstance(grammar, GrammarSpec) else grammar.spec
+        if spec.kind in JSON_KINDS:
+            self.closing.add(seq_id)
+
     def drop(self, seq_id: str) -> None:
         self.matchers.pop(seq_id, None)
+        self.closing.drop(seq_id)
 
     def advance(
         self, updates: list[TokenUpdate], finish: Callable[[str, FinishReason], object]
@@ -71,5 +82,7 @@ class Constraints:
                 elif matcher.is_terminated():
                     finish(update.seq_id, _STOP)
                     update = TokenUpdate(update.seq_id, update.token_id, _STOP)
+                else:
+                    self.closing.accept(update.seq_id, update.token_id)
             advanced.append(update)
         return advanced
