@@ -1,4 +1,8 @@
-"""The Engine: scheduler + model runner + detokenizer, one batched forward per step."""
+"""The Engine: scheduler + model runner + detokenizer, one batched forward per step.
+
+Synchronous steps are here; async scheduling (the next step launched before the last one's tokens are back)
+is gpu/async_steps.py.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,12 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from gpu.async_steps import AsyncSteps, InFlightStep
 from gpu.detokenizer import Detokenizer
 from gpu.engine_types import (
     EngineConfig,
@@ -33,11 +36,11 @@ from gpu.logits_processors import LogitsState
 from gpu.model import LoadedModel, load_model
 from gpu.runner import ModelRunner, RunnerConfig
 from gpu.samples import sample_seed
-from gpu.step_clock import FORWARD, INPUTS, OUTPUTS, SCHEDULE, StepClock
+from gpu.step_clock import OUTPUTS, SCHEDULE, StepClock
 from scheduler.config import SchedulerConfig
 from scheduler.limits import check_config
 from scheduler.output import FinishedSequence, SchedulerOutput, TokenUpdate
-from scheduler.scheduler import PendingTokens, Scheduler
+from scheduler.scheduler import Scheduler
 from scheduler.types import FinishReason, SequenceRequest, sample_seq_id
 
 __all__ = ["Engine", "EngineConfig", "EngineRequest", "EngineStats", "RequestOutput"]
@@ -46,17 +49,6 @@ log = logging.getLogger(__name__)
 
 _DEAD_END = DEAD_END_REASON  # a grammar with no way on (gpu.grammar.constraints)
 _STOP = FinishReason.STOP  # read per token: an Enum member lookup on the class is not free
-
-
-@dataclass(slots=True)
-class _InFlight:
-    """A step launched on the async worker whose tokens the engine has not seen yet."""
-
-    output: SchedulerOutput
-    pending: PendingTokens  # where its tokens go (placeholders in the sequences until then)
-    started: dict[str, _Live]  # sequences it runs for the first time
-    future: Future  # its tokens, in its sampling order
-    launched: float  # perf_counter when it was submitted
 
 
 @dataclass(slots=True)
@@ -71,7 +63,7 @@ class _Live:
     started: bool = False
 
 
-class Engine:
+class Engine(AsyncSteps):
     def __init__(self, model: LoadedModel, config: EngineConfig | None = None) -> None:
         config = config or EngineConfig()
         self.model = model
@@ -140,7 +132,7 @@ class Engine:
         self._by_batch: dict[int, tuple[int, float]] = {}
         # Async scheduling: one worker thread runs the forward and sampling of each step, in order, while
         # this thread schedules the next one and turns the last one's tokens into outputs.
-        self._inflight: _InFlight | None = None
+        self._inflight: InFlightStep | None = None
         self._worker: ThreadPoolExecutor | None = None
         self.set_async_scheduling(resolve_async_scheduling(config.async_scheduling, self.runner.device))
 
@@ -214,27 +206,6 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._inflight is not None
-
-    def set_async_scheduling(self, on: bool) -> None:
-        """Turn async scheduling on or off (at start, or between runs: benchmarks compare both on one
-        engine); turning it off finishes the step in flight, whose outputs are dropped."""
-        if on and self._worker is None:
-            # The worker's torch ops use as many threads as this one's (a new thread would take the default).
-            self._worker = ThreadPoolExecutor(
-                1, "inferq-step", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)
-            )
-        elif not on:
-            self.close()
-        log.info("async scheduling: %s", "on" if self._worker is not None else "off")
-
-    def close(self) -> None:
-        """Finish the step in flight (its outputs are dropped) and stop the async worker thread."""
-        if self._inflight is not None:
-            self._inflight.future.exception()
-            self._inflight = None
-        if self._worker is not None:
-            self._worker.shutdown(wait=True)
-            self._worker = None
 
     # ---- one step --------------------------------------------------------------------------------
 
@@ -313,103 +284,6 @@ class Engine:
                 append(on_token(update, False))
         if sampled and (logprobs := self._logits.take_logprobs()):
             attach_logprobs(results, logprobs)
-
-    # ---- async scheduling --------------------------------------------------------------------------
-
-    def _step_async(self) -> list[RequestOutput]:
-        """Schedule and launch step N+1 (placeholders for the tokens of step N, in flight), then wait for
-        step N and return its outputs."""
-        self.clock.start()
-        self._drop_retired()
-        output = self.scheduler.schedule(time.monotonic())
-        for seq_id in output.preempted:
-            self.runner.release(seq_id)
-        self.clock.lap(SCHEDULE)
-        previous = self._inflight
-        try:
-            results = self._launch_and_collect(output, previous)
-        except StepFailed as failed:
-            failed.outputs.extend(self._finish(ended, (), "") for ended in output.finished)
-            raise
-        # Ended while scheduling (deadlines): after the outputs of the step before, which they may follow.
-        results += [self._finish(ended, (), "") for ended in output.finished]
-        self.clock.lap(OUTPUTS)
-        return results
-
-    def _launch_and_collect(self, output: SchedulerOutput, previous: _InFlight | None) -> list[RequestOutput]:
-        launched = None
-        if output.chunks:
-            if self.fault_hook is not None:
-                try:
-                    self.fault_hook(tuple(self._request_ids(output.chunks)))
-                except Exception as exc:
-                    raise self._failed(output, exc, previous) from exc
-            prepared = self.runner.prepare(
-                output, self._seeds, previous.pending.seq_ids if previous else None
-            )
-            started = self._newly_started(output)
-            assert self._worker is not None
-            launched = _InFlight(
-                output,
-                self.scheduler.advance(output),
-                started,
-                self._worker.submit(self._run_after, prepared, previous.future if previous else None),
-                time.perf_counter(),
-            )
-            self.clock.lap(INPUTS)  # the placeholders and the launch: host work like building the inputs
-        self._inflight = launched
-        return [] if previous is None else self._collect(previous, launched)
-
-    def _run_after(self, prepared: Any, before: Future | None) -> list[int]:
-        """On the worker thread: the step's forward and sampling, its placeholders filled with the tokens of
-        the step before (finished by then: the worker runs steps in order)."""
-        return self.runner.run(
-            prepared, previous=before.result() if before is not None else None, clock=False
-        )
-
-    def _collect(self, step: _InFlight, launched: _InFlight | None) -> list[RequestOutput]:
-        """Wait for a launched step; commit its tokens and make its outputs."""
-        self._last_chunks = step.output.chunks
-        try:
-            tokens = step.future.result()
-        except Exception as exc:
-            raise self._failed(step.output, exc, launched, step.started) from exc
-        self.clock.lap(FORWARD)  # the wait: what the engine thread could not overlap
-        output = step.output
-        self._record(len(output.chunks), output.num_tokens, time.perf_counter() - step.launched)
-        results: list[RequestOutput] = []
-        self._outputs(self.scheduler.commit(step.pending, tokens), step.started, results, True)
-        return results
-
-    def _finish_inflight(self) -> list[RequestOutput]:
-        """Finish the step in flight without launching another (the next step must run synchronously)."""
-        self.clock.start()
-        step, self._inflight = self._inflight, None
-        assert step is not None
-        results = self._collect(step, None)
-        self.clock.lap(OUTPUTS)
-        return results
-
-    def _failed(
-        self,
-        output: SchedulerOutput,
-        exc: Exception,
-        other: _InFlight | None,
-        started: dict[str, _Live] | None = None,
-    ) -> StepFailed:
-        """A launched step failed: it and the other one launched (after it, or before the one whose launch
-        failed) never happened. Their sequences drop their placeholders and are preempted (recomputed when
-        readmitted), as the KV of neither step can be trusted; those they started count as not started."""
-        self._inflight = None
-        if other is not None and not other.future.cancel():  # it runs after the failed one: let it end
-            other.future.exception()
-        for live in (*(started or {}).values(), *(other.started.values() if other is not None else ())):
-            live.started = False
-        for chunks in (output.chunks, other.output.chunks if other is not None else ()):
-            for seq_id in self.scheduler.rollback(chunks, time.monotonic()):
-                self.runner.release(seq_id)
-        self._last_chunks = output.chunks
-        return StepFailed(self.last_step, [], exc)
 
     def _request_ids(self, chunks: Iterable[Any]) -> Iterable[str]:
         request_of = self._request_of
