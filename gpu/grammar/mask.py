@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import torch
 import xgrammar as xgr
 
+from gpu.grammar.native_mask import NativeMask
+
 
 class TokenMask:
     """A bitmask of a step's sampling rows (one bit per vocabulary entry), reused from step to step.
@@ -18,6 +20,7 @@ class TokenMask:
     def __init__(self, vocab_size: int, rows: int) -> None:
         self.vocab_size = vocab_size
         self.bitmask = xgr.allocate_token_bitmask(rows, vocab_size)  # int32 [rows, ceil(V/32)], CPU
+        self.native = NativeMask.load()  # None: xgrammar's kernel everywhere
 
     def fill(self, matchers: Sequence[tuple[int, xgr.GrammarMatcher]]) -> list[int]:
         """Fill the rows of the given (row, matcher) pairs; the rows whose mask forbids anything."""
@@ -27,8 +30,12 @@ class TokenMask:
         return [row for row, matcher in matchers if matcher.fill_next_token_bitmask(bitmask, row)]
 
     def apply(self, logits: torch.Tensor, rows: list[int]) -> None:
-        """Mask rows of logits [S, V] (CPU or CUDA) in place, with xgrammar's native kernel for the device."""
+        """Mask rows of logits [S, V] (CPU or CUDA) in place: float32 on the CPU with the word-at-a-time
+        kernel where it built, otherwise with xgrammar's kernel for the device."""
         if not rows:
+            return
+        if self.native is not None and NativeMask.supports(logits):
+            self.native(logits, self.bitmask, rows, self.vocab_size)
             return
         bitmask = self.bitmask[: logits.shape[0]]
         if logits.device.type != "cpu":
