@@ -15,25 +15,19 @@ from gpu.native import build
 
 _ABI_VERSION = 1
 PANEL_COLUMNS = 16
-_P = ctypes.c_void_p
-_I = ctypes.c_int64
 
 
 class PanelKernel:
     """Construct with `PanelKernel.load()` (None where the kernel cannot be built or has no SIMD path)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._pack = library.linear_pack_f32
-        self._pack.restype = None
-        self._pack.argtypes = [_P, _I, _I, _P]
-        self._run = library.linear_f32
-        self._run.restype = None
-        self._run.argtypes = [_P, _I, _I, _I, _P, _I, _P, _P]
+        self._pack = build.function(library, "linear_pack_f32", "piip")
+        self._run = build.function(library, "linear_f32", "piiipipp")
 
     @classmethod
     def load(cls) -> PanelKernel | None:
-        library = build.load("linear")
-        if library is None or library.inferq_linear_abi_version() != _ABI_VERSION:
+        library = build.load_versioned("linear", "inferq_linear_abi_version", _ABI_VERSION)
+        if library is None:
             return None
         if not library.linear_has_simd():  # the scalar path is there for correctness, never for speed
             return None

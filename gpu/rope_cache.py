@@ -18,24 +18,18 @@ _ABI_VERSION = 1
 MAX_HEAD_DIM = 1024  # the kernel's stack buffer holds half a row
 # Separate roundings for each product and the sum, as torch's operators round: results equal torch's bits.
 EXTRA_FLAGS = ("-ffp-contract=off",)
-_P = ctypes.c_void_p
-_I = ctypes.c_int64
 
 
 class RopeCacheWrite:
     """Callable for float32 CPU tensors; construct with `RopeCacheWrite.load()` (None where unavailable)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._kernel = library.rope_cache_write_f32
-        self._kernel.restype = None
-        self._kernel.argtypes = [_P, _I, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I]
+        self._kernel = build.function(library, "rope_cache_write_f32", "pipippppppiiiii")
 
     @classmethod
     def load(cls) -> RopeCacheWrite | None:
-        library = build.load("rope_cache", EXTRA_FLAGS)
-        if library is None or library.inferq_rope_abi_version() != _ABI_VERSION:
-            return None
-        return cls(library)
+        library = build.load_versioned("rope_cache", "inferq_rope_abi_version", _ABI_VERSION, EXTRA_FLAGS)
+        return None if library is None else cls(library)
 
     @staticmethod
     def supports(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:

@@ -13,43 +13,18 @@ from gpu.native import build
 
 _ABI_VERSION = 1
 MAX_GROUP = 64  # query heads per KV head the kernel's per-group arrays hold
-_P = ctypes.c_void_p
-_I = ctypes.c_int64
 
 
 class NativeDecode:
     """Callable for float32 CPU caches; construct with `NativeDecode.load()` (None where unavailable)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._kernel = library.paged_attention_f32
-        self._kernel.restype = ctypes.c_int
-        self._kernel.argtypes = [
-            _P,
-            _I,
-            _P,
-            _P,
-            _P,
-            _P,
-            _P,
-            _P,
-            _P,
-            _I,
-            _I,
-            _I,
-            _I,
-            _I,
-            _I,
-            _I,
-            _I,
-            ctypes.c_float,
-        ]
+        self._kernel = build.function(library, "paged_attention_f32", "pipppppppiiiiiiiif", ctypes.c_int)
 
     @classmethod
     def load(cls) -> NativeDecode | None:
-        library = build.load("paged_attention")
-        if library is None or library.inferq_abi_version() != _ABI_VERSION:
-            return None
-        return cls(library)
+        library = build.load_versioned("paged_attention", "inferq_abi_version", _ABI_VERSION)
+        return None if library is None else cls(library)
 
     @staticmethod
     def supports(shape: KVShape, device: torch.device, num_heads: int) -> bool:

@@ -15,24 +15,18 @@ import torch
 from gpu.native import build
 
 _ABI_VERSION = 1
-_P = ctypes.c_void_p
-_I = ctypes.c_int64
 
 
 class NativeMask:
     """Callable for float32 CPU logits; construct with `NativeMask.load()` (None where unavailable)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._kernel = library.apply_token_bitmask_f32
-        self._kernel.restype = None
-        self._kernel.argtypes = [_P, _I, _P, _I, _P, _I, _I]
+        self._kernel = build.function(library, "apply_token_bitmask_f32", "pipipii")
 
     @classmethod
     def load(cls) -> NativeMask | None:
-        library = build.load("token_mask")
-        if library is None or library.inferq_token_mask_abi_version() != _ABI_VERSION:
-            return None
-        return cls(library)
+        library = build.load_versioned("token_mask", "inferq_token_mask_abi_version", _ABI_VERSION)
+        return None if library is None else cls(library)
 
     @staticmethod
     def supports(logits: torch.Tensor) -> bool:

@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -88,3 +89,26 @@ def _compile(compiler: str, flags: tuple[str, ...], source: Path, target: Path) 
     finally:
         if os.path.exists(partial):
             os.unlink(partial)
+
+
+def load_versioned(
+    name: str, abi_symbol: str, abi_version: int, extra_flags: tuple[str, ...] = ()
+) -> ctypes.CDLL | None:
+    """`load`, kept only when the library's `abi_symbol()` returns the version its Python side expects (a
+    stale or foreign build of the same name is never called with the wrong arguments)."""
+    library = load(name, extra_flags)
+    if library is None or getattr(library, abi_symbol)() != abi_version:
+        return None
+    return library
+
+
+_ARG_TYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "f": ctypes.c_float}
+
+
+def function(library: ctypes.CDLL, name: str, signature: str, restype: Any = None) -> Any:
+    """The library's function `name`, typed: `signature` has one letter per argument (p: pointer,
+    i: int64, f: float)."""
+    fn = getattr(library, name)
+    fn.argtypes = [_ARG_TYPES[c] for c in signature]
+    fn.restype = restype
+    return fn
