@@ -260,8 +260,8 @@ class ModelRunner:
         if closing is not None and closing.sequences:  # JSON outputs in their budget's last tokens close
             due = closing.due
             rows = [
-                (i, chunks[i].seq_id)
-                for i, _ in matchers
+                (i, chunks[i].seq_id, matcher)
+                for i, matcher in matchers
                 if due(chunks[i].seq_id, chunks[i].sampling.max_tokens, chunks[i].num_generated)
             ]
             closing.restrict(logits, rows)

@@ -6,18 +6,24 @@ in the last tokens of its budget a JSON sequence takes a closing token wherever 
 inside a string a token that ends it (`"`, `"]`, `"}`, ...), elsewhere one that ends arrays and objects
 (`]`, `}`, `]}`, ...), never one that opens a string (a key or an item). What the grammar still requires (a
 required key, a number's digit) is generated as before, and an output that ends earlier is never touched.
-Imports no xgrammar: the ids come from the compiler's decoded vocabulary.
+A string that may not end yet (a `format: time` needs its `Z` or offset after any number of fraction
+digits, a `pattern` its last piece) is bridged: of its highest allowed tokens, it keeps those after which
+it may end (one token of lookahead through its matcher, rolled back), where there are any; SmolLM2 otherwise
+writes `"20:00:00.000000...` until `max_tokens`.
+Imports no xgrammar: the ids come from the compiler's decoded vocabulary, the matchers are the runner's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 JSON_KINDS = ("json_schema", "json_object")
 QUOTE, BACKSLASH = ord('"'), ord("\\")
 MAX_CLOSING_TOKENS = 64  # at most this many last tokens of a budget close; a quarter of smaller budgets
+BRIDGE_CANDIDATES = 32  # a string that may not end yet: how many of its highest allowed tokens to look past
 
 
 def closing_window(max_tokens: int) -> int:
@@ -47,6 +53,7 @@ class Closing:
         self._vocab: Sequence[bytes] = ()
         self._ids: tuple[torch.Tensor, torch.Tensor] | None = None
         self._on_device: dict[tuple[torch.device, bool], torch.Tensor] = {}
+        self._scratch: torch.Tensor | None = None  # one bitmask row for the bridge's lookahead
 
     def set_vocabulary(self, decoded_vocab: Sequence[bytes]) -> None:
         self._vocab = decoded_vocab
@@ -61,8 +68,11 @@ class Closing:
     def accept(self, seq_id: str, token_id: int) -> None:
         """Follow the sequence's new token's bytes in and out of strings (the grammar keeps it JSON)."""
         state = self.sequences.get(seq_id)
-        if state is None or token_id >= len(self._vocab):
-            return
+        if state is not None and token_id < len(self._vocab):
+            state[0], state[1] = self._walk(state, token_id)
+
+    def _walk(self, state: list[bool], token_id: int) -> tuple[bool, bool]:
+        """(inside a string, after a backslash there) once the token's bytes follow the given state."""
         inside, escaped = state
         for byte in self._vocab[token_id]:
             if escaped:
@@ -71,18 +81,51 @@ class Closing:
                 escaped = True
             elif byte == QUOTE:
                 inside = not inside
-        state[0], state[1] = inside, escaped
+        return inside, escaped
 
     def due(self, seq_id: str, max_tokens: int, num_generated: int) -> bool:
         """Whether the token sampled now (the sequence's num_generated + 1-th) is in its closing window."""
         return seq_id in self.sequences and max_tokens - num_generated <= closing_window(max_tokens)
 
-    def restrict(self, logits: torch.Tensor, rows: Sequence[tuple[int, str]]) -> None:
-        """For each (row, seq id): where the row's mask allows a closing token, forbid every other one."""
+    def restrict(self, logits: torch.Tensor, rows: Sequence[tuple[int, str, Any]]) -> None:
+        """For each (row, seq id, grammar matcher): where the row's mask allows a closing token, forbid every
+        other one; inside a string that may not end yet, keep the tokens after which it may (`_bridge`)."""
         for inside in (True, False):
-            picked = [row for row, seq_id in rows if self.sequences[seq_id][0] is inside]
-            if picked:
-                self._keep_only(logits, picked, self._closers(logits.device, inside))
+            picked = [(row, s, m) for row, s, m in rows if self.sequences[s][0] is inside]
+            if not picked:
+                continue
+            closers = self._closers(logits.device, inside)
+            stuck = self._keep_only(logits, [row for row, _, _ in picked], closers)
+            if inside:
+                for row, seq_id, matcher in picked:
+                    if row in stuck:
+                        self._bridge(logits, row, self.sequences[seq_id], matcher, closers.cpu())
+
+    def _bridge(
+        self, logits: torch.Tensor, row: int, state: list[bool], matcher: Any, closers: torch.Tensor
+    ) -> None:
+        """Keep, of the row's BRIDGE_CANDIDATES highest allowed tokens, those that end its string or after
+        which its grammar allows a closing token; leave the row alone where none does."""
+        allowed = int(torch.isfinite(logits[row]).sum())
+        if not allowed or not len(closers):
+            return
+        words = (logits.shape[-1] + 31) // 32
+        if self._scratch is None or self._scratch.shape[1] != words:
+            self._scratch = torch.full((1, words), -1, dtype=torch.int32)
+        scratch = self._scratch
+        bridges = []
+        for token in torch.topk(logits[row], min(BRIDGE_CANDIDATES, allowed)).indices.tolist():
+            if token < len(self._vocab) and not self._walk(state, token)[0]:
+                bridges.append(token)  # it ends the string itself (`Z"`)
+                continue
+            if not matcher.accept_token(token):
+                continue
+            matcher.fill_next_token_bitmask(scratch, 0)
+            matcher.rollback(1)
+            if bool(((scratch[0, closers >> 5] >> (closers & 31)) & 1).any()):
+                bridges.append(token)
+        if bridges and len(bridges) < allowed:
+            self._keep_only(logits, [row], torch.tensor(bridges, device=logits.device))
 
     def _closers(self, device: torch.device, inside: bool) -> torch.Tensor:
         ids = self._on_device.get((device, inside))
@@ -92,13 +135,16 @@ class Closing:
         return ids
 
     @staticmethod
-    def _keep_only(logits: torch.Tensor, rows: list[int], ids: torch.Tensor) -> None:
+    def _keep_only(logits: torch.Tensor, rows: list[int], ids: torch.Tensor) -> set[int]:
+        """In each row that allows one of ids, forbid every other token; the rows that allow none."""
         if not len(ids):
-            return
+            return set(rows)
         picked = torch.tensor(rows, dtype=torch.long, device=logits.device)
         kept = logits[picked][:, ids]  # [R, C] the closing tokens' logits, -inf where the grammar forbids
         closable = torch.isfinite(kept).any(dim=1)
+        stuck = {row for row, ok in zip(rows, closable.tolist(), strict=True) if not ok}
         picked, kept = picked[closable], kept[closable]
         if len(picked):
             logits[picked] = float("-inf")
             logits[picked.unsqueeze(1), ids.unsqueeze(0)] = kept
+        return stuck

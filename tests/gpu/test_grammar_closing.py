@@ -4,6 +4,7 @@ unbounded array until max_tokens unless it is closed)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jsonschema
@@ -14,6 +15,8 @@ from gpu.engine import EngineRequest
 from gpu.engine_types import GrammarSpec
 from gpu.grammar import closing
 from gpu.grammar.closing import Closing, closing_token_ids, closing_window
+from gpu.grammar.mask import TokenMask
+from gpu.tokenizer import BYTE_OFFSET
 from scheduler.types import FinishReason
 from tests.gpu.factories import greedy, make_engine, make_prompts
 from tests.gpu.test_grammar import run
@@ -56,7 +59,7 @@ def test_restrict_keeps_only_the_allowed_closing_tokens_of_due_rows():
     logits = torch.arange(3 * len(VOCAB), dtype=torch.float32).reshape(3, len(VOCAB))
     logits[2, [VOCAB.index(t) for t in (b"]}", b"}", b"]")]] = NEG  # its grammar allows no closer
     before = logits.clone()
-    tracker.restrict(logits, [(0, "in"), (1, "out"), (2, "stuck")])
+    tracker.restrict(logits, [(0, "in", None), (1, "out", None), (2, "stuck", None)])
     allowed = [{VOCAB[i] for i in torch.isfinite(row).nonzero().flatten().tolist()} for row in logits]
     assert allowed[0] == {b'"', b'"]', b'"}]'} and allowed[1] == {b"]}", b"}", b"]"}
     assert torch.equal(logits[0, 1], before[0, 1])  # kept logits keep their values
@@ -116,3 +119,60 @@ def test_other_constraints_are_never_closed(kind):
     assert not engine._constraints.closing.sequences
     while engine.has_unfinished():
         engine.step()
+
+
+TIME = {
+    "type": "object",
+    "properties": {"at": {"type": "string", "format": "time"}},
+    "required": ["at"],
+    "additionalProperties": False,
+}
+
+
+def test_a_string_that_may_not_end_yet_keeps_the_tokens_after_which_it_may():
+    """A time's fraction digits go on until a `Z` or an offset: of the allowed tokens only `Z` lets the
+    string end next, so it alone is kept, whatever the digits' logits; the matcher is left as it was."""
+    from tests.gpu.test_grammar_compiler import byte_compiler, byte_ids
+
+    compiler = byte_compiler()
+    matcher = compiler.compile(GrammarSpec("json_schema", json.dumps(TIME["properties"]["at"]))).matcher()
+    tracker = Closing()
+    tracker.set_vocabulary(compiler.info.decoded_vocab)
+    tracker.add("t")
+    for token in byte_ids('"20:00:00.000'):
+        assert matcher.accept_token(token)
+        tracker.accept("t", token)
+    assert tracker.sequences["t"][0]  # inside the string
+    mask = TokenMask(300, 1)
+    logits = torch.zeros(1, 300)
+    logits[0, byte_ids("0")] = 10.0  # the loop's favourite
+    mask.apply(logits, mask.fill([(0, matcher)]))
+    assert (
+        torch.isfinite(logits[0, byte_ids("0+-Z")]).all()
+        and not torch.isfinite(logits[0, byte_ids('"')]).any()
+    )
+    tracker.restrict(logits, [(0, "t", matcher)])
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == byte_ids("Z")
+    assert matcher.accept_token(byte_ids("5")[0])  # rolled back: still in the fraction
+
+
+def _time_run(max_tokens: int) -> tuple[str, object]:
+    """A greedy request under TIME whose bias makes the tiny model write the fraction's digits forever."""
+    engine = make_engine()
+    bias = ((BYTE_OFFSET + ord("."), 50.0), (BYTE_OFFSET + ord("0"), 100.0))
+    sampling = dataclasses.replace(greedy(max_tokens), logit_bias=bias)
+    request = EngineRequest(
+        "t", make_prompts(1, 3, 8, seed=2)[0], sampling, grammar=GrammarSpec("json_schema", json.dumps(TIME))
+    )
+    text, _, last = run(engine, [request])["t"]
+    return text, last.finish_reason
+
+
+def test_a_time_whose_digits_would_run_on_ends_with_its_zone_and_closes(monkeypatch):
+    text, finish = _time_run(60)
+    assert finish is FinishReason.STOP, text
+    jsonschema.validate(json.loads(text), TIME)
+    assert text.endswith('Z"}') and ".000" in text
+    monkeypatch.setattr(closing, "BRIDGE_CANDIDATES", 0)  # no bridging: the digits run out the budget
+    text, finish = _time_run(60)
+    assert finish is FinishReason.LENGTH, text
