@@ -6,10 +6,10 @@ in the last tokens of its budget a JSON sequence takes a closing token wherever 
 inside a string a token that ends it (`"`, `"]`, `"}`, ...), elsewhere one that ends arrays and objects
 (`]`, `}`, `]}`, ...), never one that opens a string (a key or an item). What the grammar still requires (a
 required key, a number's digit) is generated as before, and an output that ends earlier is never touched.
-A string that may not end yet (a `format: time` needs its `Z` or offset after any number of fraction
-digits, a `pattern` its last piece) is bridged: of its highest allowed tokens, it keeps those after which
-it may end (one token of lookahead through its matcher, rolled back), where there are any; SmolLM2 otherwise
-writes `"20:00:00.000000...` until `max_tokens`.
+A string that may not end yet (a `pattern` such as `^[0-9]+Z$` needs its last piece after any number of
+digits) is bridged: of its highest allowed tokens, it keeps those that end it or after which it may end (one
+token of lookahead through its matcher, rolled back), where there are any. (A time's fraction of a second,
+where SmolLM2 wrote zeros until `max_tokens`, is bounded in the grammar itself: gpu/grammar/compiler.py.)
 Imports no xgrammar: the ids come from the compiler's decoded vocabulary, the matchers are the runner's.
 """
 

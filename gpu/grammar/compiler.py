@@ -32,6 +32,10 @@ CACHE_BYTES = 64 << 20  # compiled grammars kept, by their own size (a JSON sche
 _OBJECT_SCHEMA = '{"type": "object"}'
 _LOOSE_CHARACTER = r"[^\"\\\r\n]"  # what xgrammar lets into a string with maxLength or minLength
 _JSON_CHARACTER = r"[^\0-\x1f\"\\\r\n]"  # what JSON lets in unescaped (xgrammar's own unbounded strings)
+# xgrammar's `time`/`date-time` fraction of a second, `"." R` with R ::= one or more digits: unbounded, so a
+# small greedy model can write zeros until max_tokens; bounded here at nanoseconds.
+_DIGITS_RULE = re.compile(r"^(\S+) ::= \(\(\[0-9\] \1\) \| \(\[0-9\]\)\)$", re.MULTILINE)
+MAX_FRACTION_DIGITS = 9
 _LOCATION = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")  # xgrammar's C++ prefix
 
 
@@ -169,10 +173,22 @@ def _check_can_start(compiled: CompiledGrammar) -> None:
 
 
 def _json_ebnf(schema: str) -> str:
-    """The schema's grammar, with strings of bounded length kept to valid JSON: xgrammar 0.2.9 lets
-    control characters (U+0000-U+001F, a tab say) into them raw, which JSON forbids and parsers reject."""
+    """The schema's grammar, with strings of bounded length kept to valid JSON (xgrammar 0.2.9 lets
+    control characters, U+0000-U+001F, a tab say, into them raw, which JSON forbids and parsers reject)
+    and fractions of a second bounded."""
     ebnf = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True))
-    return ebnf.replace(_LOOSE_CHARACTER, _JSON_CHARACTER)
+    return _bound_fractions(ebnf.replace(_LOOSE_CHARACTER, _JSON_CHARACTER))
+
+
+def _bound_fractions(ebnf: str) -> str:
+    """Fractions of a second (a digits rule right after a "."), at most MAX_FRACTION_DIGITS digits long."""
+    for name in _DIGITS_RULE.findall(ebnf):
+        if f'("." {name})' in ebnf:
+            bounded = f"{name} ::= (([0-9]{{1, {MAX_FRACTION_DIGITS}}}))"
+            ebnf = re.sub(
+                rf"^{re.escape(name)} ::= .*$", lambda _, b=bounded: b, ebnf, count=1, flags=re.MULTILINE
+            )
+    return ebnf
 
 
 def _parse_schema(source: str) -> None:

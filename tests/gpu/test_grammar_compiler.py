@@ -141,3 +141,20 @@ def test_hf_special_tokens_never_appear_inside_a_json_string(smollm2):
     special = {i for i, t in tok.hf.added_tokens_decoder.items() if t.special}
     inside = allowed(matcher, vocab)
     assert len(inside) > 1000 and not inside & special
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text", "ok"),
+    [
+        ("time", '"20:00:00.123456789Z"', True),
+        ("time", '"20:00:00.1234567890Z"', False),
+        ("time", '"20:00:00+01:30"', True),
+        ("date-time", '"2025-04-03T14:30:00.5Z"', True),
+        ("date-time", '"2025-04-03T14:30:00.0000000000Z"', False),
+        ("duration", '"P1234567890123D"', True),  # its digits are not a fraction: unbounded as before
+    ],
+)
+def test_fractions_of_a_second_have_at_most_nine_digits(fmt, text, ok):
+    """xgrammar's time fraction is unbounded, where a small greedy model writes zeros until max_tokens."""
+    spec = GrammarSpec("json_schema", json.dumps({"type": "string", "format": fmt}))
+    assert accepts(byte_compiler(), spec, text) is ok
