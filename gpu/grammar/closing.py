@@ -96,10 +96,11 @@ class Closing:
                 continue
             closers = self._closers(logits.device, inside)
             stuck = self._keep_only(logits, [row for row, _, _ in picked], closers)
-            if inside:
+            if inside and stuck:
+                on_cpu = closers.cpu()
                 for row, seq_id, matcher in picked:
                     if row in stuck:
-                        self._bridge(logits, row, self.sequences[seq_id], matcher, closers.cpu())
+                        self._bridge(logits, row, self.sequences[seq_id], matcher, on_cpu)
 
     def _bridge(
         self, logits: torch.Tensor, row: int, state: list[bool], matcher: Any, closers: torch.Tensor

@@ -182,12 +182,10 @@ def _json_ebnf(schema: str) -> str:
 
 def _bound_fractions(ebnf: str) -> str:
     """Fractions of a second (a digits rule right after a "."), at most MAX_FRACTION_DIGITS digits long."""
-    for name in _DIGITS_RULE.findall(ebnf):
+    for rule in _DIGITS_RULE.finditer(ebnf):
+        name = rule.group(1)
         if f'("." {name})' in ebnf:
-            bounded = f"{name} ::= (([0-9]{{1, {MAX_FRACTION_DIGITS}}}))"
-            ebnf = re.sub(
-                rf"^{re.escape(name)} ::= .*$", lambda _, b=bounded: b, ebnf, count=1, flags=re.MULTILINE
-            )
+            ebnf = ebnf.replace(rule.group(0), f"{name} ::= (([0-9]{{1, {MAX_FRACTION_DIGITS}}}))")
     return ebnf
 
 
