@@ -6,7 +6,7 @@ is built from a `KafkaConnection` (bootstrap servers + security settings).
 """
 
 from workers.kafka_io.admin import group_client_ids, group_members
-from workers.kafka_io.consumer import GroupConsumer, RebalanceEvent
+from workers.kafka_io.consumer import GroupConsumer, Membership, RebalanceEvent
 from workers.kafka_io.lookup import KeyLookup
 from workers.kafka_io.producer import Delivery, Placed, Producer
 from workers.kafka_io.readers import BroadcastReader, PartitionReader, TopicReader
@@ -17,6 +17,7 @@ __all__ = [
     "Coordinates",
     "Delivery",
     "GroupConsumer",
+    "Membership",
     "KeyLookup",
     "Partition",
     "PartitionReader",

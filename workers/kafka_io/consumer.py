@@ -14,10 +14,12 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
+from kafka.coordinator.base import MemberState
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 from kafka.structs import OffsetAndMetadata
 
@@ -56,6 +58,18 @@ class _Listener(ConsumerRebalanceListener):
 
 
 PATTERN_REFRESH_MS = 30_000  # how soon a pattern subscription finds a new topic (a new tenant's)
+SESSION_TIMEOUT_MS = 10_000
+
+
+@dataclass(frozen=True)
+class Membership:
+    """Where this member stands in its group, as far as the client can tell."""
+
+    member: bool  # joined and stable (heartbeats flowing)
+    out_for_s: float  # seconds since it last was a member (0 while it is one)
+    losses: int  # times the watchdog found the group had dropped it without the client noticing
+
+
 
 
 class GroupConsumer:
@@ -83,12 +97,15 @@ class GroupConsumer:
             max_poll_records=256,
             # a generation step is short, but a slow first model load must not cost the membership
             max_poll_interval_ms=300_000,
-            session_timeout_ms=10_000,
+            session_timeout_ms=SESSION_TIMEOUT_MS,
             heartbeat_interval_ms=2_000,
             partition_assignment_strategy=(CooperativeStickyAssignor,),
             metadata_max_age_ms=PATTERN_REFRESH_MS if isinstance(topics, str) else 300_000,
         )
         guard(self._consumer, max_decompressed_bytes)
+        self._losses = 0
+        self._member_since: float | None = None  # monotonic time it last became a stable member
+        self._out_since = time.monotonic()
         if isinstance(topics, str):
             self._consumer.subscribe(pattern=topics, listener=_Listener(self._events))
         else:
@@ -124,6 +141,7 @@ class GroupConsumer:
 
     def _poll(self, timeout_s: float, max_records: int | None) -> list[Record]:
         self._unpark_resumed()
+        self._check_membership()
         try:
             batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         except Exception as exc:  # noqa: BLE001 - broker, group or record trouble: the worker goes on
@@ -158,6 +176,46 @@ class GroupConsumer:
         coordinator = getattr(self._consumer, "_coordinator", None)
         generation = getattr(coordinator, "_generation", None)
         return max(0, getattr(generation, "generation_id", 0) or 0)
+
+    def membership(self) -> Membership:
+        stable = self._stable()
+        now = time.monotonic()
+        if stable:
+            self._out_since = now
+        return Membership(stable, 0.0 if stable else now - self._out_since, self._losses)
+
+    def _stable(self) -> bool:
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        return coordinator is not None and coordinator.state is MemberState.STABLE and self.generation() > 0
+
+    def _check_membership(self) -> None:
+        """Rejoin when the group has surely dropped this member while the client still thinks it is in.
+
+        kafka-python learns that it left the group only from a heartbeat's answer. If its heartbeat loop
+        dies or stalls (it was seen under load: no revoke, no new assignment, a new tenant's topic never
+        read), the coordinator expels the member after a session timeout while the client keeps fetching
+        as if nothing happened. No answered heartbeat for a whole session while the coordinator is
+        reachable means the broker has expelled it: say so, drop the generation (the next poll fires
+        `on_partitions_lost`, so the worker releases its jobs) and join again.
+        """
+        coordinator = getattr(self._consumer, "_coordinator", None)
+        if coordinator is None or not self._stable():
+            return
+        heartbeat = coordinator.heartbeat
+        silent_s = time.monotonic() - max(heartbeat.last_receive, heartbeat.last_reset)
+        if silent_s <= SESSION_TIMEOUT_MS / 1000:
+            return
+        node = coordinator.coordinator_id
+        if node is None or not self._consumer._client.connected(node):
+            return  # the broker is away: its own recovery (and the heartbeat's) covers that
+        self._losses += 1
+        log.warning(
+            "consumer group %s: no heartbeat answered for %.1f s while the coordinator is reachable; "
+            "the group has dropped this member: releasing its partitions and rejoining",
+            coordinator.group_id,
+            silent_s,
+        )
+        coordinator.reset_generation()
 
     def rebalances(self) -> list[RebalanceEvent]:
         out = []
