@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
-from kafka.coordinator.base import MemberState
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+from kafka.coordinator.base import MemberState
 from kafka.structs import OffsetAndMetadata
 
 from workers.kafka_io.batches import guard, recover
@@ -68,8 +68,6 @@ class Membership:
     member: bool  # joined and stable (heartbeats flowing)
     out_for_s: float  # seconds since it last was a member (0 while it is one)
     losses: int  # times the watchdog found the group had dropped it without the client noticing
-
-
 
 
 class GroupConsumer:
