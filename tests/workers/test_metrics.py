@@ -125,3 +125,19 @@ def test_the_health_endpoint_turns_503_with_the_reason_and_metrics_stay_served()
         assert err.code == 503 and err.read() == b"engine steps failing"
     body = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
     assert "inferq:healthy 0.0" in body
+
+
+def test_health_names_each_concern_and_recovers_each_alone():
+    from workers.kafka_io import Membership
+
+    metrics = WorkerMetrics("m")
+    metrics.set_health(False, "engine steps failing")
+    metrics.observe_membership(Membership(member=False, out_for_s=75.0, losses=1))
+    assert metrics.health.problem == "engine steps failing; out of its consumer group for 75 s"
+    metrics.set_health(True)  # the engine recovers; the group problem stays
+    assert metrics.health.problem == "out of its consumer group for 75 s"
+    assert metrics.healthy._value.get() == 0
+    metrics.observe_membership(Membership(member=False, out_for_s=5.0, losses=1))  # a rebalance: not yet
+    assert metrics.health.problem is None and metrics.healthy._value.get() == 1
+    metrics.observe_membership(Membership(member=True, out_for_s=0.0, losses=1))
+    assert metrics.group_member._value.get() == 1 and metrics.group_losses._value.get() == 1

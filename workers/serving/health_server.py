@@ -1,7 +1,8 @@
 """The worker's HTTP endpoint: Prometheus metrics at /metrics, and /health for orchestrators.
 
-/health answers 200 while the worker serves and 503 with the reason while its engine steps are failing
-(a device fault it will soon give up on), so a load balancer or Kubernetes probe sees it before it exits.
+/health answers 200 while the worker serves and 503 with the reasons while something is wrong: its engine
+steps are failing (a device fault it will soon give up on), or it has been out of its consumer group too long
+(it reads no jobs), so a load balancer or Kubernetes probe sees it.
 """
 
 from __future__ import annotations
@@ -13,15 +14,20 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 
 class Health:
-    def __init__(self) -> None:
-        self._problem: str | None = None
+    """One verdict per concern ("engine", "group"), so one recovering does not hide another still failing."""
 
-    def set(self, healthy: bool, why: str = "") -> None:
-        self._problem = None if healthy else (why or "unhealthy")
+    def __init__(self) -> None:
+        self._problems: dict[str, str] = {}
+
+    def set(self, healthy: bool, why: str = "", concern: str = "engine") -> None:
+        if healthy:
+            self._problems.pop(concern, None)
+        else:
+            self._problems[concern] = why or "unhealthy"
 
     @property
     def problem(self) -> str | None:
-        return self._problem
+        return "; ".join(self._problems.values()) or None
 
 
 def serve(port: int, registry: CollectorRegistry, health: Health) -> ThreadingHTTPServer:

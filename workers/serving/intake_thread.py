@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from workers.kafka_io import BroadcastReader, GroupConsumer, Partition, Record
+from workers.kafka_io import BroadcastReader, GroupConsumer, Membership, Partition, Record
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ class IntakeThread:
         self.room = 0  # jobs the loop can take now; written by the loop
         self.assignment: frozenset[Partition] = frozenset()
         self.lag: dict[Partition, int] = {}
+        self.membership = Membership(member=False, out_for_s=0.0, losses=0)
 
     # ---- engine-loop side -------------------------------------------------------------------
     def start(self) -> None:
@@ -131,6 +132,7 @@ class IntakeThread:
                 if now >= next_lag:
                     next_lag = now + 1.0
                     self.lag = self.consumer.lag()
+                    self.membership = self.consumer.membership()
             except Exception:  # noqa: BLE001 - the intake thread must outlive any one failure
                 log.exception("intake thread: unexpected error; going on")
                 time.sleep(self._poll_s)

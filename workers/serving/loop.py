@@ -357,6 +357,7 @@ class Worker:
         self._next_intake_metrics = now + 1.0
         p = self.persister.stats()
         self.metrics.observe_intake(self.intake_thread.lag, p.depth, p.oldest_age_s, p.unpublished)
+        self.metrics.observe_membership(self.intake_thread.membership)
         self.metrics.observe_loop(self.clock.seconds, thread_seconds())
 
     def _shutdown(self) -> None:

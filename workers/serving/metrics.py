@@ -9,8 +9,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from schemas.jobs import Timings
+from workers.kafka_io import Membership
 from workers.serving.health_server import Health, serve
 
+# a rebalance, or a first join after a slow model load, takes seconds; a minute out means something is wrong
+GROUP_ABSENCE_UNHEALTHY_S = 60.0
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5)
 
@@ -93,6 +96,14 @@ class WorkerMetrics:
             "inferq:healthy", "1 while the worker serves; 0 while its steps fail.", registry=r
         )
         self.healthy.set(1)
+        self.group_member = Gauge(
+            "inferq:group_member", "1 while the worker is a stable member of its consumer group.", registry=r
+        )
+        self.group_losses = Gauge(
+            "inferq:group_membership_losses",
+            "Times the group dropped the worker without its client noticing (it then rejoined).",
+            registry=r,
+        )
         self.loop_seconds = Counter(
             "inferq:loop_seconds",
             "Engine-loop time by phase (step = inside engine.step()).",
@@ -121,9 +132,16 @@ class WorkerMetrics:
         """/metrics and /health on this port (all interfaces), from a thread of their own."""
         serve(port, self.registry, self.health)
 
-    def set_health(self, healthy: bool, why: str = "") -> None:
-        self.health.set(healthy, why)
-        self.healthy.set(1 if healthy else 0)
+    def set_health(self, healthy: bool, why: str = "", concern: str = "engine") -> None:
+        self.health.set(healthy, why, concern)
+        self.healthy.set(0 if self.health.problem else 1)
+
+    def observe_membership(self, membership: Membership) -> None:
+        """Out of the group for longer than a rebalance takes: it reads no jobs, so /health says so."""
+        self.group_member.set(1 if membership.member else 0)
+        self.group_losses.set(membership.losses)
+        out = membership.out_for_s > GROUP_ABSENCE_UNHEALTHY_S
+        self.set_health(not out, f"out of its consumer group for {membership.out_for_s:.0f} s", "group")
 
     def observe_admitted(self, prompt_tokens: int) -> None:
         """A job handed to the engine: its prompt is counted, and looked up in the prefix cache."""
