@@ -68,7 +68,7 @@ def test_every_inferq_command_parses_to_its_verb(compose):
         service = compose["services"][name]
         args = parser.parse_args(service["command"])  # exits (fails the test) if wrong
         assert (args.command, args.func.__module__) == verbs[name], name
-        if args.command != "up":  # the long-running ones log JSON (README: "Containers log JSON")
+        if args.command != "up":  # the long-running ones log JSON (docs/operations.md: "Containers log JSON")
             assert args.log_format == "json", name
         for mapping in service.get("ports", []):  # each published port is the one the worker serves
             assert int(mapping.rsplit(":", 1)[1]) == args.metrics_port, name
