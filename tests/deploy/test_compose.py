@@ -55,11 +55,23 @@ def test_every_inferq_variable_compose_sets_is_a_setting(compose):
         assert set(inferq) <= set(ENV_VARIABLES), f"{name}: unknown {set(inferq) - set(ENV_VARIABLES)}"
 
 
-def test_every_inferq_command_parses(compose):
+def test_every_inferq_command_parses_to_its_verb(compose):
     parser = build_parser()
+    verbs = {  # service -> the verb it must run, and the module that defines it
+        "migrate": ("up", "workers.cli.services"),
+        "worker": ("worker", "workers.cli.worker"),
+        "worker-gpu": ("worker", "workers.cli.worker"),
+        "bulk-worker": ("bulk-worker", "workers.cli.bulk"),
+    }
+    assert set(verbs) == set(INFERQ_SERVICES)
     for name in INFERQ_SERVICES:
-        args = parser.parse_args(compose["services"][name]["command"])  # exits (fails the test) if wrong
-        assert args.func is not None
+        service = compose["services"][name]
+        args = parser.parse_args(service["command"])  # exits (fails the test) if wrong
+        assert (args.command, args.func.__module__) == verbs[name], name
+        if args.command != "up":  # the long-running ones log JSON (docs/operations.md: "Containers log JSON")
+            assert args.log_format == "json", name
+        for mapping in service.get("ports", []):  # each published port is the one the worker serves
+            assert int(mapping.rsplit(":", 1)[1]) == args.metrics_port, name
 
 
 def test_kafka_writes_its_log_dirs_into_its_volume(compose):

@@ -31,7 +31,8 @@ def test_allocate_answers_none_when_it_does_not_fit_and_changes_nothing():
     pool = BlockPool(2)
     assert pool.allocate(3) is None
     assert pool.num_free == 2
-    assert pool.allocate(2) is not None
+    assert sorted(pool.allocate(2)) == [0, 1]
+    assert pool.num_free == 0
     assert pool.allocate(1) is None
 
 

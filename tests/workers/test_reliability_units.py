@@ -1,5 +1,4 @@
-"""The pure parts of the reliability work: error classes, backoff, the decompression bound, recent cancels,
-where reading resumes after a revocation."""
+"""The pure parts of the reliability work: error classes, backoff, the decompression bound, recent cancels."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ from sqlalchemy.exc import DataError, IntegrityError, OperationalError, Statemen
 
 from workers.kafka_io.codec import DecompressedTooLarge, _bounded_gzip_decode
 from workers.serving import cancels
-from workers.serving.offsets import OffsetTracker
 from workers.serving.retry import Backoff, is_transient
 
 
@@ -57,17 +55,3 @@ def test_recent_cancels_are_per_tenant_and_expire(monkeypatch):
     assert ("job", "acme") in recent and ("job", "other") not in recent
     now[0] += cancels.REMEMBER_S + 1
     assert ("job", "acme") not in recent
-
-
-def test_reading_resumes_at_the_first_unfinished_offset():
-    offsets = OffsetTracker()
-    p = ("jobs", 0)
-    assert offsets.position(p) is None
-    for o in (10, 11, 12, 13):
-        offsets.track(p, o)
-    offsets.ack(p, 10)
-    offsets.ack(p, 12)
-    assert offsets.position(p) == 11
-    offsets.ack(p, 11)
-    offsets.ack(p, 13)
-    assert offsets.position(p) == 14

@@ -10,24 +10,31 @@ from workers.serving.step_guard import StepGuard
 
 
 def run_steps(guard: StepGuard, live: list[str], breaks, steps: int = 50) -> dict[str, str]:
-    """Drive the guard as the loop does; `breaks(ran)` says whether a step running `ran` raises."""
+    """Drive the guard as the worker's loop does (workers/serving/loop.py): a probe is asked for only while
+    it isolates, and the step runs it alone or every live sequence; a failure is always reported, a success
+    only while the guard is engaged; a sequence held after failing alone leaves the engine
+    (`JobLifecycle.hold`), and once only held ones are left they are convicted. `breaks(ran)` says whether
+    a step running `ran` raises."""
+    live = list(live)
     convicted: dict[str, str] = {}
     for _ in range(steps):
         if guard.gave_up:
             break
-        guard.next_step(live)
-        ran = [s for s in live if guard.allowed(s)]
-        if not ran:  # only held sequences left
-            found = guard.convict_when_idle()
-            convicted.update(found)
-            live = [s for s in live if s not in found]
+        if not live:  # the engine has nothing to run
+            if not guard.held():
+                break
+            convicted.update(guard.convict_when_idle())
             continue
+        probe = guard.next_step(live) if guard.isolating else None
+        ran = [probe] if probe is not None else list(live)
         if breaks(ran):
-            guard.failed(ran, "boom")
-        else:
+            held = guard.failed(ran, "boom")
+            if held is not None:
+                live.remove(held)
+        elif guard.engaged:
             found = guard.succeeded(ran)
+            assert not set(found) & set(live)  # only held sequences, already out of the engine, are convicted
             convicted.update(found)
-            live = [s for s in live if s not in found]
     return convicted
 
 
@@ -51,20 +58,8 @@ def test_a_transient_failure_convicts_no_one():
 
 def test_a_lone_poison_job_is_convicted_when_nothing_else_can_run_and_the_count_stays():
     guard = StepGuard(max_consecutive=3)
-    guard.next_step(["p"])
-    guard.failed(["p"], "boom")
-    guard.next_step(["p"])
-    assert not guard.allowed("p")
-    assert guard.convict_when_idle() == {"p": "boom"} and guard.consecutive == 1
-
-
-def test_a_held_sequence_never_runs_again_and_forget_drops_it():
-    guard = StepGuard()
-    guard.next_step(["x"])
-    guard.failed(["x"], "bad")
-    assert not guard.allowed("x") and guard.held() == ["x"]
-    guard.forget("x")
-    assert guard.allowed("x") and guard.held() == []
+    convicted = run_steps(guard, ["p"], lambda ran: True)
+    assert convicted == {"p": "boom"} and guard.consecutive == 1 and not guard.gave_up and not guard.held()
 
 
 @given(

@@ -34,13 +34,20 @@ def test_first_delta_goes_at_once_later_ones_coalesce_and_the_last_event_goes_at
     assert sent[-1].usage.completion_tokens == 4
 
 
-def test_due_after_the_coalescing_interval():
-    streamer, sent = make_streamer(coalesce_s=0.01)
+def test_a_later_delta_is_due_once_it_is_the_coalescing_interval_old(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])  # the streamer's clock, stepped by hand
+    streamer, sent = make_streamer(coalesce_s=0.5)
     streamer.start("a", 1)
     streamer.add("a", "x", (7,))
-    time.sleep(0.02)
+    streamer.flush_due()  # the first delta: due at once
+    streamer.add("a", "y", (8,))
+    now[0] += 0.25
     streamer.flush_due()
-    assert [e.text for e in sent] == ["x"]
+    assert [e.text for e in sent] == ["x"]  # "y" is 0.25 s old: held back
+    now[0] += 0.25
+    streamer.flush_due()
+    assert [(e.seq, e.text) for e in sent] == [(0, "x"), (1, "y")]
 
 
 def test_a_token_held_back_for_utf8_still_counts():

@@ -86,7 +86,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="schedule and stage step N+1 while step N runs (default: off; see README)",
+        help="schedule and stage step N+1 while step N runs (default: off; see docs/architecture.md)",
     )
     g.add_argument(
         "--allow-special-tokens",

@@ -91,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_generation_options(p: argparse.ArgumentParser) -> None:
-    """The JobRequest's issue-20 fields, spelt as the message spells them (README: generation options)."""
+    """The JobRequest's issue-20 fields, spelt as the message spells them (docs/contract.md)."""
     g = p.add_argument_group("generation options (as the job message's fields)")
     g.add_argument("--n", type=int, default=None, help="samples of the prompt, each a choice (1-16)")
     g.add_argument("--logprobs", action="store_true", default=None, help="each token's log probability")

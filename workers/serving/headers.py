@@ -1,5 +1,5 @@
 """Kafka headers on every message of the results and tokens topics: who a message is about, readable
-without parsing its JSON (consumers route, filter and deduplicate by them; README, "The contract")."""
+without parsing its JSON (consumers route, filter and deduplicate by them; docs/contract.md)."""
 
 from __future__ import annotations
 

@@ -37,10 +37,6 @@ class OffsetTracker:
         pending = self._pending[partition]
         return min(pending) if pending else self._high[partition] + 1
 
-    def position(self, partition: Partition) -> int | None:
-        """Where reading must resume so nothing unfinished is skipped; None for an unknown partition."""
-        return self.safe_offset(partition) if partition in self._pending else None
-
     def committable(self) -> dict[Partition, int]:
         """Partitions whose safe offset moved since the last `committed` call."""
         safe = {p: self.safe_offset(p) for p in self._pending}

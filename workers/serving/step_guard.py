@@ -22,7 +22,6 @@ class StepGuard:
         self.consecutive = 0  # failed steps in a row
         self._suspects: dict[str, None] = {}  # to run alone, in order
         self._held: dict[str, str] = {}  # failed alone -> the step's error, until a step succeeds
-        self._probe: str | None = None  # the suspect the current step runs alone
 
     @property
     def gave_up(self) -> bool:
@@ -37,20 +36,13 @@ class StepGuard:
         """Whether a step has failed and not everything is settled yet (else a step needs no bookkeeping)."""
         return bool(self.consecutive or self._suspects or self._held)
 
-    def allowed(self, seq_id: str) -> bool:
-        """Whether the next step may run this sequence (held ones never; while probing, the probe only)."""
-        if seq_id in self._held:
-            return False
-        return self._probe is None or seq_id == self._probe
-
     def next_step(self, running: Iterable[str]) -> str | None:
         """Choose what the coming step runs: the next running suspect alone (returned), or every sequence
         not held (None). A suspect no longer running (ended, or preempted) is no longer suspected."""
         alive = set(running)
         for gone in [s for s in self._suspects if s not in alive]:
             del self._suspects[gone]
-        self._probe = next(iter(self._suspects), None)
-        return self._probe
+        return next(iter(self._suspects), None)
 
     def failed(self, seq_ids: Iterable[str], error: str) -> str | None:
         """The step that ran these sequences raised `error`; returns the sequence now held, if one ran
@@ -73,8 +65,6 @@ class StepGuard:
         self.consecutive = 0
         for seq_id in ran:
             self._suspects.pop(seq_id, None)
-        if not self._suspects:
-            self._probe = None
         convicted, self._held = self._held, {}
         return convicted
 
@@ -83,11 +73,6 @@ class StepGuard:
         anyway, keeping the count of failed steps (a device at fault fails the next job, and gives up)."""
         convicted, self._held = self._held, {}
         return convicted
-
-    def forget(self, seq_id: str) -> None:
-        """A sequence that ended otherwise (finished, cancelled, revoked)."""
-        self._suspects.pop(seq_id, None)
-        self._held.pop(seq_id, None)
 
     def held(self) -> list[str]:
         return list(self._held)
