@@ -117,13 +117,13 @@ def test_every_worker_module_has_a_layer():
 @pytest.mark.parametrize(
     ("importer", "imported"),
     [
-        ("workers.db.jobs", "workers.serving.loop"),  # upward
+        ("workers.db.jobs", "workers.serving.loop.worker"),  # upward
         ("workers.kafka_io.consumer", "workers.db.connect"),  # a sibling of the same layer
-        ("workers.serving.loop", "kafka.errors"),  # the client library outside its package
+        ("workers.serving.loop.worker", "kafka.errors"),  # the client library outside its package
         ("workers.bulk.tasks", "sqlalchemy"),
         ("scheduler.scheduler", "gpu.engine"),
         ("scheduler.scheduler", "torch"),
-        ("bench.e2e", "workers.serving.loop"),
+        ("bench.e2e", "workers.serving.loop.worker"),
         ("gpu.runner", "xgrammar"),
     ],
 )
@@ -134,8 +134,8 @@ def test_the_check_refuses_edges_against_the_layers(importer, imported):
 @pytest.mark.parametrize(
     ("importer", "imported"),
     [
-        ("workers.serving.loop", "workers.db.jobs"),
-        ("workers.serving.loop", "workers.serving.offsets"),
+        ("workers.serving.loop.worker", "workers.db.jobs"),
+        ("workers.serving.loop.worker", "workers.serving.offsets"),
         ("workers.cli.worker", "gpu.engine"),
         ("workers.db.jobs", "schemas.tables"),
         ("bench.e2e_run", "workers.client"),

@@ -19,9 +19,9 @@ from tests.workers.persistence_factories import accepted
 from tests.workers.worker_factories import job_rows
 from workers.db.jobs import Terminal, finish
 from workers.db.outbox import claim, mark_published
-from workers.serving import job_lifecycle
-from workers.serving.admission import Admitter
-from workers.serving.job_lifecycle import JobLifecycle
+from workers.serving.admission.admitter import Admitter
+from workers.serving.loop import lifecycle as job_lifecycle
+from workers.serving.loop.lifecycle import JobLifecycle
 from workers.serving.metrics import WorkerMetrics
 from workers.serving.offsets import OffsetTracker
 

@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 from kafka.errors import KafkaConnectionError, MessageSizeTooLargeError, TopicAuthorizationFailedError
 
-import workers.serving.delivery as deliveries
-from workers.serving.delivery import deliver
+import workers.serving.outbox.delivery as deliveries
+from workers.serving.outbox.delivery import deliver
 
 
 class Settled:

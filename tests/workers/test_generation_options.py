@@ -28,15 +28,15 @@ from workers.bulk.batch_format import BatchLine, parse_line, to_job
 from workers.bulk.output import response_body
 from workers.db.outbox import COMPACT_NOTE, result_from_row
 from workers.kafka_io import Record
-from workers.serving.choices import LOGPROB_FLOOR, Choices, LogprobFormatter
-from workers.serving.inflight import InFlightJob
-from workers.serving.intake import Accepted, Intake, job_key
-from workers.serving.job_lifecycle import JobLifecycle
+from workers.serving.intake.sampling import grammar_spec, sampling_params
+from workers.serving.intake.validation import Accepted, Intake, job_key
+from workers.serving.loop.choices import LOGPROB_FLOOR, Choices, LogprobFormatter
+from workers.serving.loop.inflight import InFlightJob
+from workers.serving.loop.lifecycle import JobLifecycle
 from workers.serving.metrics import WorkerMetrics
 from workers.serving.offsets import OffsetTracker
-from workers.serving.sampling import grammar_spec, sampling_params
-from workers.serving.token_stream import TokenStreamer
-from workers.serving.writes import Concluded
+from workers.serving.outbox.writes import Concluded
+from workers.serving.streaming.stream import TokenStreamer
 from workers.settings import Settings
 
 TOK = ByteTokenizer(512)

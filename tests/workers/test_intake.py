@@ -8,7 +8,7 @@ from gpu.tokenizer import ByteTokenizer
 from schemas.topics import Topics
 from schemas.validation import Limits
 from workers.kafka_io import Record
-from workers.serving.intake import Accepted, Intake, Rejected
+from workers.serving.intake.validation import Accepted, Intake, Rejected
 
 TOPICS = Topics("inferq")
 

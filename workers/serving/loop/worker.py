@@ -18,18 +18,18 @@ from workers.clock import utcnow
 from workers.db.connect import make_engine
 from workers.kafka_io import BroadcastReader, Delivery, GroupConsumer, KeyLookup, Producer
 from workers.naming import worker_client_id, worker_group
-from workers.serving.dead_letter import dead_letter_message
+from workers.serving.errors import describe_error, until_available
 from workers.serving.failpoints import step_fault
-from workers.serving.intake_thread import IntakeThread
-from workers.serving.job_lifecycle import JobLifecycle
-from workers.serving.loop_clock import LoopClock, thread_seconds
+from workers.serving.intake.dead_letter import dead_letter_message
+from workers.serving.intake.thread import IntakeThread
+from workers.serving.loop.clock import LoopClock, thread_seconds
+from workers.serving.loop.lifecycle import JobLifecycle
+from workers.serving.loop.step_guard import StepGuard
 from workers.serving.metrics import WorkerMetrics
 from workers.serving.offsets import OffsetTracker
-from workers.serving.persister import Persister
-from workers.serving.retry import describe_error, until_available
-from workers.serving.step_guard import StepGuard
-from workers.serving.token_sender import Sent, TokenEventSender
-from workers.serving.writes import Rejected
+from workers.serving.outbox.persister import Persister
+from workers.serving.outbox.writes import Rejected
+from workers.serving.streaming.sender import Sent, TokenEventSender
 from workers.settings import Settings
 
 log = logging.getLogger(__name__)

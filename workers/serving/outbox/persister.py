@@ -39,13 +39,13 @@ from workers.db.outbox import (
 )
 from workers.kafka_io import Delivery, KeyLookup, Producer
 from workers.kafka_io.errors import kafka_too_large
-from workers.serving.delivery import deliver
+from workers.serving.errors import Backoff, describe_error, retry_transient
 from workers.serving.failpoints import crash_if
 from workers.serving.headers import job_headers
-from workers.serving.result_lookup import published_already, result_message
-from workers.serving.retry import Backoff, describe_error, retry_transient
-from workers.serving.sweeper import SWEEP_S, Sweeper
-from workers.serving.writes import (
+from workers.serving.outbox.delivery import deliver
+from workers.serving.outbox.result_lookup import published_already, result_message
+from workers.serving.outbox.sweeper import SWEEP_S, Sweeper
+from workers.serving.outbox.writes import (
     Rejected,
     Republish,
     Source,

@@ -22,20 +22,19 @@ from workers.clock import utcnow
 from workers.db import Engine as Database
 from workers.db.jobs import Admitted, Terminal
 from workers.kafka_io import Partition, Record
-from workers.serving import cancels
-from workers.serving.admission import Admitter, Decision
-from workers.serving.admission_thread import AdmissionThread
-from workers.serving.choices import REQUEST_ENDS, LogprobFormatter
-from workers.serving.delivery import Waitable
-from workers.serving.inflight import InFlightJob
-from workers.serving.intake import Accepted, Intake, job_key
-from workers.serving.job_log import job_event
+from workers.serving.admission import cancels
+from workers.serving.admission.admitter import Admitter, Decision
+from workers.serving.admission.thread import AdmissionThread
+from workers.serving.errors import describe_error
+from workers.serving.intake.sampling import sampling_params
+from workers.serving.intake.validation import Accepted, Intake, job_key
+from workers.serving.loop.choices import REQUEST_ENDS, LogprobFormatter
+from workers.serving.loop.inflight import InFlightJob
+from workers.serving.loop.job_log import job_event
 from workers.serving.metrics import WorkerMetrics
 from workers.serving.offsets import OffsetTracker
-from workers.serving.retry import describe_error
-from workers.serving.sampling import sampling_params
-from workers.serving.token_stream import TokenStreamer
-from workers.serving.writes import (
+from workers.serving.outbox.delivery import Waitable
+from workers.serving.outbox.writes import (
     CancelRequested,
     Concluded,
     Rejected,
@@ -44,6 +43,7 @@ from workers.serving.writes import (
     WriteItem,
     storable,
 )
+from workers.serving.streaming.stream import TokenStreamer
 
 log = logging.getLogger(__name__)
 

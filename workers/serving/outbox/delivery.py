@@ -9,7 +9,7 @@ from typing import Protocol
 
 from workers.kafka_io import Delivery
 from workers.kafka_io.errors import kafka_refused
-from workers.serving.retry import Backoff, describe_error, is_transient
+from workers.serving.errors import Backoff, describe_error, is_transient
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from workers.db.jobs import (
 )
 from workers.db.outbox import claim, take_over
 from workers.kafka_io import Coordinates, Record
-from workers.serving.delivery import Waitable
-from workers.serving.retry import describe_error
+from workers.serving.errors import describe_error
+from workers.serving.outbox.delivery import Waitable
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Admission: an accepted job becomes a `queued` row (fenced by attempt) before it may run; cancels."""

@@ -1,0 +1,1 @@
+"""Intake: records polled from Kafka, validated and tokenized into accepted jobs or rejections."""

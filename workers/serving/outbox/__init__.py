@@ -1,0 +1,1 @@
+"""The outbox: row writes, then results published and marked, then offsets released for committing."""

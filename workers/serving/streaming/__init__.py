@@ -1,0 +1,1 @@
+"""Token streaming: deltas coalesced per job, sent through a relay process that owns their producer."""
