@@ -6,9 +6,9 @@ from __future__ import annotations
 from tests.workers.worker_factories import now_ms
 from workers.kafka_io import KeyLookup, Record
 from workers.serving.admission.admitter import Admitter
+from workers.serving.intake.rejected import Rejected
 from workers.serving.intake.validation import Accepted
 from workers.serving.outbox.persister import Persister
-from workers.serving.outbox.writes import Rejected
 
 
 def accepted(

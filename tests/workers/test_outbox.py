@@ -28,8 +28,9 @@ from workers.db.outbox import COMPACT_NOTE, LEASE_S, claim, result_from_row
 from workers.kafka_io import KeyLookup, Producer, Record
 from workers.kafka_io.admin import max_message_bytes
 from workers.serving.admission.admitter import Admitter
+from workers.serving.intake.rejected import Rejected
 from workers.serving.outbox.persister import Persister
-from workers.serving.outbox.writes import Concluded, Rejected, Republish
+from workers.serving.outbox.writes import Concluded, Republish
 
 pytestmark = pytest.mark.services
 

@@ -19,7 +19,8 @@ from tests.workers.worker_factories import job_rows, now_ms, results_by_job, ten
 from workers.db.jobs import Terminal
 from workers.kafka_io import Record
 from workers.serving.admission.admitter import Admitter
-from workers.serving.outbox.writes import CancelRequested, Concluded, Rejected, Running
+from workers.serving.intake.rejected import Rejected
+from workers.serving.outbox.writes import CancelRequested, Concluded, Running
 
 pytestmark = pytest.mark.services
 

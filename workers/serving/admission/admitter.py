@@ -19,8 +19,8 @@ from workers.db import Engine
 from workers.db.jobs import Admission, Admitted, admit
 from workers.kafka_io import Partition
 from workers.serving.errors import Backoff, describe_error, is_transient
+from workers.serving.intake.rejected import Rejected
 from workers.serving.intake.validation import Accepted, rejection
-from workers.serving.outbox.writes import Rejected
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 from workers.kafka_io import Coordinates, Partition
 from workers.serving.admission.admitter import Admitter, Decision
+from workers.serving.intake.rejected import Rejected
 from workers.serving.intake.validation import Accepted
-from workers.serving.outbox.writes import Rejected
 
 log = logging.getLogger(__name__)
 

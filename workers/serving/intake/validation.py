@@ -18,8 +18,8 @@ from schemas.jobs import JobRequest
 from schemas.topics import Topics
 from schemas.validation import InvalidMessage, Limits, parse_job, peek_job_id, peek_tenant
 from workers.kafka_io import Record
+from workers.serving.intake.rejected import Rejected
 from workers.serving.intake.sampling import constraint_field, grammar_spec
-from workers.serving.outbox.writes import Rejected
 
 log = logging.getLogger(__name__)
 

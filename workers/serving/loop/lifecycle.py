@@ -26,6 +26,7 @@ from workers.serving.admission import cancels
 from workers.serving.admission.admitter import Admitter, Decision
 from workers.serving.admission.thread import AdmissionThread
 from workers.serving.errors import describe_error
+from workers.serving.intake.rejected import Rejected
 from workers.serving.intake.sampling import sampling_params
 from workers.serving.intake.validation import Accepted, Intake, job_key
 from workers.serving.loop.choices import REQUEST_ENDS, LogprobFormatter
@@ -37,7 +38,6 @@ from workers.serving.outbox.delivery import Waitable
 from workers.serving.outbox.writes import (
     CancelRequested,
     Concluded,
-    Rejected,
     Republish,
     Running,
     WriteItem,

@@ -21,6 +21,7 @@ from workers.naming import worker_client_id, worker_group
 from workers.serving.errors import describe_error, until_available
 from workers.serving.failpoints import step_fault
 from workers.serving.intake.dead_letter import dead_letter_message
+from workers.serving.intake.rejected import Rejected
 from workers.serving.intake.thread import IntakeThread
 from workers.serving.loop.clock import LoopClock, thread_seconds
 from workers.serving.loop.lifecycle import JobLifecycle
@@ -28,7 +29,6 @@ from workers.serving.loop.step_guard import StepGuard
 from workers.serving.metrics import WorkerMetrics
 from workers.serving.offsets import OffsetTracker
 from workers.serving.outbox.persister import Persister
-from workers.serving.outbox.writes import Rejected
 from workers.serving.streaming.sender import Sent, TokenEventSender
 from workers.settings import Settings
 

@@ -46,7 +46,7 @@ from workers.serving.outbox.delivery import deliver
 from workers.serving.outbox.result_lookup import published_already, result_message
 from workers.serving.outbox.sweeper import SWEEP_S, Sweeper
 from workers.serving.outbox.writes import (
-    Rejected,
+    DeadLettered,
     Republish,
     Source,
     Stored,
@@ -81,7 +81,7 @@ class Persister:
         producer: Producer,
         topics: Topics,
         worker_id: str,
-        dead_letter: Callable[[Rejected], Delivery],
+        dead_letter: Callable[[DeadLettered], Delivery],
         published: KeyLookup,
         in_flight: Callable[[], Sequence[JobKey]] = tuple,
         failpoint: str = "",
@@ -211,7 +211,7 @@ class Persister:
 
     def _process(self, items: list[WriteItem]) -> None:
         await_stream_ends(items, STREAM_END_WAIT_S)
-        rejected = [i for i in items if isinstance(i, Rejected)]
+        rejected = [i for i in items if isinstance(i, DeadLettered)]
         deliver(
             "dead-lettered records",
             {_name(r, n): lambda r=r: self._dead_letter(r) for n, r in enumerate(rejected)},
@@ -387,5 +387,5 @@ def _republish(items: list[WriteItem], keys: set[JobKey]) -> list[WriteItem]:
     return [Republish(job_id, tuple(srcs), tenant) for (tenant, job_id), srcs in sources.items()]
 
 
-def _name(r: Rejected, n: int) -> str:
+def _name(r: DeadLettered, n: int) -> str:
     return f"{r.job_id or 'record'}#{n}"
