@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 
@@ -58,7 +59,7 @@ def test_a_late_admission_leaves_the_new_owner_its_run_and_acks_once_that_run_en
         database=db,
         ready=threading.Event(),
         offsets=offsets,
-        owned=lambda: {partition},  # the late worker has not seen its revocation yet
+        owner=SimpleNamespace(assignment={partition}),  # the late worker has not seen its revocation yet
         metrics=WorkerMetrics(),
         write=items.extend,
         send_event=lambda event, tenant: None,
