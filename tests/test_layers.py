@@ -6,6 +6,13 @@ sibling of its own layer): base (settings, logs, clock) ← kafka_io, db ← cli
 bulk ← demo ← cli. Client libraries stay behind their one package: kafka-python in workers/kafka_io,
 SQLAlchemy and psycopg2 in workers/db (and the table definitions in schemas/tables.py, and migrations/).
 bench/ drives the worker as a user would: through the client, settings, services and a subprocess.
+
+Inside workers/serving/, stage packages in this order (a stage imports its own modules, earlier stages
+and the shared modules directly in serving/; a shared module imports no stage): streaming ← outbox ←
+intake ← admission ← loop. The two sinks come first, as they know nothing of where a job came from (the
+token stream sends deltas, the outbox stores write items and publishes their results); then the pipeline
+from its start: intake (a record becomes an accepted job or a `Rejected` write item), admission (its
+`queued` row, cancels), and loop, the engine loop that runs each job and wires every stage together.
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ CONFINED = {
     "triton": ("gpu.triton_kernels",),  # imported lazily, on CUDA only
     "xgrammar": ("gpu.grammar",),  # structured outputs; imported once a grammar is used
 }
+SERVING = "workers.serving"
+SERVING_STAGES = ("streaming", "outbox", "intake", "admission", "loop")  # each may import those before it
+MAX_SERVING_MODULES = 8  # modules directly in serving/ (its __init__ included): shared by the stages
 BENCH_MAY_USE = ("workers.client", "workers.settings", "workers.services")
 
 
@@ -70,6 +80,14 @@ def _worker_layer(module: str) -> tuple[int, str] | None:
     return None
 
 
+def _serving_stage(module: str) -> int | None:
+    """The rank of a serving module's stage; None for a shared module (or one outside serving/)."""
+    if not module.startswith(SERVING + "."):
+        return None
+    head = module.removeprefix(SERVING + ".").split(".")[0]
+    return SERVING_STAGES.index(head) if head in SERVING_STAGES else None
+
+
 def _sources() -> list[Path]:
     roots = [*TOP_LEVEL, "bench", "migrations"]
     return sorted(p for root in roots for p in (REPO / root).rglob("*.py"))
@@ -93,6 +111,11 @@ def layer_violations(importer: str, imported: str) -> str | None:
             return "every module of workers/ belongs to a layer of tests/test_layers.py"
         if mine[1] != theirs[1] and theirs[0] >= mine[0]:
             return f"{mine[1]} may import only lower layers, not {theirs[1]}"
+        if _within(importer, SERVING) and _within(imported, SERVING):
+            my_stage, their_stage = _serving_stage(importer), _serving_stage(imported)
+            if their_stage is not None and (my_stage is None or their_stage > my_stage):
+                order = " ← ".join(SERVING_STAGES)
+                return f"serving stages import only earlier ones and shared modules ({order})"
     return None
 
 
@@ -114,16 +137,27 @@ def test_every_worker_module_has_a_layer():
     assert orphans in ([], ["workers"]), orphans
 
 
+def test_serving_is_its_stages_and_a_few_shared_modules():
+    root = REPO / "workers" / "serving"
+    packages = {p.parent.name for p in root.glob("*/__init__.py")}
+    assert packages == set(SERVING_STAGES)
+    direct = sorted(p.name for p in root.glob("*.py"))
+    assert len(direct) <= MAX_SERVING_MODULES, direct
+
+
 @pytest.mark.parametrize(
     ("importer", "imported"),
     [
-        ("workers.db.jobs", "workers.serving.loop"),  # upward
+        ("workers.db.jobs", "workers.serving.loop.worker"),  # upward
+        ("workers.serving.outbox.persister", "workers.serving.intake.rejected"),  # a later stage
+        ("workers.serving.intake.validation", "workers.serving.loop.lifecycle"),
+        ("workers.serving.errors", "workers.serving.outbox.writes"),  # a shared module imports no stage
         ("workers.kafka_io.consumer", "workers.db.connect"),  # a sibling of the same layer
-        ("workers.serving.loop", "kafka.errors"),  # the client library outside its package
+        ("workers.serving.loop.worker", "kafka.errors"),  # the client library outside its package
         ("workers.bulk.tasks", "sqlalchemy"),
         ("scheduler.scheduler", "gpu.engine"),
         ("scheduler.scheduler", "torch"),
-        ("bench.e2e", "workers.serving.loop"),
+        ("bench.e2e", "workers.serving.loop.worker"),
         ("gpu.runner", "xgrammar"),
     ],
 )
@@ -134,8 +168,11 @@ def test_the_check_refuses_edges_against_the_layers(importer, imported):
 @pytest.mark.parametrize(
     ("importer", "imported"),
     [
-        ("workers.serving.loop", "workers.db.jobs"),
-        ("workers.serving.loop", "workers.serving.offsets"),
+        ("workers.serving.loop.worker", "workers.db.jobs"),
+        ("workers.serving.loop.worker", "workers.serving.offsets"),
+        ("workers.serving.loop.worker", "workers.serving.outbox.persister"),  # an earlier stage
+        ("workers.serving.intake.rejected", "workers.serving.outbox.writes"),
+        ("workers.serving.admission.admitter", "workers.serving.admission.cancels"),  # its own stage
         ("workers.cli.worker", "gpu.engine"),
         ("workers.db.jobs", "schemas.tables"),
         ("bench.e2e_run", "workers.client"),

@@ -2,7 +2,7 @@
 JSON object per line for log collectors (Loki, Elasticsearch, CloudWatch) that index fields.
 
 A JSON line always has time (UTC, ISO 8601), level, logger, message and worker_id; per-job events
-(workers/serving/job_log.py) add job_id, priority, event and their own fields.
+(workers/serving/loop/job_log.py) add job_id, priority, event and their own fields.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from gpu.engine_types import GrammarSpec
 from scheduler.types import SamplingParams
 from tests.gpu.factories import make_engine
 from workers.bulk.output import completion_logprobs
-from workers.serving.choices import LogprobFormatter
+from workers.serving.loop.choices import LogprobFormatter
 
 pytestmark = pytest.mark.slow
 

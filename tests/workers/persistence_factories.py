@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from tests.workers.worker_factories import now_ms
 from workers.kafka_io import KeyLookup, Record
-from workers.serving.admission import Admitter
-from workers.serving.intake import Accepted
-from workers.serving.persister import Persister
-from workers.serving.writes import Rejected
+from workers.serving.admission.admitter import Admitter
+from workers.serving.intake.rejected import Rejected
+from workers.serving.intake.validation import Accepted
+from workers.serving.outbox.persister import Persister
 
 
 def accepted(

@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 
@@ -19,9 +20,9 @@ from tests.workers.persistence_factories import accepted
 from tests.workers.worker_factories import job_rows
 from workers.db.jobs import Terminal, finish
 from workers.db.outbox import claim, mark_published
-from workers.serving import job_lifecycle
-from workers.serving.admission import Admitter
-from workers.serving.job_lifecycle import JobLifecycle
+from workers.serving.admission.admitter import Admitter
+from workers.serving.loop import lifecycle as job_lifecycle
+from workers.serving.loop.lifecycle import JobLifecycle
 from workers.serving.metrics import WorkerMetrics
 from workers.serving.offsets import OffsetTracker
 
@@ -58,7 +59,7 @@ def test_a_late_admission_leaves_the_new_owner_its_run_and_acks_once_that_run_en
         database=db,
         ready=threading.Event(),
         offsets=offsets,
-        owned=lambda: {partition},  # the late worker has not seen its revocation yet
+        owner=SimpleNamespace(assignment={partition}),  # the late worker has not seen its revocation yet
         metrics=WorkerMetrics(),
         write=items.extend,
         send_event=lambda event, tenant: None,

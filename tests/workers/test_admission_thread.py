@@ -8,9 +8,9 @@ import pytest
 
 from workers.db.jobs import Admitted
 from workers.kafka_io.records import Record
-from workers.serving.admission import Decision
-from workers.serving.admission_thread import AdmissionThread
-from workers.serving.intake import job_key
+from workers.serving.admission.admitter import Decision
+from workers.serving.admission.thread import AdmissionThread
+from workers.serving.intake.validation import job_key
 
 
 class GatedAdmitter:

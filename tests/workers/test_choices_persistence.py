@@ -11,7 +11,7 @@ import pytest
 from tests.workers.persistence_factories import admit_jobs, run_items, start_persister
 from tests.workers.worker_factories import job_rows, now_ms, results_by_job
 from workers.db.jobs import Terminal
-from workers.serving.writes import Concluded
+from workers.serving.outbox.writes import Concluded
 
 pytestmark = pytest.mark.services
 

@@ -1,4 +1,4 @@
-"""`deliver`: a message is resent only when it is known not to be in the topic (pure logic, fake sends)."""
+"""`Deliveries`: a message is resent only when it is known not to be in the topic (pure logic, fake sends)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 from kafka.errors import KafkaConnectionError, MessageSizeTooLargeError, TopicAuthorizationFailedError
 
-import workers.serving.delivery as deliveries
-from workers.serving.delivery import deliver
+import workers.serving.outbox.delivery as deliveries
+from workers.serving.outbox.delivery import Deliveries, Ledger
 
 
 class Settled:
@@ -52,6 +52,35 @@ class Topic:
         return {n for n in names if self.messages[n]}
 
 
+class Sender(Ledger):
+    """The sender's side: which messages stay its own (`keep`), what it heard delivered, and the
+    replacement of a message the broker refused (`refused`)."""
+
+    def __init__(self, keep=None, refused=None) -> None:
+        self.keep, self.refused = keep, refused
+        self.heard: list[str] = []
+
+    def ours(self, names):
+        return self.keep(names) if self.keep is not None else set(names)
+
+    def delivered(self, names) -> None:
+        self.heard.extend(names)
+
+    def replacement(self, name, exc):
+        return self.refused(name, exc) if self.refused is not None else None
+
+
+class RefusedLookup:
+    """A lookup the broker refuses (no READ on the topic)."""
+
+    def __init__(self, topic: Topic) -> None:
+        self.topic = topic
+
+    def landed(self, names):
+        self.topic.lookups.append(names)
+        raise TopicAuthorizationFailedError("no READ on the results topic")
+
+
 @pytest.fixture(autouse=True)
 def no_sleep(monkeypatch):
     monkeypatch.setattr(deliveries.time, "sleep", lambda s: None)
@@ -59,18 +88,18 @@ def no_sleep(monkeypatch):
 
 def test_a_send_that_failed_but_was_written_is_not_sent_again():
     topic = Topic({"a": [KafkaConnectionError("lost")], "b": [KafkaConnectionError("lost")]}, {"a"})
-    delivered: list[str] = []
-    deliver("results", topic.sends("abc"), delivered=delivered.extend, landed=topic.landed)
+    sender = Sender()
+    Deliveries("results", sender, topic).send(topic.sends("abc"))
     assert topic.messages == Counter({"a": 1, "b": 1, "c": 1})  # each exactly once
     assert topic.sent == Counter({"a": 1, "b": 2, "c": 1})
-    assert sorted(delivered) == ["a", "b", "c"]
+    assert sorted(sender.heard) == ["a", "b", "c"]
     assert topic.lookups == [["a", "b"]]
 
 
 def test_nothing_doubtful_is_sent_while_the_lookup_fails():
     topic = Topic({"a": [KafkaConnectionError("lost")]})
     topic.lookup_failures = 3
-    deliver("results", topic.sends("a"), landed=topic.landed)
+    Deliveries("results", lookup=topic).send(topic.sends("a"))
     assert topic.sent["a"] == 2 and topic.messages["a"] == 1
     assert len(topic.lookups) == 4  # three failures, then the answer "not there": sent once more
 
@@ -78,24 +107,24 @@ def test_nothing_doubtful_is_sent_while_the_lookup_fails():
 def test_unsure_messages_are_looked_for_before_their_first_send():
     topic = Topic({})
     topic.messages["published-by-a-dead-worker"] = 1
-    delivered: list[str] = []
+    sender = Sender()
     names = ["published-by-a-dead-worker", "never-sent"]
-    deliver("results", topic.sends(names), delivered=delivered.extend, landed=topic.landed, unsure=names)
+    Deliveries("results", sender, topic).send(topic.sends(names), unsure=names)
     assert topic.sent == Counter({"never-sent": 1})
-    assert sorted(delivered) == sorted(names)
+    assert sorted(sender.heard) == sorted(names)
 
 
 def test_without_a_lookup_a_failed_send_is_resent():
     topic = Topic({"a": [KafkaConnectionError("lost")]}, {"a"})
-    deliver("results", topic.sends("a"))
+    Deliveries("results").send(topic.sends("a"))
     assert topic.messages["a"] == 2  # the duplicate the lookup exists to prevent
 
 
 def test_a_message_the_broker_never_takes_is_given_up_not_retried():
     topic = Topic({"a": [MessageSizeTooLargeError("too big")]})
-    delivered: list[str] = []
-    given_up = deliver("results", topic.sends("ab"), delivered=delivered.extend, landed=topic.landed)
-    assert topic.sent == Counter({"a": 1, "b": 1}) and delivered == ["b"]
+    sender = Sender()
+    given_up = Deliveries("results", sender, topic).send(topic.sends("ab"))
+    assert topic.sent == Counter({"a": 1, "b": 1}) and sender.heard == ["b"]
     assert topic.lookups == [] and given_up == {"a"}
 
 
@@ -110,9 +139,9 @@ def test_a_refused_message_can_be_replaced_and_a_refused_replacement_is_given_up
             return None  # the replacement was refused too: nothing smaller
         return lambda: topic.send(f"{name}-small")
 
-    delivered: list[str] = []
-    given_up = deliver("results", topic.sends("abc"), delivered=delivered.extend, refused=refused)
-    assert sorted(delivered) == ["a", "c"] and given_up == {"b"}
+    sender = Sender(refused=refused)
+    given_up = Deliveries("results", sender).send(topic.sends("abc"))
+    assert sorted(sender.heard) == ["a", "c"] and given_up == {"b"}
     assert topic.messages == Counter({"a-small": 1, "c": 1})
     assert sorted(name for name, _ in offered) == ["a", "b", "b"]
     assert {error for _, error in offered} == {"MessageSizeTooLargeError"}
@@ -120,34 +149,29 @@ def test_a_refused_message_can_be_replaced_and_a_refused_replacement_is_given_up
 
 def test_what_is_left_at_the_deadline_is_neither_delivered_nor_given_up():
     topic = Topic({"a": [KafkaConnectionError("away")] * 100})
-    delivered: list[str] = []
-    given_up = deliver("results", topic.sends("a"), delivered=delivered.extend, until=0.0)
-    assert delivered == [] and given_up == set() and topic.sent["a"] == 0
+    sender = Sender()
+    given_up = Deliveries("results", sender).send(topic.sends("a"), until=0.0)
+    assert sender.heard == [] and given_up == set() and topic.sent["a"] == 0
 
 
 def test_a_message_no_longer_ours_is_neither_looked_for_nor_sent():
     topic = Topic({"a": [KafkaConnectionError("lost")]})
     rounds = iter([{"a"}, set()])
-    deliver("results", topic.sends("a"), keep=lambda names: next(rounds), landed=topic.landed)
+    Deliveries("results", Sender(keep=lambda names: next(rounds)), topic).send(topic.sends("a"))
     assert topic.sent["a"] == 1 and topic.lookups == []
 
 
 def test_a_lookup_that_keeps_failing_gives_way_to_a_resend():
     topic = Topic({"a": [KafkaConnectionError("lost")]})
     topic.lookup_failures = 100
-    deliver("results", topic.sends("a"), landed=topic.landed)
+    Deliveries("results", lookup=topic).send(topic.sends("a"))
     assert len(topic.lookups) == deliveries.LOOKUP_TRIES
     assert topic.sent["a"] == 2  # at least once: sent again, a second copy possible
 
 
 def test_a_lookup_the_broker_refuses_is_not_retried():
     topic = Topic({"a": [KafkaConnectionError("lost")]})
-
-    def refused(names):
-        topic.lookups.append(names)
-        raise TopicAuthorizationFailedError("no READ on the results topic")
-
-    deliver("results", topic.sends("a"), landed=refused)
+    Deliveries("results", lookup=RefusedLookup(topic)).send(topic.sends("a"))
     assert len(topic.lookups) == 1 and topic.sent["a"] == 2
 
 
@@ -159,5 +183,5 @@ def test_leases_are_checked_again_after_a_lookup():
         calls.append(names)
         return set(names) if len(calls) < 3 else set()  # the lease lapsed while the lookup ran
 
-    deliver("results", topic.sends("a"), keep=keep, landed=topic.landed)
+    Deliveries("results", Sender(keep=keep), topic).send(topic.sends("a"))
     assert topic.sent["a"] == 1 and len(topic.lookups) == 1 and len(calls) == 3

@@ -13,8 +13,8 @@ import pytest
 
 from schemas.jobs import TokenEvent
 from tests.workers.worker_factories import make_deployment, now_ms, read_topic, token_events, wait_until
-from workers.serving import token_relay as event_relay
-from workers.serving.token_sender import TokenEventSender, relay_environment
+from workers.serving.streaming import relay as event_relay
+from workers.serving.streaming.sender import TokenEventSender, relay_environment
 from workers.settings import KafkaConnection
 
 
@@ -88,7 +88,7 @@ def test_close_stops_the_relay_process(settings):
 def test_a_relay_waiting_for_an_absent_broker_exits_when_its_worker_is_killed(tmp_path):
     script = (
         "import time\n"
-        "from workers.serving.token_sender import TokenEventSender\n"
+        "from workers.serving.streaming.sender import TokenEventSender\n"
         "from workers.settings import KafkaConnection\n"
         "s = TokenEventSender(KafkaConnection('127.0.0.1:9'), 'inferq-test', 'nowhere')\n"
         "print(s._relay.proc.pid, flush=True)\n"

@@ -28,15 +28,15 @@ from workers.bulk.batch_format import BatchLine, parse_line, to_job
 from workers.bulk.output import response_body
 from workers.db.outbox import COMPACT_NOTE, result_from_row
 from workers.kafka_io import Record
-from workers.serving.choices import LOGPROB_FLOOR, Choices, LogprobFormatter
-from workers.serving.inflight import InFlightJob
-from workers.serving.intake import Accepted, Intake, job_key
-from workers.serving.job_lifecycle import JobLifecycle
+from workers.serving.intake.sampling import grammar_spec, sampling_params
+from workers.serving.intake.validation import Accepted, Intake, job_key
+from workers.serving.loop.choices import LOGPROB_FLOOR, Choices, LogprobFormatter
+from workers.serving.loop.inflight import InFlightJob
+from workers.serving.loop.lifecycle import JobLifecycle
 from workers.serving.metrics import WorkerMetrics
 from workers.serving.offsets import OffsetTracker
-from workers.serving.sampling import grammar_spec, sampling_params
-from workers.serving.token_stream import TokenStreamer
-from workers.serving.writes import Concluded
+from workers.serving.outbox.writes import Concluded
+from workers.serving.streaming.stream import TokenStreamer
 from workers.settings import Settings
 
 TOK = ByteTokenizer(512)
@@ -49,6 +49,7 @@ def request(**fields) -> JobRequest:
 
 USAGE = Usage(prompt_tokens=3, completion_tokens=2)
 KEY = job_key("default", "j")  # the engine's request id of job "j" of the default tenant
+NOBODY = SimpleNamespace(assignment=frozenset())  # the owner of no partition: no admissions here
 
 
 def output(index=0, ids: tuple[int, ...] = (), finish: FinishReason | None = None, lps=(), started=False):
@@ -275,7 +276,7 @@ def test_the_lifecycle_routes_engine_outputs_to_samples_events_and_the_terminal_
     lifecycle = JobLifecycle(
         engine, Topics("inferq"), worker_id="w-t", limits=Limits(), coalesce_s=60.0,
         database=create_engine(Settings.from_env().database_url),  # never connected: no admissions here
-        ready=threading.Event(), offsets=OffsetTracker(), owned=set, metrics=WorkerMetrics(),
+        ready=threading.Event(), offsets=OffsetTracker(), owner=NOBODY, metrics=WorkerMetrics(),
         write=written.extend, send_event=lambda event, tenant: sent.append(event),
     )  # fmt: skip
     job = request(job_id="j", n=2, logprobs=True, max_tokens=4)
@@ -315,7 +316,7 @@ def test_a_grammar_dead_end_rejects_the_job_with_the_reason_and_stops_its_other_
     lifecycle = JobLifecycle(
         engine, Topics("inferq"), worker_id="w-t", limits=Limits(), coalesce_s=60.0,
         database=create_engine(Settings.from_env().database_url),  # never connected: no admissions here
-        ready=threading.Event(), offsets=OffsetTracker(), owned=set, metrics=WorkerMetrics(),
+        ready=threading.Event(), offsets=OffsetTracker(), owner=NOBODY, metrics=WorkerMetrics(),
         write=written.extend, send_event=lambda event, tenant: None,
     )  # fmt: skip
     job = request(job_id="j", n=2, max_tokens=4)

@@ -8,7 +8,8 @@ from gpu.tokenizer import ByteTokenizer
 from schemas.topics import Topics
 from schemas.validation import Limits
 from workers.kafka_io import Record
-from workers.serving.intake import Accepted, Intake, Rejected
+from workers.serving.intake.rejected import Rejected
+from workers.serving.intake.validation import Accepted, Intake
 
 TOPICS = Topics("inferq")
 

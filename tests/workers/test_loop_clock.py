@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from workers.serving import loop_clock
-from workers.serving.loop_clock import LoopClock
+from workers.serving.loop import clock as loop_clock
+from workers.serving.loop.clock import LoopClock
 
 
 def test_idle_is_kept_apart_from_the_busy_shares(monkeypatch):

@@ -13,7 +13,7 @@ from kafka.admin import ConfigResource, KafkaAdminClient
 from sqlalchemy import select
 
 import workers.kafka_io.producer as producers
-import workers.serving.persister as persisters
+import workers.serving.outbox.persister as persisters
 from schemas.tables import jobs
 from tests.workers.persistence_factories import (
     accepted,
@@ -27,9 +27,10 @@ from workers.db.jobs import Terminal, finish
 from workers.db.outbox import COMPACT_NOTE, LEASE_S, claim, result_from_row
 from workers.kafka_io import KeyLookup, Producer, Record
 from workers.kafka_io.admin import max_message_bytes
-from workers.serving.admission import Admitter
-from workers.serving.persister import Persister
-from workers.serving.writes import Concluded, Rejected, Republish
+from workers.serving.admission.admitter import Admitter
+from workers.serving.intake.rejected import Rejected
+from workers.serving.outbox.persister import Persister
+from workers.serving.outbox.writes import Concluded, Republish
 
 pytestmark = pytest.mark.services
 

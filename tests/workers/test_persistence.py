@@ -18,8 +18,9 @@ from tests.workers.persistence_factories import (
 from tests.workers.worker_factories import job_rows, now_ms, results_by_job, tenant_rows
 from workers.db.jobs import Terminal
 from workers.kafka_io import Record
-from workers.serving.admission import Admitter
-from workers.serving.writes import CancelRequested, Concluded, Rejected, Running
+from workers.serving.admission.admitter import Admitter
+from workers.serving.intake.rejected import Rejected
+from workers.serving.outbox.writes import CancelRequested, Concluded, Running
 
 pytestmark = pytest.mark.services
 

@@ -9,8 +9,8 @@ from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError, NodeNotRea
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError, StatementError
 
 from workers.kafka_io.codec import DecompressedTooLarge, _bounded_gzip_decode
-from workers.serving import cancels
-from workers.serving.retry import Backoff, is_transient
+from workers.serving.admission import cancels
+from workers.serving.errors import Backoff, is_transient
 
 
 @pytest.mark.parametrize(

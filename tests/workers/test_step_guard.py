@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workers.serving.step_guard import StepGuard
+from workers.serving.loop.step_guard import StepGuard
 
 
 def run_steps(guard: StepGuard, live: list[str], breaks, steps: int = 50) -> dict[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from schemas.jobs import TokenEvent, Usage
-from workers.serving.token_stream import TokenStreamer
+from workers.serving.streaming.stream import TokenStreamer
 
 
 def make_streamer(coalesce_s: float = 60.0) -> tuple[TokenStreamer, list[TokenEvent]]:

@@ -13,8 +13,9 @@ from schemas.topics import Topics
 from schemas.validation import Limits
 from workers.kafka_io import Record
 from workers.kafka_io.tenants import tenant_grants
-from workers.serving import cancels
-from workers.serving.intake import Accepted, Intake, Rejected
+from workers.serving.admission import cancels
+from workers.serving.intake.rejected import Rejected
+from workers.serving.intake.validation import Accepted, Intake
 from workers.settings import Settings
 
 TOPICS = Topics("inferq", tenants=True)

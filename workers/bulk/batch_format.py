@@ -18,7 +18,7 @@ from typing import Any
 from schemas.jobs import JobRequest
 from schemas.validation import InvalidMessage, Limits, parse_job
 from workers.bulk.batch_fields import OPTIONS, check_body
-from workers.serving.sampling import constraint_field, grammar_spec
+from workers.serving.intake.sampling import constraint_field, grammar_spec
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 MAX_CUSTOM_ID = 512

@@ -20,9 +20,9 @@ from schemas.validation import InvalidMessage, Limits
 from workers.bulk.batch_format import BatchLine, LineError, job_id_for, to_job
 from workers.bulk.output import failed_line, invalid_line, success_line
 from workers.clock import utcnow
-from workers.serving.choices import REQUEST_ENDS, Choices, LogprobFormatter
-from workers.serving.intake import Intake
-from workers.serving.sampling import sampling_params
+from workers.serving.intake.sampling import sampling_params
+from workers.serving.intake.validation import Intake
+from workers.serving.loop.choices import REQUEST_ENDS, Choices, LogprobFormatter
 
 Answer = tuple[dict[str, Any], bool]  # (the output line, whether it succeeded)
 

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     logs.configure(args.log_level, args.log_format, worker_id)
-    from workers.serving.loop import Worker, WorkerOptions
+    from workers.serving.loop.worker import Worker, WorkerOptions
     from workers.serving.metrics import WorkerMetrics
 
     settings = Settings.from_env()

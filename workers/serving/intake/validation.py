@@ -12,14 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpu.engine import Engine
 from gpu.engine_types import GrammarSpec
 from gpu.tokenizer import Tokenizer
 from schemas.jobs import JobRequest
 from schemas.topics import Topics
 from schemas.validation import InvalidMessage, Limits, parse_job, peek_job_id, peek_tenant
 from workers.kafka_io import Record
-from workers.serving.sampling import constraint_field, grammar_spec
-from workers.serving.writes import Rejected
+from workers.serving.intake.rejected import Rejected
+from workers.serving.intake.sampling import constraint_field, grammar_spec
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,25 @@ class Intake:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.compile_grammar = compile_grammar
+
+    @classmethod
+    def for_engine(cls, topics: Topics, limits: Limits, engine: Engine) -> Intake:
+        """The worker's intake for `engine`, with its own tokenizer: it runs on the intake thread while the
+        engine thread detokenizes; grammars are compiled there too (the engine caches them), so a slow
+        schema never holds up a step."""
+        return cls(
+            topics,
+            limits,
+            engine.tokenizer.clone(),
+            engine.scheduler.config.max_model_len,
+            vocab_size=engine.model.config.vocab_size,
+            compile_grammar=engine.compile_grammar,
+        )
+
+    def decide(self, record: Record) -> Accepted | Rejected | None:
+        """A record of any polled topic (on the intake thread): a job record validated and tokenized;
+        None for a control record (the engine loop handles it)."""
+        return None if self.topics.is_control(record.topic) else self.accept(record)
 
     def accept(self, record: Record) -> Accepted | Rejected:
         priority = self.topics.priority_of(record.topic)

@@ -16,20 +16,22 @@ from schemas.validation import Limits
 from workers import logs
 from workers.clock import utcnow
 from workers.db.connect import make_engine
+from workers.db.jobs import JobKey
 from workers.kafka_io import BroadcastReader, Delivery, GroupConsumer, KeyLookup, Producer
 from workers.naming import worker_client_id, worker_group
-from workers.serving.dead_letter import dead_letter_message
+from workers.serving.errors import describe_error, until_available
 from workers.serving.failpoints import step_fault
-from workers.serving.intake_thread import IntakeThread
-from workers.serving.job_lifecycle import JobLifecycle
-from workers.serving.loop_clock import LoopClock, thread_seconds
+from workers.serving.intake.dead_letter import dead_letter_message
+from workers.serving.intake.rejected import Rejected
+from workers.serving.intake.thread import IntakeThread
+from workers.serving.intake.validation import Intake
+from workers.serving.loop.clock import LoopClock, thread_seconds
+from workers.serving.loop.lifecycle import JobLifecycle
+from workers.serving.loop.step_guard import StepGuard
 from workers.serving.metrics import WorkerMetrics
 from workers.serving.offsets import OffsetTracker
-from workers.serving.persister import Persister
-from workers.serving.retry import describe_error, until_available
-from workers.serving.step_guard import StepGuard
-from workers.serving.token_sender import Sent, TokenEventSender
-from workers.serving.writes import Rejected
+from workers.serving.outbox.persister import Persister
+from workers.serving.streaming.sender import Sent, TokenEventSender
 from workers.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -87,7 +89,7 @@ class Worker:
         self.events = TokenEventSender(conn, cid + "-events", topics.tokens_template, drop, log_config)
         self.db = make_engine(settings.database_url)
         self.offsets = OffsetTracker()
-        self._in_flight: tuple[str, ...] = ()
+        self._in_flight: tuple[JobKey, ...] = ()  # (tenant, job_id) of the jobs running here
         self.persister = Persister(
             self.db,
             self.producer,
@@ -95,8 +97,18 @@ class Worker:
             options.worker_id,
             dead_letter=self._dead_letter,
             published=KeyLookup(conn, cid + "-lookup"),
-            in_flight=lambda: self._in_flight,
+            in_flight=self.in_flight,
             failpoint=settings.failpoint,
+        )
+        # records are validated and tokenized on the intake thread: a 256 KB prompt never stalls a step
+        self.intake = Intake.for_engine(topics, options.limits, engine)
+        self.intake_thread = IntakeThread(
+            self.consumer,
+            self.control,
+            self.ready,
+            options.poll_s,
+            prepare=self.intake.decide,
+            first=self._before_low,  # interactive jobs are never read behind a bulk backlog
         )
         self.lifecycle = JobLifecycle(
             engine,
@@ -107,19 +119,10 @@ class Worker:
             database=self.db,
             ready=self.ready,
             offsets=self.offsets,
-            owned=lambda: self.intake_thread.assignment,
+            owner=self.intake_thread,  # its consumer's assignment: the partitions this worker owns
             metrics=self.metrics,
             write=self.persister.submit,
             send_event=self.send_token_event,
-        )
-        # records are validated and tokenized on the intake thread: a 256 KB prompt never stalls a step
-        self.intake_thread = IntakeThread(
-            self.consumer,
-            self.control,
-            self.ready,
-            options.poll_s,
-            prepare=self.lifecycle.prepare,
-            first=self._before_low,  # interactive jobs are never read behind a bulk backlog
         )
         self.guard = StepGuard()
         self.gave_up: str | None = None  # why the worker stopped because its steps kept failing
@@ -250,6 +253,10 @@ class Worker:
         self.lifecycle.abort_all()
         self._stop_at = time.monotonic()
         self.intake_thread.stop_intake()
+
+    def in_flight(self) -> tuple[JobKey, ...]:
+        """The jobs running here, as of the loop's last iteration (read by the persister's thread)."""
+        return self._in_flight
 
     # ---- Kafka out -------------------------------------------------------------------------
     def send_token_event(self, event: TokenEvent, tenant: str) -> Sent | None:

@@ -18,9 +18,9 @@ from workers.clock import utcnow
 from workers.db import Engine
 from workers.db.jobs import Admission, Admitted, admit
 from workers.kafka_io import Partition
-from workers.serving.intake import Accepted, rejection
-from workers.serving.retry import Backoff, describe_error, is_transient
-from workers.serving.writes import Rejected
+from workers.serving.errors import Backoff, describe_error, is_transient
+from workers.serving.intake.rejected import Rejected
+from workers.serving.intake.validation import Accepted, rejection
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Token events handed to the relay process (workers/serving/token_relay.py), which sends them to Kafka.
+"""Token events handed to the relay process (workers/serving/streaming/relay.py), which sends them to Kafka.
 
 The engine loop only queues an event. A writer thread encodes queued events and writes them to the relay's
 stdin in one write per burst (the write releases the GIL); a reader thread settles the handles of tracked
@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable, Mapping
 
 from schemas.jobs import TokenEvent
-from workers.serving import token_relay
+from workers.serving.errors import Backoff, describe_error
 from workers.serving.headers import job_headers
-from workers.serving.retry import Backoff, describe_error
-from workers.serving.token_relay import DELIVERED, DROPPED, ENV_CONNECTION
+from workers.serving.streaming import relay as token_relay
+from workers.serving.streaming.relay import DELIVERED, DROPPED, ENV_CONNECTION
 from workers.settings import KafkaConnection
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ class TokenEventSender:
         log_config: tuple[str, str, str] = ("worker", "INFO", "text"),  # worker_id, level, format
         max_queued: int = MAX_QUEUED,
     ) -> None:
-        self._argv = [sys.executable, "-m", "workers.serving.token_relay", topic, client_id, *log_config]
+        self._argv = [sys.executable, "-m", "workers.serving.streaming.relay", topic, client_id, *log_config]
         self._env = relay_environment(conn)
         self._on_drop = on_drop
         self._max_queued = max_queued

@@ -50,6 +50,16 @@ def published_already(
     return found
 
 
+class PublishedResults:
+    """The delivery `Lookup` of a batch of results: which are in their tenant's results topic already."""
+
+    def __init__(self, lookup: KeyLookup, topic_of: Callable[[str], str], results: dict[JobKey, JobResult]):
+        self.lookup, self.topic_of, self.results = lookup, topic_of, results
+
+    def landed(self, names: list[JobKey]) -> set[JobKey]:
+        return published_already(self.lookup, self.topic_of, names, self.results)
+
+
 def look_since_ms(finished: dict[JobKey, datetime | None]) -> list[tuple[JobKey, int]]:
     """From when to look for each job's result: its row's finish (the result was sent after it), less a
     minute for the clocks of the worker that wrote the row and of the one that sent the result. A row

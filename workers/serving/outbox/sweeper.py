@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from workers.clock import utcnow
 from workers.db import Engine, Row
 from workers.db.outbox import claim_lapsed
-from workers.serving.retry import describe_error
+from workers.serving.errors import describe_error
 
 log = logging.getLogger(__name__)
 

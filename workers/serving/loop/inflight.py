@@ -13,7 +13,7 @@ from schemas.statuses import STATUS_OF_FINISH
 from workers.clock import utcnow
 from workers.db.jobs import Terminal
 from workers.kafka_io import Coordinates
-from workers.serving.choices import Choices, LogprobFormatter
+from workers.serving.loop.choices import Choices, LogprobFormatter
 
 
 @dataclass

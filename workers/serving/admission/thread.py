@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 
 from workers.kafka_io import Coordinates, Partition
-from workers.serving.admission import Admitter, Decision
-from workers.serving.intake import Accepted
-from workers.serving.writes import Rejected
+from workers.serving.admission.admitter import Admitter, Decision
+from workers.serving.intake.rejected import Rejected
+from workers.serving.intake.validation import Accepted
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ to stdin; the relay answers on stdout for every tracked event (delivered, failed
 count of the untracked events it dropped. It exits when stdin closes, after a bounded flush, or at once when
 the worker is gone (a thread watches the parent pid); it ignores SIGINT and SIGTERM, which are the worker's
 to act on.
-Run by the worker as `python -m workers.serving.token_relay`.
+Run by the worker as `python -m workers.serving.streaming.relay`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ _EVENT = struct.Struct(">QHH")  # track id (0: untracked), key length, headers l
 _HEADER = struct.Struct(">HH")  # one header's name length and value length
 _REPLY = struct.Struct(">QBH")  # track id, outcome, message length
 
-log = logging.getLogger("workers.serving.token_relay")
+log = logging.getLogger("workers.serving.streaming.relay")
 
 
 def frame(payload: bytes) -> bytes:
@@ -156,7 +156,7 @@ def topic_of(topic: str, headers: Sequence[tuple[str, bytes]]) -> str:
 
 def relay(topic: str, client_id: str, conn, source: BinaryIO, replies: _Replies) -> None:
     from workers.kafka_io import Producer
-    from workers.serving.retry import describe_error, until_available
+    from workers.serving.errors import describe_error, until_available
 
     where = f"Kafka at {conn.bootstrap}"
     producer = until_available(lambda: Producer(conn, client_id, max_block_s=0.5), where)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.serving.writes import Rejected
+from workers.serving.intake.rejected import Rejected
 
 MAX_KEY_BYTES = 4096
 MAX_ERROR_BYTES = 4000

@@ -39,14 +39,14 @@ from workers.db.outbox import (
 )
 from workers.kafka_io import Delivery, KeyLookup, Producer
 from workers.kafka_io.errors import kafka_too_large
-from workers.serving.delivery import deliver
+from workers.serving.errors import Backoff, describe_error, retry_transient
 from workers.serving.failpoints import crash_if
 from workers.serving.headers import job_headers
-from workers.serving.result_lookup import published_already, result_message
-from workers.serving.retry import Backoff, describe_error, retry_transient
-from workers.serving.sweeper import SWEEP_S, Sweeper
-from workers.serving.writes import (
-    Rejected,
+from workers.serving.outbox.delivery import Deliveries, Ledger
+from workers.serving.outbox.result_lookup import PublishedResults, result_message
+from workers.serving.outbox.sweeper import SWEEP_S, Sweeper
+from workers.serving.outbox.writes import (
+    DeadLettered,
     Republish,
     Source,
     Stored,
@@ -81,7 +81,7 @@ class Persister:
         producer: Producer,
         topics: Topics,
         worker_id: str,
-        dead_letter: Callable[[Rejected], Delivery],
+        dead_letter: Callable[[DeadLettered], Delivery],
         published: KeyLookup,
         in_flight: Callable[[], Sequence[JobKey]] = tuple,
         failpoint: str = "",
@@ -211,15 +211,16 @@ class Persister:
 
     def _process(self, items: list[WriteItem]) -> None:
         await_stream_ends(items, STREAM_END_WAIT_S)
-        rejected = [i for i in items if isinstance(i, Rejected)]
-        deliver(
-            "dead-lettered records",
-            {_name(r, n): lambda r=r: self._dead_letter(r) for n, r in enumerate(rejected)},
+        rejected = [i for i in items if isinstance(i, DeadLettered)]
+        Deliveries("dead-lettered records").send(
+            {_name(r, n): lambda r=r: self._dead_letter(r) for n, r in enumerate(rejected)}
         )
         claimed = time.monotonic()  # every lease the store writes runs at least LEASE_S from here
         stored = self._store(items)
         self._crash_if("crash-before-publish", stored)
-        deliver("results", {(r.tenant, r.job_id): lambda r=r: self._send_result(r) for r in stored.direct})
+        Deliveries("results").send(
+            {(r.tenant, r.job_id): lambda r=r: self._send_result(r) for r in stored.direct}
+        )
         refused = self._publish(stored.outbox, claimed, stored.unsure, stored)
         self.written += len(items)
         for item, later in stored.superseded:
@@ -246,16 +247,10 @@ class Persister:
         """Publish outbox rows' results (their leases claimed at `claimed`) and mark them published; the
         jobs whose result the broker refused even in its compact form."""
         results = {(row.tenant, row.job_id): result_from_row(row) for row in rows}
-        return deliver(
-            "results",
-            {key: lambda key=key: self._send_result(results[key]) for key in results},
-            keep=lambda keys: self._keep(keys, claimed),
-            delivered=lambda keys: self._mark_published(keys, stored),
-            landed=lambda keys: published_already(self._published, self._topics.results_for, keys, results),
-            unsure=unsure,
-            refused=lambda key, exc: self._compact(key, exc, results),
-            until=until,
-        )
+        ledger = _Publishing(self, claimed, stored, results)
+        lookup = PublishedResults(self._published, self._topics.results_for, results)
+        sends = {key: lambda key=key: self._send_result(results[key]) for key in results}
+        return Deliveries("results", ledger, lookup).send(sends, unsure, until)
 
     def _publish_swept(self, rows: list[Row], claimed: float, until: float) -> None:
         # each may be out already: its publisher died, maybe after the broker took it
@@ -368,6 +363,25 @@ class Persister:
         return retry_transient(work, what)
 
 
+class _Publishing(Ledger):
+    """A batch of outbox rows' results on their way: their leases (claimed at `claimed`) renewed before
+    each round, their rows marked published once out, and a result too large replaced by its compact form."""
+
+    def __init__(
+        self, persister: Persister, claimed: float, stored: Stored | None, results: dict[JobKey, JobResult]
+    ) -> None:
+        self.persister, self.claimed, self.stored, self.results = persister, claimed, stored, results
+
+    def ours(self, names: list[JobKey]) -> set[JobKey]:
+        return self.persister._keep(names, self.claimed)
+
+    def delivered(self, names: list[JobKey]) -> None:
+        self.persister._mark_published(names, self.stored)
+
+    def replacement(self, name: JobKey, exc: BaseException) -> Callable[[], Delivery] | None:
+        return self.persister._compact(name, exc, self.results)
+
+
 def _drain(q: queue.Queue) -> list:
     out = []
     while True:
@@ -387,5 +401,5 @@ def _republish(items: list[WriteItem], keys: set[JobKey]) -> list[WriteItem]:
     return [Republish(job_id, tuple(srcs), tenant) for (tenant, job_id), srcs in sources.items()]
 
 
-def _name(r: Rejected, n: int) -> str:
+def _name(r: DeadLettered, n: int) -> str:
     return f"{r.job_id or 'record'}#{n}"

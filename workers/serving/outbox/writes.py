@@ -21,15 +21,14 @@ from workers.db.jobs import (
     Terminal,
     fail,
     finish,
-    insert_terminal,
     mark_running,
     request_cancel,
     superseded_by,
 )
 from workers.db.outbox import claim, take_over
 from workers.kafka_io import Coordinates, Record
-from workers.serving.delivery import Waitable
-from workers.serving.retry import describe_error
+from workers.serving.errors import describe_error
+from workers.serving.outbox.delivery import Waitable
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +103,8 @@ class _NoFallback:
         return Stored()
 
 
-def _outbox(row: Row | None) -> Stored:
+def outbox_row(row: Row | None) -> Stored:
+    """What an item that wrote (or found) one terminal row produced: that row to publish, if any."""
     return Stored(outbox=[row] if row is not None else [])
 
 
@@ -145,66 +145,15 @@ class Concluded:
         r = self.row
         if written is None and (later := superseded_by(conn, r.tenant, r.job_id, r.attempt)):
             return Stored(superseded=[(self, later)])
-        return _outbox(written)
+        return outbox_row(written)
 
 
-@dataclass(frozen=True)
-class Rejected:
-    """A record that can never run: dead-lettered, with a `rejected` row when its id is free."""
+class DeadLettered:
+    """A write item whose record can never run: the persister dead-letters that record before it stores
+    anything (intake's `Rejected` is the one kind; the outbox sees only this much of it)."""
 
     record: Record
-    job_id: str
-    tenant: str
-    priority: str
-    error: str
-    reason: str  # a short category for metrics: invalid, too_long, wrong_tenant, unstorable, ...
-    store_row: bool = True  # False when there is no job row to write (a control message)
-    announce: bool = True  # publish a `rejected` result (False for control messages: no job to report)
-
-    @property
-    def sources(self) -> tuple[Source, ...]:
-        return ((self.record.topic, self.record.partition, self.record.offset),)
-
-    def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
-        if not self.store_row:
-            return Stored(direct=[self.result()] if self.announce else [])
-        # an id that already has a row keeps it: that row speaks for the id
-        return _outbox(insert_terminal(conn, self.tenant, self.job_id, "rejected", self._values(ctx)))
-
-    def fallback(self, conn: Connection, ctx: WriteContext, error: str) -> Stored:
-        values = {
-            **self._values(ctx),
-            "prompt": None,
-            "error": storable(f"{self.error}; not stored: {error}"),
-        }
-        return _outbox(insert_terminal(conn, self.tenant, self.job_id, "rejected", values))
-
-    def _values(self, ctx: WriteContext) -> dict[str, Any]:
-        rec = self.record
-        return {
-            **ctx.claim,
-            "priority": self.priority,
-            "error": storable(self.error),
-            "finish_reason": "rejected",
-            "created_at": rec.posted_at(ctx.now),
-            "finished_at": ctx.now,
-            "updated_at": ctx.now,
-            "prompt": storable((rec.value or b"")[:4096].decode("utf-8", "replace")),
-            "source_topic": rec.topic,
-            "source_partition": rec.partition,
-            "source_offset": rec.offset,
-            "worker_id": ctx.worker_id,
-        }
-
-    def result(self) -> JobResult:
-        return JobResult(
-            job_id=self.job_id,
-            status="rejected",
-            tenant=self.tenant,
-            priority=self.priority,
-            finish_reason="rejected",
-            error=self.error,
-        )
+    job_id: str  # "" when the record names no job (a control message)
 
 
 @dataclass(frozen=True)
@@ -221,7 +170,7 @@ class CancelRequested(_NoFallback):
         if self.sources:  # a `cancelled` row's source is its control record (the sweeper finds it by it)
             topic, partition, offset = self.sources[0]
             values = {**values, "source_topic": topic, "source_partition": partition, "source_offset": offset}
-        return _outbox(request_cancel(conn, self.job_id, self.tenant, self.at, ctx.worker_id, values))
+        return outbox_row(request_cancel(conn, self.job_id, self.tenant, self.at, ctx.worker_id, values))
 
 
 @dataclass(frozen=True)

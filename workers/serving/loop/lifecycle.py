@@ -10,8 +10,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from gpu.engine import Engine, EngineRequest, RequestOutput
 from scheduler.types import Priority
@@ -22,33 +24,40 @@ from workers.clock import utcnow
 from workers.db import Engine as Database
 from workers.db.jobs import Admitted, Terminal
 from workers.kafka_io import Partition, Record
-from workers.serving import cancels
-from workers.serving.admission import Admitter, Decision
-from workers.serving.admission_thread import AdmissionThread
-from workers.serving.choices import REQUEST_ENDS, LogprobFormatter
-from workers.serving.delivery import Waitable
-from workers.serving.inflight import InFlightJob
-from workers.serving.intake import Accepted, Intake, job_key
-from workers.serving.job_log import job_event
+from workers.serving.admission import cancels
+from workers.serving.admission.admitter import Admitter, Decision
+from workers.serving.admission.thread import AdmissionThread
+from workers.serving.errors import describe_error
+from workers.serving.intake.rejected import Rejected
+from workers.serving.intake.sampling import sampling_params
+from workers.serving.intake.validation import Accepted, job_key
+from workers.serving.loop.choices import REQUEST_ENDS, LogprobFormatter
+from workers.serving.loop.inflight import InFlightJob
+from workers.serving.loop.job_log import job_event
 from workers.serving.metrics import WorkerMetrics
 from workers.serving.offsets import OffsetTracker
-from workers.serving.retry import describe_error
-from workers.serving.sampling import sampling_params
-from workers.serving.token_stream import TokenStreamer
-from workers.serving.writes import (
+from workers.serving.outbox.delivery import Waitable
+from workers.serving.outbox.writes import (
     CancelRequested,
     Concluded,
-    Rejected,
     Republish,
     Running,
     WriteItem,
     storable,
 )
+from workers.serving.streaming.stream import TokenStreamer
 
 log = logging.getLogger(__name__)
 
 RECHECK_S = 5.0  # how often a copy another worker runs is decided again
 PRIORITIES = {"high": Priority.HIGH, "normal": Priority.NORMAL, "low": Priority.LOW}
+
+
+class Owner(Protocol):
+    """What knows the partitions this worker owns now (the intake thread: its consumer's assignment)."""
+
+    @property
+    def assignment(self) -> AbstractSet[Partition]: ...
 
 
 class JobLifecycle:
@@ -65,27 +74,16 @@ class JobLifecycle:
         database: Database,
         ready: threading.Event,
         offsets: OffsetTracker,
-        owned: Callable[[], set[Partition]],
+        owner: Owner,
         metrics: WorkerMetrics,
         write: Callable[[list[WriteItem]], None],
         send_event: Callable[[TokenEvent, str], Waitable | None],
     ) -> None:
         self.engine, self.topics, self.worker_id, self.limits = engine, topics, worker_id, limits
         self.offsets, self.metrics = offsets, metrics
-        self.owned = owned  # the partitions this worker owns now
+        self.owner = owner  # knows the partitions this worker owns now
         self.write = write  # hands row writes to the persister
         self.jobs: dict[str, InFlightJob] = {}  # by job_key(tenant, job_id), the engine's request id
-        max_model_len = engine.scheduler.config.max_model_len
-        # its own tokenizer: it runs on the intake thread while the engine thread detokenizes; grammars
-        # are compiled there too (the engine caches them), so a slow schema never holds up a step
-        self.intake_rules = Intake(
-            topics,
-            limits,
-            engine.tokenizer.clone(),
-            max_model_len,
-            vocab_size=engine.model.config.vocab_size,
-            compile_grammar=lambda spec: engine.compile_grammar(spec),
-        )
         self.logprob_format = LogprobFormatter(engine.tokenizer)  # the engine thread's tokenizer
         self.admitter = AdmissionThread(Admitter(database, worker_id), self._is_held, ready)
         self.recent_cancels = cancels.RecentCancels()
@@ -94,10 +92,6 @@ class JobLifecycle:
         self._recheck: list[tuple[float, Accepted]] = []  # superseded copies, by when to decide them again
 
     # ---- intake ----------------------------------------------------------------------------
-    def prepare(self, record: Record) -> Accepted | Rejected | None:
-        """A job record validated and tokenized (on the intake thread); None for a control record."""
-        return None if self.topics.is_control(record.topic) else self.intake_rules.accept(record)
-
     def intake(self, prepared: list[tuple[Record, Accepted | Rejected | None]]) -> None:
         accepted = []
         for record, decision in prepared:
@@ -116,9 +110,9 @@ class JobLifecycle:
             now = time.monotonic()
             due = [a for at, a in self._recheck if at <= now]
             self._recheck = [(at, a) for at, a in self._recheck if at > now]
-            self.admitter.add([a for a in due if a.record.source in self.owned()])
+            self.admitter.add([a for a in due if a.record.source in self.owner.assignment])
         decisions, rejected = self.admitter.results()
-        owned = self.owned()  # decided after a revocation: the new owner reads them again
+        owned = self.owner.assignment  # decided after a revocation: the new owner reads them again
         for r in rejected:
             if r.record.source in owned:
                 self._reject(r)
