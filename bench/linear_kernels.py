@@ -31,9 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from bench.machine import machine_info
-    from gpu import autotune
+    from gpu.cpu import autotune
+    from gpu.cpu.linear import Linear
     from gpu.forward import LlamaForward
-    from gpu.linear import Linear
     from gpu.model import load_model
     from gpu.runner import linears_of
 

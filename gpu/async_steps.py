@@ -21,9 +21,9 @@ import torch
 from gpu.engine_types import RequestOutput, StepFailed
 from gpu.runner import ModelRunner
 from gpu.step_clock import FORWARD, INPUTS, OUTPUTS, SCHEDULE, StepClock
+from scheduler.async_scheduler import PendingTokens
 from scheduler.output import SchedulerOutput, TokenUpdate
 from scheduler.scheduler import Scheduler
-from scheduler.step_results import PendingTokens
 
 log = logging.getLogger(__name__)
 

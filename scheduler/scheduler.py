@@ -19,6 +19,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass
 
+from scheduler.async_scheduler import StepResults
 from scheduler.budget import TokenBudget
 from scheduler.config import SchedulerConfig
 from scheduler.deadlines import DeadlineHeap
@@ -28,7 +29,6 @@ from scheduler.limits import check_config, why_never_fits
 from scheduler.output import FinishedSequence, ScheduledChunk, SchedulerOutput
 from scheduler.preemption import block_victims, decodes_deferred_after, seat_victims
 from scheduler.sequence import RequestGroup, Sequence, SequenceStatus
-from scheduler.step_results import StepResults
 from scheduler.types import FinishReason, Priority, SequenceRequest, sample_seq_id
 from scheduler.waiting_queue import WaitingQueue
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from gpu.attention.metadata import AttentionMetadata
-from gpu.attention.native_decode import NativeDecode
 from gpu.attention.prefill import PrefillPlan, plan_prefills, prefill_all
 from gpu.attention.torch_decode import Bucket, DecodeScratch, decode_bucket, plan_buckets
+from gpu.cpu.native_decode import NativeDecode
 from gpu.kv_cache import KVCache
 
 DECODE_KINDS = ("native", "torch")

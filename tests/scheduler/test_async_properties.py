@@ -9,9 +9,9 @@ import dataclasses
 
 from hypothesis import given
 
+from scheduler.async_scheduler import PLACEHOLDER
 from scheduler.config import SchedulerConfig
 from scheduler.scheduler import Scheduler
-from scheduler.step_results import PLACEHOLDER
 from scheduler.types import FinishReason
 from tests.scheduler.checker import Arrival
 from tests.scheduler.factories import fake_token_for, sample_all

@@ -11,7 +11,7 @@ import ctypes
 
 import torch
 
-from gpu.native import build
+from gpu.cpu.native import build
 
 _ABI_VERSION = 1
 PANEL_COLUMNS = 16

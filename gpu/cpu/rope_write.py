@@ -11,8 +11,8 @@ import ctypes
 
 import torch
 
+from gpu.cpu.native import build
 from gpu.kv_cache import KVCache
-from gpu.native import build
 
 _ABI_VERSION = 1
 MAX_HEAD_DIM = 1024  # the kernel's stack buffer holds half a row

@@ -8,8 +8,8 @@ import ctypes
 import torch
 
 from gpu.attention.metadata import AttentionMetadata
+from gpu.cpu.native import build
 from gpu.kv_cache import KVCache, KVShape
-from gpu.native import build
 
 _ABI_VERSION = 1
 MAX_GROUP = 64  # query heads per KV head the kernel's per-group arrays hold

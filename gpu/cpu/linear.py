@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gpu.panel_linear import PanelKernel
+from gpu.cpu.panel_linear import PanelKernel
 
 PACK_BATCH_HINT = 64  # rows the oneDNN layout is tuned for (a full decode batch)
 UNBOUNDED = 1 << 62
