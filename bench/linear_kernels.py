@@ -2,7 +2,7 @@
 
 For every distinct weight shape of the model (fused qkv, o, fused gate/up, down, lm_head) and a range of
 row counts, times `F.linear` ("plain"), oneDNN's prepacked kernel ("packed") and the panel kernel
-(gpu/native/linear.c) in alternation, and prints each one's GFLOP/s, the panel kernel's speed-up over the
+(gpu/cpu/native/linear.c) in alternation, and prints each one's GFLOP/s, the panel kernel's speed-up over the
 best of the other two, and which kernel the engine's start-up measurement would choose.
 """
 

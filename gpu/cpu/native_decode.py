@@ -1,4 +1,4 @@
-"""Decode rows through the C kernel in gpu/native/paged_attention.c: every row reads its own context's
+"""Decode rows through the C kernel in gpu/cpu/native/paged_attention.c: every row reads its own context's
 blocks in place, straight from the persistent block tables (no gather copy, no padding, no mask)."""
 
 from __future__ import annotations

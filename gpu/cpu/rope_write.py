@@ -1,8 +1,8 @@
-"""RoPE of the new q/k rows and their K/V cache write in one native pass (gpu/native/rope_cache.c).
+"""RoPE of the new q/k rows and their K/V cache write in one native pass (gpu/cpu/native/rope_cache.c).
 
 The torch path (gpu/forward.py `rotate` + `KVCache.write`) stays the reference and the fallback: on
 CUDA, for other dtypes, and wherever the kernel cannot be built or does not agree bit for bit (checked
-once at engine start by gpu/autotune.py, which also keeps it only where it is faster).
+once at engine start by gpu/cpu/autotune.py, which also keeps it only where it is faster).
 """
 
 from __future__ import annotations
