@@ -2,7 +2,7 @@
 
 For every distinct weight shape of the model (fused qkv, o, fused gate/up, down, lm_head) and a range of
 row counts, times `F.linear` ("plain"), oneDNN's prepacked kernel ("packed") and the panel kernel
-(gpu/native/linear.c) in alternation, and prints each one's GFLOP/s, the panel kernel's speed-up over the
+(gpu/cpu/native/linear.c) in alternation, and prints each one's GFLOP/s, the panel kernel's speed-up over the
 best of the other two, and which kernel the engine's start-up measurement would choose.
 """
 
@@ -31,9 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from bench.machine import machine_info
-    from gpu import autotune
+    from gpu.cpu import autotune
+    from gpu.cpu.linear import Linear
     from gpu.forward import LlamaForward
-    from gpu.linear import Linear
     from gpu.model import load_model
     from gpu.runner import linears_of
 

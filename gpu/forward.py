@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from gpu.attention import PagedAttention
+from gpu.cpu.linear import Linear
+from gpu.cpu.rope_write import RopeCacheWrite
 from gpu.inputs import StepInputs
 from gpu.kv_cache import KVCache, KVShape
-from gpu.linear import Linear
 from gpu.model import LoadedModel, check_architecture
-from gpu.rope_cache import RopeCacheWrite
 
 # Attention of one layer: (q [T, heads, D], k/v [T, kv_heads, D] of the new tokens, layer) -> [T, heads, D].
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]

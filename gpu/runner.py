@@ -12,21 +12,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpu import autotune
 from gpu.attention import PagedAttention
-from gpu.attention.native_decode import NativeDecode
+from gpu.cpu import autotune
+from gpu.cpu.linear import Linear
+from gpu.cpu.native_decode import NativeDecode
+from gpu.cpu.rope_write import RopeCacheWrite
+from gpu.cpu.threads import ThreadTuner
 from gpu.forward import LlamaForward
 from gpu.grammar.closing import Closing
 from gpu.inputs import InputBuilder, StepInputs
 from gpu.kv_cache import KVCache
 from gpu.kv_sizing import KVPlan, activation_estimate, plan_kv
-from gpu.linear import Linear
 from gpu.logits_processors import LogitsState, token_logprobs
 from gpu.model import LoadedModel
-from gpu.rope_cache import RopeCacheWrite
 from gpu.sampler import SamplingBatch, sample
 from gpu.step_clock import FORWARD, INPUTS, SAMPLE, StepClock
-from gpu.threads import ThreadTuner
 from scheduler.output import SchedulerOutput
 
 log = logging.getLogger(__name__)

@@ -9,14 +9,17 @@ prefill chunks into the remaining token budget.
 A request with n > 1 samples is one sequence per sample in a RequestGroup: one prefills, and when its
 prompt is computed the others fork from it, sharing the prompt's KV blocks (scheduler/sequence.py).
 
-This module chooses each step; what the step's results then do to its sequences (tokens appended, stop
-conditions, async scheduling's placeholders) is scheduler/step_results.py.
+A step's results (`update_in_order`): computed tokens advance, sampled tokens are appended, and EOS, stop
+tokens and max_tokens end sequences. Async scheduling applies them in two halves (placeholders first) in
+the subclass scheduler/async_scheduler.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Mapping
+from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
 
 from scheduler.budget import TokenBudget
@@ -25,10 +28,9 @@ from scheduler.deadlines import DeadlineHeap
 from scheduler.fairness import TenantLedger
 from scheduler.kv_manager import KVCacheManager
 from scheduler.limits import check_config, why_never_fits
-from scheduler.output import FinishedSequence, ScheduledChunk, SchedulerOutput
+from scheduler.output import FinishedSequence, ScheduledChunk, SchedulerOutput, TokenUpdate
 from scheduler.preemption import block_victims, decodes_deferred_after, seat_victims
-from scheduler.sequence import RequestGroup, Sequence, SequenceStatus
-from scheduler.step_results import StepResults
+from scheduler.sequence import PLACEHOLDER, RequestGroup, Sequence, SequenceStatus
 from scheduler.types import FinishReason, Priority, SequenceRequest, sample_seq_id
 from scheduler.waiting_queue import WaitingQueue
 
@@ -44,7 +46,7 @@ class SchedulerStats:
     prompt_tokens_computed: int  # prompt tokens run through the model, total since start (recompute too)
 
 
-class Scheduler(StepResults):
+class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         check_config(config)
         self.config = config
@@ -68,6 +70,7 @@ class Scheduler(StepResults):
         self._prompt_tokens_computed = 0
         self._deferred_last_step = False
         # Sequences whose in-flight token is their last (max_tokens, max_model_len): not scheduled again.
+        # Filled by AsyncScheduler.advance; always empty for synchronous steps.
         self._last_in_flight: set[Sequence] = set()
 
     # ---- requests in and out -------------------------------------------------------------------------
@@ -190,6 +193,58 @@ class Scheduler(StepResults):
             finished=tuple(finished),
             num_decodes=len(decodes),
         )
+
+    # ---- a step's results ----------------------------------------------------------------------------
+
+    def update(self, output: SchedulerOutput, sampled: Mapping[str, int]) -> list[TokenUpdate]:
+        """Advance num_computed_tokens for every chunk, append sampled tokens, detect EOS/stop/max_tokens."""
+        return self.update_in_order(
+            output, [sampled.get(c.seq_id, PLACEHOLDER) for c in output.chunks if c.sample]
+        )
+
+    def update_in_order(self, output: SchedulerOutput, tokens: SequenceOf[int]) -> list[TokenUpdate]:
+        """`update` with the sampled tokens in the order of the chunks that sample (as the runner returns
+        them): `advance` and `commit` at once, in one pass (the synchronous step's common path)."""
+        updates = []
+        seqs, running = self._seqs, SequenceStatus.RUNNING
+        block_size, caching = self.config.block_size, self.kv.enable_caching
+        max_model_len = self.config.max_model_len
+        if len(tokens) != sum(1 for c in output.chunks if c.sample):
+            raise ValueError(
+                f"{len(tokens)} sampled tokens for a step whose chunks sample a different number"
+            )
+        next_token = iter(tokens).__next__
+        for chunk in output.chunks:
+            seq = seqs.get(chunk.seq_id)
+            if seq is None or seq.status is not running:
+                if chunk.sample:
+                    next_token()  # ended (aborted, finished) between schedule() and update(): dropped
+                continue
+            if seq.num_computed_tokens != chunk.start_position:
+                raise ValueError(f"chunk of {chunk.seq_id!r} does not continue the sequence (stale output?)")
+            computed = seq.num_computed_tokens = chunk.start_position + len(chunk.token_ids)
+            if caching and computed // block_size > seq.num_cached_blocks:  # a block just filled up
+                self.kv.cache_full_blocks(seq)
+            if seq.group is not None and seq.group.unforked and computed >= seq.num_prompt_tokens:
+                self._fork(seq)  # before its token may end it: the siblings take their blocks first
+            if not chunk.sample:
+                continue
+            token = next_token()
+            if token < 0:
+                raise KeyError(f"no sampled token for {chunk.seq_id!r}, whose chunk asked for one")
+            tokens = seq.token_ids
+            tokens.append(token)
+            # stop_reason(), inline: this runs per row per step
+            if token in seq.stop_token_ids:
+                reason: FinishReason | None = FinishReason.STOP
+            elif len(tokens) >= seq.max_num_tokens or len(tokens) >= max_model_len:
+                reason = FinishReason.LENGTH
+            else:
+                reason = None
+            if reason is not None:
+                self._end(seq, reason)
+            updates.append(TokenUpdate(chunk.seq_id, token, reason))
+        return updates
 
     # ---- steps of schedule() -------------------------------------------------------------------------
 

@@ -7,6 +7,8 @@ import enum
 
 from scheduler.types import FinishReason, Priority, SamplingParams, SequenceRequest
 
+PLACEHOLDER = -1  # a sampled token not known yet (its step is in flight): never fed to the model as such
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"

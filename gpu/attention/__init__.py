@@ -3,7 +3,7 @@
 `PagedAttention(decode=...)`: decode rows (one-token chunks) through the chosen decode kernel, prefill
 chunks through SDPA. CPU decode kernels: "native" (C, reads blocks in place; float32) and "torch"
 (bucketed gather + batched products; any dtype and device). Which one runs is measured at engine start
-(gpu/autotune.py); CUDA has its own backend in gpu/cuda/.
+(gpu/cpu/autotune.py); CUDA has its own backend in gpu/cuda/.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from gpu.attention.metadata import AttentionMetadata
-from gpu.attention.native_decode import NativeDecode
 from gpu.attention.prefill import PrefillPlan, plan_prefills, prefill_all
 from gpu.attention.torch_decode import Bucket, DecodeScratch, decode_bucket, plan_buckets
+from gpu.cpu.native_decode import NativeDecode
 from gpu.kv_cache import KVCache
 
 DECODE_KINDS = ("native", "torch")

@@ -1,4 +1,4 @@
-"""The grammar mask applied on the CPU by a native kernel (gpu/native/token_mask.c), a word at a time.
+"""The grammar mask applied on the CPU by a native kernel (gpu/cpu/native/token_mask.c), a word at a time.
 
 xgrammar's CPU kernel tests each token's bit: ~2 ms a step for 16 rows of a 49k vocabulary at structural
 positions, where nearly every token is forbidden. This one decides 32 tokens per bitmask word (all allowed:
@@ -12,7 +12,7 @@ import ctypes
 
 import torch
 
-from gpu.native import build
+from gpu.cpu.native import build
 
 _ABI_VERSION = 1
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from gpu.attention import PagedAttention
-from gpu.attention.native_decode import NativeDecode
 from gpu.attention.torch_decode import plan_buckets
+from gpu.cpu.native_decode import NativeDecode
 from gpu.inputs import InputBuilder
 from gpu.kv_cache import KVCache, KVShape
 from gpu.runner import to_device

@@ -6,14 +6,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpu import autotune
-from gpu.attention.native_decode import NativeDecode
+from gpu.cpu import autotune
+from gpu.cpu.linear import UNBOUNDED, Linear
+from gpu.cpu.native import build
+from gpu.cpu.native_decode import NativeDecode
+from gpu.cpu.panel_linear import PanelKernel
+from gpu.cpu.rope_write import RopeCacheWrite
 from gpu.forward import rotate
 from gpu.kv_cache import KVCache, KVShape
-from gpu.linear import UNBOUNDED, Linear
-from gpu.native import build
-from gpu.panel_linear import PanelKernel
-from gpu.rope_cache import RopeCacheWrite
 
 
 def test_race_times_every_candidate():

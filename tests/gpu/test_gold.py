@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from gpu.attention.native_decode import NativeDecode
+from gpu.cpu.native_decode import NativeDecode
 from gpu.model import load_model
 from tests.gpu.factories import (
     assert_matches_hf,

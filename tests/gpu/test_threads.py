@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpu import threads
-from gpu.threads import MIN_PERIOD, ThreadTuner
+from gpu.cpu import threads
+from gpu.cpu.threads import MIN_PERIOD, ThreadTuner
 
 
 class FakeClock:

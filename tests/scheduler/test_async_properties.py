@@ -9,9 +9,9 @@ import dataclasses
 
 from hypothesis import given
 
+from scheduler.async_scheduler import PLACEHOLDER, AsyncScheduler
 from scheduler.config import SchedulerConfig
 from scheduler.scheduler import Scheduler
-from scheduler.step_results import PLACEHOLDER
 from scheduler.types import FinishReason
 from tests.scheduler.checker import Arrival
 from tests.scheduler.factories import fake_token_for, sample_all
@@ -32,7 +32,7 @@ def without_time_limits(workload: list[Arrival]) -> list[Arrival]:
 
 
 def drive(config: SchedulerConfig, workload: list[Arrival], overlapped: bool):
-    s = Scheduler(config)
+    s = AsyncScheduler(config) if overlapped else Scheduler(config)
     tokens: dict[str, list[int]] = {}
     endings: dict[str, FinishReason] = {}
     in_flight = None  # (pending, the tokens its step sampled)

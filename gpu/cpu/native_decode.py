@@ -1,4 +1,4 @@
-"""Decode rows through the C kernel in gpu/native/paged_attention.c: every row reads its own context's
+"""Decode rows through the C kernel in gpu/cpu/native/paged_attention.c: every row reads its own context's
 blocks in place, straight from the persistent block tables (no gather copy, no padding, no mask)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import ctypes
 import torch
 
 from gpu.attention.metadata import AttentionMetadata
+from gpu.cpu.native import build
 from gpu.kv_cache import KVCache, KVShape
-from gpu.native import build
 
 _ABI_VERSION = 1
 MAX_GROUP = 64  # query heads per KV head the kernel's per-group arrays hold

@@ -2,9 +2,9 @@
  *
  * Why: at this project's shapes (a decode batch of 1-64 rows against a 256-wide hidden state, and an
  * output projection of 32k-49k columns) the BLAS and oneDNN kernels reach about half of the machine's
- * matmul peak (gpu/linear.py). A register-blocked AVX2 kernel over a panel layout keeps both FMA ports
+ * matmul peak (gpu/cpu/linear.py). A register-blocked AVX2 kernel over a panel layout keeps both FMA ports
  * busy: each step of k loads two weight vectors from one contiguous panel, broadcasts six x values and
- * issues twelve FMAs. Which kernel a shape uses is still measured at engine start (gpu/autotune.py).
+ * issues twelve FMAs. Which kernel a shape uses is still measured at engine start (gpu/cpu/autotune.py).
  *
  * Layouts: x [m, k] with x_stride floats between rows; W packed as [panels][k][16] (the last panel
  * zero-padded), from `linear_pack_f32`; y [m, n] contiguous; bias [n] or NULL.

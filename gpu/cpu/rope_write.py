@@ -1,8 +1,8 @@
-"""RoPE of the new q/k rows and their K/V cache write in one native pass (gpu/native/rope_cache.c).
+"""RoPE of the new q/k rows and their K/V cache write in one native pass (gpu/cpu/native/rope_cache.c).
 
 The torch path (gpu/forward.py `rotate` + `KVCache.write`) stays the reference and the fallback: on
 CUDA, for other dtypes, and wherever the kernel cannot be built or does not agree bit for bit (checked
-once at engine start by gpu/autotune.py, which also keeps it only where it is faster).
+once at engine start by gpu/cpu/autotune.py, which also keeps it only where it is faster).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import ctypes
 
 import torch
 
+from gpu.cpu.native import build
 from gpu.kv_cache import KVCache
-from gpu.native import build
 
 _ABI_VERSION = 1
 MAX_HEAD_DIM = 1024  # the kernel's stack buffer holds half a row

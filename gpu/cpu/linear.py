@@ -4,10 +4,10 @@ At this project's shapes (hidden 256-576, 1-1024 rows) `F.linear` runs far below
 other layouts of the same weight, each prepared once, can be faster:
 - "packed": oneDNN with the weight reordered into its blocked layout (1.5-3x faster for decode batches on
   the issue-3 machine; see shared/notes/cpu-forward.md);
-- "panel": this project's AVX2 kernel over 16-column panels (gpu/panel_linear.py), 1.3-2x faster than
+- "panel": this project's AVX2 kernel over 16-column panels (gpu/cpu/panel_linear.py), 1.3-2x faster than
   the best of the other two for 8-64 rows on the issue-10 machine.
 Which kernel wins depends on the CPU, the shape, the row count and the thread count, so the choice is
-measured per shape at engine start (gpu/autotune.py); layouts no row count uses are then dropped.
+measured per shape at engine start (gpu/cpu/autotune.py); layouts no row count uses are then dropped.
 Results agree to rounding (each kernel sums in its own order).
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gpu.panel_linear import PanelKernel
+from gpu.cpu.panel_linear import PanelKernel
 
 PACK_BATCH_HINT = 64  # rows the oneDNN layout is tuned for (a full decode batch)
 UNBOUNDED = 1 << 62

@@ -19,9 +19,9 @@ import torch
 
 from gpu.attention import PagedAttention
 from gpu.attention.metadata import AttentionMetadata
-from gpu.attention.native_decode import NativeDecode
+from gpu.cpu.linear import UNBOUNDED, Choice, Linear
+from gpu.cpu.native_decode import NativeDecode
 from gpu.kv_cache import KVCache, KVShape
-from gpu.linear import UNBOUNDED, Choice, Linear
 
 log = logging.getLogger(__name__)
 
@@ -147,8 +147,8 @@ def tune_linears(linears: list[Linear], max_rows: dict[int, int], threads: int) 
 def rope_write_kernel(heads: int, kv_heads: int, head_dim: int, tokens: int, threads: int) -> bool:
     """True when the fused native RoPE + cache write builds, equals the torch path bit for bit and is
     faster here for a step of `tokens` tokens (a decode batch)."""
+    from gpu.cpu.rope_write import RopeCacheWrite
     from gpu.forward import rotate
-    from gpu.rope_cache import RopeCacheWrite
 
     fused = RopeCacheWrite.load()
     if fused is None:

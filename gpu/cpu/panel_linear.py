@@ -1,8 +1,8 @@
-"""y = x W^T (+ bias) through the register-blocked AVX2 kernel in gpu/native/linear.c.
+"""y = x W^T (+ bias) through the register-blocked AVX2 kernel in gpu/cpu/native/linear.c.
 
 The weight is repacked once into 16-column panels; the kernel runs on torch's OpenMP pool, so the thread
-count torch.set_num_threads sets (and gpu/threads.py chooses) governs it too. Float32 on the CPU only;
-whether a shape uses it, and for which row counts, is measured at engine start (gpu/autotune.py).
+count torch.set_num_threads sets (and gpu/cpu/threads.py chooses) governs it too. Float32 on the CPU only;
+whether a shape uses it, and for which row counts, is measured at engine start (gpu/cpu/autotune.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import ctypes
 
 import torch
 
-from gpu.native import build
+from gpu.cpu.native import build
 
 _ABI_VERSION = 1
 PANEL_COLUMNS = 16

@@ -1,29 +1,24 @@
-"""What a step's results do to its sequences: computed tokens advance, sampled tokens are appended, and
-EOS, stop tokens and max_tokens end sequences. Synchronous steps do it in one pass (`update_in_order`);
-async scheduling splits it in two, `advance` (placeholders, so the next step can be scheduled while this one
-runs) and `commit` (the real tokens), and `rollback` undoes advanced steps that failed.
+"""Async scheduling's scheduler: a step's results applied in two halves, so the next step can be scheduled
+while this one runs. `advance` (every chunk's tokens count as computed, a PLACEHOLDER stands for each token
+in flight) and `commit` (the real tokens in, EOS, stop tokens and max_tokens applied); `rollback` undoes
+advanced steps that failed. Synchronous steps use Scheduler.update_in_order (one pass), which this class
+inherits with everything else: an engine may switch between the two modes between steps.
 
-A mixin of Scheduler (scheduler/scheduler.py), which owns the state it works on: `_seqs`, `kv`, `config`,
-`_last_in_flight`, and the transitions `_end`, `_fork` and `_preempt`.
+As vLLM's AsyncScheduler(Scheduler), a subclass, so its use of the scheduler's state (`_seqs`, `kv`,
+`_last_in_flight`, `_end`, `_fork`, `_preempt`) is checked against the class that owns it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from scheduler.output import ScheduledChunk, SchedulerOutput, TokenUpdate
-from scheduler.sequence import Sequence, SequenceStatus
+from scheduler.scheduler import Scheduler
+from scheduler.sequence import PLACEHOLDER, Sequence, SequenceStatus
 from scheduler.types import FinishReason
 
-if TYPE_CHECKING:
-    from scheduler.config import SchedulerConfig
-    from scheduler.kv_manager import KVCacheManager
-    from scheduler.output import FinishedSequence
-
-PLACEHOLDER = -1  # a sampled token not known yet (its step is in flight): never fed to the model as such
+__all__ = ["PLACEHOLDER", "AsyncScheduler", "PendingTokens"]
 
 
 @dataclass(slots=True)
@@ -35,66 +30,8 @@ class PendingTokens:
     positions: list[int]  # index of the PLACEHOLDER in the sequence's token_ids
 
 
-class StepResults:
-    """Scheduler's half that applies what a step computed and sampled (see the module docstring)."""
-
-    config: SchedulerConfig
-    kv: KVCacheManager
-    _seqs: dict[str, Sequence]
-    _last_in_flight: set[Sequence]
-    _end: Callable[[Sequence, FinishReason], FinishedSequence]
-    _fork: Callable[[Sequence], None]
-    _preempt: Callable[[Sequence, float], None]
-
-    def update(self, output: SchedulerOutput, sampled: Mapping[str, int]) -> list[TokenUpdate]:
-        """Advance num_computed_tokens for every chunk, append sampled tokens, detect EOS/stop/max_tokens."""
-        return self.update_in_order(
-            output, [sampled.get(c.seq_id, PLACEHOLDER) for c in output.chunks if c.sample]
-        )
-
-    def update_in_order(self, output: SchedulerOutput, tokens: SequenceOf[int]) -> list[TokenUpdate]:
-        """`update` with the sampled tokens in the order of the chunks that sample (as the runner returns
-        them): `advance` and `commit` at once, in one pass (the synchronous step's common path)."""
-        updates = []
-        seqs, running = self._seqs, SequenceStatus.RUNNING
-        block_size, caching = self.config.block_size, self.kv.enable_caching
-        max_model_len = self.config.max_model_len
-        if len(tokens) != sum(1 for c in output.chunks if c.sample):
-            raise ValueError(
-                f"{len(tokens)} sampled tokens for a step whose chunks sample a different number"
-            )
-        next_token = iter(tokens).__next__
-        for chunk in output.chunks:
-            seq = seqs.get(chunk.seq_id)
-            if seq is None or seq.status is not running:
-                if chunk.sample:
-                    next_token()  # ended (aborted, finished) between schedule() and update(): dropped
-                continue
-            if seq.num_computed_tokens != chunk.start_position:
-                raise ValueError(f"chunk of {chunk.seq_id!r} does not continue the sequence (stale output?)")
-            computed = seq.num_computed_tokens = chunk.start_position + len(chunk.token_ids)
-            if caching and computed // block_size > seq.num_cached_blocks:  # a block just filled up
-                self.kv.cache_full_blocks(seq)
-            if seq.group is not None and seq.group.unforked and computed >= seq.num_prompt_tokens:
-                self._fork(seq)  # before its token may end it: the siblings take their blocks first
-            if not chunk.sample:
-                continue
-            token = next_token()
-            if token < 0:
-                raise KeyError(f"no sampled token for {chunk.seq_id!r}, whose chunk asked for one")
-            tokens = seq.token_ids
-            tokens.append(token)
-            # stop_reason(), inline: this runs per row per step
-            if token in seq.stop_token_ids:
-                reason: FinishReason | None = FinishReason.STOP
-            elif len(tokens) >= seq.max_num_tokens or len(tokens) >= max_model_len:
-                reason = FinishReason.LENGTH
-            else:
-                reason = None
-            if reason is not None:
-                self._end(seq, reason)
-            updates.append(TokenUpdate(chunk.seq_id, token, reason))
-        return updates
+class AsyncScheduler(Scheduler):
+    """A Scheduler whose steps' results may also be applied in two halves (see the module docstring)."""
 
     def advance(self, output: SchedulerOutput) -> PendingTokens:
         """The step ran (or is running): every chunk's tokens count as computed, and each sampling chunk's
