@@ -78,7 +78,7 @@ def test_a_live_publishers_result_is_not_published_by_another_worker(env):
     topic = dep.topics.jobs("normal")
     persister = start_persister(dep, db, producer)
     persister.submit([Republish(f"{base}-1", ((topic, 0, 41),), tenant="t-a")])
-    time.sleep(2)
+    wait_until(lambda: persister.written >= 1 and persister.depth == 0, timeout_s=60)  # the item is done
     assert persister.acked() == []  # waits for the live publisher, unacked
     assert job_rows(db, [f"{base}-1"])[f"{base}-1"]["published_at"] is None
     with db.begin() as conn:  # w-other died: its lease lapses
@@ -223,7 +223,9 @@ def test_a_result_refused_even_compact_holds_its_record_until_it_goes_out(small_
     persister = start_persister(dep, db, producer)
     persister.submit(items)
     wait_until(lambda: job_rows(db, [job_id])[job_id]["error"] is not None, timeout_s=60)
-    time.sleep(3)  # a retry or two, refused too
+    # the first try and two retries (each counted in `written`), every one refused: the third began
+    # only after the second had acked what it could
+    wait_until(lambda: persister.written >= 3, timeout_s=60)
     assert persister.acked() == []  # never acked while its result is not out
     assert job_rows(db, [job_id])[job_id]["published_at"] is None
     limit(1_000_000)  # the operator fixes the topic: the next retry publishes it
