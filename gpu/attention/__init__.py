@@ -9,14 +9,17 @@ chunks through SDPA. CPU decode kernels: "native" (C, reads blocks in place; flo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from gpu.attention.metadata import AttentionMetadata
 from gpu.attention.prefill import PrefillPlan, plan_prefills, prefill_all
 from gpu.attention.torch_decode import Bucket, DecodeScratch, decode_bucket, plan_buckets
-from gpu.cpu.native_decode import NativeDecode
 from gpu.kv_cache import KVCache
+
+if TYPE_CHECKING:  # gpu/cpu/native_decode.py imports this package's metadata: no import circle at run time
+    from gpu.cpu.native_decode import NativeDecode
 
 DECODE_KINDS = ("native", "torch")
 
