@@ -15,6 +15,7 @@ import torch
 from gpu import autotune
 from gpu.attention import PagedAttention
 from gpu.attention.native_decode import NativeDecode
+from gpu.attention.prefill import pack_keys
 from gpu.forward import LlamaForward
 from gpu.grammar.closing import Closing
 from gpu.inputs import InputBuilder, StepInputs
@@ -114,6 +115,7 @@ class ModelRunner:
             batch = min(self.config.max_num_seqs, 32)
             context = min(self.config.max_model_len, TUNE_CONTEXT)
             kind = autotune.decode_kernel(shape, heads, batch, context, torch.get_num_threads())
+        pack_keys(shape.num_kv_heads, shape.head_dim, shape.dtype, self.device)  # measured at start, once
         return PagedAttention(kind, native)
 
     def _choose_rope_write(self) -> None:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from gpu.attention.metadata import AttentionMetadata
-from gpu.attention.prefill import PrefillPlan, plan_prefills, prefill_all
+from gpu.attention.prefill import PrefillPlan, plan_for, prefill_all
 from gpu.cuda.kernels import CudaKernels
 from gpu.cuda.staging import PinnedStaging
 from gpu.kv_cache import KVCache
@@ -83,7 +83,7 @@ class CudaPagedAttention:
 
             stage = self.staging.to_device if self.staging is not None else None
             return CudaPlan(meta, None, (), VarlenChunks.from_metadata(meta, stage))
-        prefills = plan_prefills(meta, cache.shape.block_size)
+        prefills = plan_for(meta, cache)
         if meta.num_decodes == 0:
             return CudaPlan(meta, None, prefills)
         if self.kernels.decode:  # the kernel reads the persistent table by seat
