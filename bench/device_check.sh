@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
-# The GPU path's proof and measurement, one run on a single H200: at most 6 minutes (QUICK=1: 3 minutes),
-# every phase under its own timeout so a hang cannot eat the budget.
-#  1. the CUDA tests: greedy = HF on the device for every attention path (SDPA and Triton), graphs captured
-#     and equal to eager steps, the Triton kernels compiled and checked against torch in bf16/fp16/fp32;
+# The GPU path's proof and measurement, one run on a single H200 or H100, every phase under its own timeout
+# so a hang cannot eat the budget. The plan is the sum of the phases' budgets (printed first; the imports of
+# each test process and the first Triton compiles of a bare machine are inside each phase's budget):
+#  1. the CUDA tests, each file in its own pytest process (a collection error or crash loses that file
+#     alone), kernel tests first: the Triton kernels against torch in bf16/fp16/fp32, then greedy = HF on the
+#     device for every attention path (SDPA and Triton), graphs captured and equal to eager steps;
 #  2. per model shape (random bf16 weights made on the device: SmolLM2-135M, ~1.1B Llama, Llama-3-8B),
 #     bench/device_bench.py: engine start-up (kernel choice + graph capture), inferq tok/s on 256 requests
 #     against HF continuous batching (on fewer requests: HF is slow), the decode step at batch 1/16/64/128/256,
-#     the GPU-busy share of a decode step (profiled kernel time / wall) and a short profile table.
+#     the GPU-busy share of a decode step (profiled kernel time / wall) and a short profile table;
+#  3. the summary (outside the plan, its own 20 s): the per-file test table and the benches' tables.
 # Files in $OUT (6): device_check.log, tests.txt, <shape>.json x3, summary.md (the report's tables).
 #
-# Before the device call, here in the repo root (the device machine cannot reach PyPI; its image has
-# transformers 5.17, the project is tested with 5.24, and 5.24 pins regex >= 2025.10.22):
-#   echo /.whl/ >> .git/info/exclude
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-#     -d .whl transformers==5.24.0 regex==2026.11.19
-# Then one device call:  command "bash bench/device_check.sh", carry [".whl"], timeout_s 420
-# (QUICK=1 bash bench/device_check.sh: timeout_s 240).
+# Before the device call, here in the repo root: `bash bench/device_carry.sh` downloads the wheels the image
+# lacks (bench/device_image.py's CARRIED: transformers 5.24 and regex, xgrammar, jsonschema and their needs;
+# the image has no network) into .whl/ and checks that they and the working tree fit the call's 64 MiB.
+# Then one device call:  command "bash bench/device_check.sh", carry [".whl"], timeout_s 520
+# (QUICK=1 bash bench/device_check.sh: timeout_s 260). The plan's total is printed first.
+# Without the wheels the grammar tests skip with their reason; nothing else needs them.
 # Dry run of everything but the GPU on any machine:  DEVICE=cpu TINY=1 OUT=/tmp/dc bash bench/device_check.sh
+# CI's dry run of the full test list under the image's packages (tests/bench/test_device_check.py):
+#   DEVICE=cpu TESTS_ONLY=1 SIMULATE_IMAGE=1 PYTEST_EXTRA=--setup-only BUDGET_SCALE=4 bash bench/device_check.sh
+# (--setup-only: every file collected and its tests' fixtures set up, none run; BUDGET_SCALE: a slow CPU)
 set -uo pipefail
 
 START=$(date +%s)
@@ -47,35 +51,43 @@ run_for() {
     return $code
 }
 
-# Per phase: seconds, then the bench's arguments. Full: <= 350 s of the 360; QUICK: <= 175 of 180.
-# The tests that need the device (the CPU-only gold and CUDA-step-logic tests run in CI), most telling first.
-TESTS_ALL=(tests/gpu/test_cuda_device.py tests/gpu/test_cuda_triton_step.py tests/gpu/test_triton_kernels.py
-    tests/gpu/test_grammar_cuda.py tests/gpu/test_n_samples.py::test_samples_on_cuda_are_reproducible_and_greedy_ones_match_hf
-    tests/gpu/test_logits_processors.py::test_processing_on_cuda_equals_the_cpu)
+# Test files, each with its seconds (its process's imports and first Triton compiles included), kernel
+# tests first; then shapes with their seconds. The CPU-only gold and CUDA-step-logic tests run in CI.
+TESTS_ALL=(tests/gpu/test_triton_kernels.py:45 tests/gpu/test_cuda_triton_step.py:50
+    tests/gpu/test_cuda_device.py:40 tests/gpu/test_grammar_cuda.py:35
+    tests/gpu/test_n_samples.py::test_samples_on_cuda_are_reproducible_and_greedy_ones_match_hf:20
+    tests/gpu/test_logits_processors.py::test_processing_on_cuda_equals_the_cpu:15)
+SETUP_S=25    # machine, packages (the carried wheels' install)
+SUMMARY_S=20  # outside the plan
 if [[ $TINY == 1 ]]; then  # the dry run: tiny models, a few requests, the tests that are quick on a CPU
-    PLAN_S=${PLAN_S:-600}
-    TESTS=(tests/gpu/test_cuda_triton_step.py -k choice)
-    TEST_S=200
+    TESTS=("tests/gpu/test_cuda_triton_step.py -k choice:200")
     SHAPES=(smollm2-135m-shape:150 llama-3-8b-shape:150)
     ARGS=(--tiny --requests 8 --hf-requests 4 --batches 1,4 --profile 4 --steps 4)
     declare -A HF=()
 elif [[ $QUICK == 1 ]]; then
-    PLAN_S=${PLAN_S:-175}
-    TESTS=(tests/gpu/test_cuda_triton_step.py)
-    TEST_S=60
+    TESTS=(tests/gpu/test_triton_kernels.py:45 tests/gpu/test_cuda_triton_step.py:50)
     SHAPES=(llama-1.1b-shape:50 llama-3-8b-shape:60)
     ARGS=(--requests 128 --batches 1,64,256 --profile 64 --steps 16 --kv-cache-gib 24)
     declare -A HF=([llama-1.1b-shape]=16 [llama-3-8b-shape]=0)
 else
-    PLAN_S=${PLAN_S:-350}
     TESTS=("${TESTS_ALL[@]}")
-    TEST_S=100
     SHAPES=(smollm2-135m-shape:50 llama-1.1b-shape:70 llama-3-8b-shape:110)
     ARGS=(--requests 256 --batches 1,16,64,128,256 --profile 64,256 --steps 32 --kv-cache-gib 24)
     declare -A HF=([smollm2-135m-shape]=64 [llama-1.1b-shape]=64 [llama-3-8b-shape]=32)
 fi
+if [[ ${TESTS_ONLY:-0} == 1 ]]; then
+    [[ $TINY == 1 ]] || TESTS=("${TESTS_ALL[@]}")
+    SHAPES=()
+fi
+# The plan adds up: setup + every test file + every shape (the summary runs after it, on its own budget).
+PLAN=$SETUP_S
+for entry in "${TESTS[@]}"; do PLAN=$((PLAN + ${entry##*:} * ${BUDGET_SCALE:-1})); done
+for entry in "${SHAPES[@]}"; do PLAN=$((PLAN + ${entry##*:})); done
+PLAN_S=${PLAN_S:-$PLAN}
 
-stage "machine (plan: ${PLAN_S} s)"
+stage "machine (plan: ${PLAN_S} s = setup ${SETUP_S} + tests + shapes; summary ${SUMMARY_S} s after it)"
+for entry in "${TESTS[@]}"; do echo "  $((${entry##*:} * ${BUDGET_SCALE:-1})) s  ${entry%:*}"; done
+for entry in "${SHAPES[@]}"; do echo "  ${entry##*:} s  ${entry%:*}"; done
 if [[ $DEVICE == cuda* ]]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi
@@ -84,10 +96,13 @@ nproc
 
 stage "packages"
 export PYTHONPATH=$PWD
-if compgen -G ".whl/*.whl" >/dev/null; then
+if [[ ${SIMULATE_IMAGE:-0} != 1 ]] && compgen -G ".whl/*.whl" >/dev/null; then
     # Carried wheels first on the path, ahead of the image's own versions.
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH=$PWD:/tmp/site
+fi
+if [[ ${SIMULATE_IMAGE:-0} == 1 ]]; then  # CI: what the GPU image lacks made unimportable (bench/device_image.py)
+    export INFERQ_SIMULATE_IMAGE=1 PYTHONPATH=$PYTHONPATH:$PWD/bench/simulated_image
 fi
 "$PY" - <<'EOF'
 import torch, transformers
@@ -101,8 +116,25 @@ print(f"torch {torch.__version__}, transformers {transformers.__version__}, trit
       torch.cuda.get_device_name() if cuda else "")
 EOF
 
-stage "tests: ${TESTS[*]}"
-run_for "$TEST_S" "$PY" -m pytest "${TESTS[@]}" -q -rs -p no:cacheprovider --durations=8 2>&1 | tee "$OUT/tests.txt"
+stage "tests, one pytest process per file"
+: >"$OUT/tests.txt"
+TESTS_FAILED=()
+TEST_TABLE="| test file | exit | seconds | budget | result |"$'\n'"|---|---|---|---|---|"
+for entry in "${TESTS[@]}"; do
+    target=${entry%:*} seconds=$((${entry##*:} * ${BUDGET_SCALE:-1}))
+    read -ra words <<<"$target"
+    echo "--- ${words[*]} (budget ${seconds} s)" | tee -a "$OUT/tests.txt"
+    began=$(date +%s)
+    # shellcheck disable=SC2086  # PYTEST_EXTRA: words for pytest (the CI dry run's --collect-only)
+    run_for "$seconds" "$PY" -m pytest "${words[@]}" -q -rs -p no:cacheprovider --durations=5 \
+        ${PYTEST_EXTRA:-} 2>&1 | tee -a "$OUT/tests.txt"
+    code=${PIPESTATUS[0]}
+    last=$(grep -E '(passed|failed|skipped|error|no tests ran|collected|TIMED OUT|skipped \(out)' \
+        "$OUT/tests.txt" | tail -1 | tr -d '=|' | sed 's/^ *//;s/ *$//')
+    TEST_TABLE+=$'\n'"| ${words[*]} | $code | $(($(date +%s) - began)) | $seconds | $last |"
+    ((code == 0 || code == 5)) || TESTS_FAILED+=("${words[*]}")  # 5: nothing collected (a module skip)
+done
+echo "$TEST_TABLE"
 
 for entry in "${SHAPES[@]}"; do
     shape=${entry%%:*} seconds=${entry##*:}
@@ -111,8 +143,20 @@ for entry in "${SHAPES[@]}"; do
         --hf-requests "${HF[$shape]:-4}" --json "$OUT/$shape.json"
 done
 
-stage "summary"
-run_for 20 "$PY" -m bench.device_bench --summarize "$OUT"/*-shape.json | tee "$OUT/summary.md"
+stage "summary (outside the plan of ${PLAN_S} s)"
+{
+    echo "## Tests ($(date -u +%FT%TZ))"
+    echo
+    echo "$TEST_TABLE"
+    echo
+    if ((${#SHAPES[@]})); then
+        timeout --signal=INT --kill-after=5 "$SUMMARY_S" "$PY" -m bench.device_bench --summarize "$OUT"/*-shape.json
+    fi
+} | tee "$OUT/summary.md"
 
-stage "done in $(elapsed) s; files in $OUT:"
+stage "done in $(elapsed) s (plan ${PLAN_S} s + summary); files in $OUT:"
 ls -la "$OUT"
+if ((${#TESTS_FAILED[@]})); then
+    echo "test files that failed: ${TESTS_FAILED[*]}"
+    exit 1
+fi

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from gpu.attention import PagedAttention
+from gpu.attention.prefill import pack_keys
 from gpu.cpu import autotune
 from gpu.cpu.linear import Linear
 from gpu.cpu.native_decode import NativeDecode
@@ -21,7 +22,7 @@ from gpu.cpu.threads import ThreadTuner
 from gpu.forward import LlamaForward
 from gpu.grammar.closing import Closing
 from gpu.inputs import InputBuilder, StepInputs
-from gpu.kv_cache import KVCache
+from gpu.kv_cache import KVCache, KVShape
 from gpu.kv_sizing import KVPlan, activation_estimate, plan_kv
 from gpu.logits_processors import LogitsState, token_logprobs
 from gpu.model import LoadedModel
@@ -65,10 +66,18 @@ class ModelRunner:
             config.max_num_seqs,
             element,
         )
-        # The CUDA decode path gathers every row's context for one layer at a time.
-        activations += (
-            2 * config.max_num_seqs * config.max_model_len * shape.num_kv_heads * shape.head_dim * element
-        )
+        # On CUDA the kernels are chosen first (their trials need no KV cache), so the cache is sized after
+        # what the chosen decode path really needs: the SDPA path's per-layer gather, or nothing more.
+        kernels, trials, chose_s = None, [], 0.0
+        if self.device.type == "cuda":
+            from gpu.cuda import choice
+
+            began = time.perf_counter()
+            max_blocks = -(-config.max_model_len // config.block_size)
+            kernels, trials = choice.choose(self.forward, shape, config.max_num_seqs, max_blocks)
+            choice.log_choice(kernels, trials)
+            chose_s = time.perf_counter() - began
+        activations += decode_gather_bytes(kernels, config.max_num_seqs, config.max_model_len, shape, element)
         self.kv_plan: KVPlan = plan_kv(
             shape,
             self.device,
@@ -88,10 +97,17 @@ class ModelRunner:
         if cuda:
             from gpu.cuda.step import build_cuda_step
 
-            # Triton kernels measured against the torch paths, then every decode graph captured: logged.
+            # The kernels chosen above, then every decode graph captured: logged.
             self.cuda_step = build_cuda_step(
-                self.forward, self.cache, config.max_num_seqs, self.inputs.max_blocks, self.num_blocks
+                self.forward,
+                self.cache,
+                config.max_num_seqs,
+                self.inputs.max_blocks,
+                self.num_blocks,
+                kernels,
             )
+            self.cuda_step.trials = trials
+            self.cuda_step.start_seconds += chose_s
             self.attention = self.cuda_step.attention
         else:
             self.attention = self._choose_attention()
@@ -114,6 +130,7 @@ class ModelRunner:
             batch = min(self.config.max_num_seqs, 32)
             context = min(self.config.max_model_len, TUNE_CONTEXT)
             kind = autotune.decode_kernel(shape, heads, batch, context, torch.get_num_threads())
+        pack_keys(shape.num_kv_heads, shape.head_dim, shape.dtype, self.device)  # measured at start, once
         return PagedAttention(kind, native)
 
     def _choose_rope_write(self) -> None:
@@ -275,6 +292,17 @@ class PreparedStep:
     inputs: StepInputs
     batch: SamplingBatch | None  # the rows that draw at random; None: every row is greedy
     work: float  # the step's compute in token-equivalents (attention left out): the thread tuner's measure
+
+
+def decode_gather_bytes(
+    kernels: Any, max_num_seqs: int, max_model_len: int, shape: KVShape, element: int
+) -> int:
+    """Activation bytes the CUDA decode path adds: the SDPA path (kernels None or without the Triton decode
+    kernel) gathers every row's context, K and V, for one layer at a time; the Triton kernel reads the
+    cache in place and needs none."""
+    if kernels is not None and kernels.decode:
+        return 0
+    return 2 * max_num_seqs * max_model_len * shape.num_kv_heads * shape.head_dim * element
 
 
 def linears_of(forward: LlamaForward) -> list[Linear]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from gpu.attention.metadata import AttentionMetadata
-from gpu.attention.prefill import PrefillPlan, plan_prefills, prefill_all
+from gpu.attention.prefill import PrefillPlan, plan_for, prefill_all
 from gpu.attention.torch_decode import Bucket, DecodeScratch, decode_bucket, plan_buckets
 from gpu.kv_cache import KVCache
 
@@ -45,7 +45,7 @@ class PagedAttention:
         """Per-step preparation shared by every layer."""
         block_size = cache.shape.block_size
         buckets = plan_buckets(meta, block_size, cache.shape.dtype) if self.decode == "torch" else ()
-        return StepPlan(meta, buckets, plan_prefills(meta, block_size))
+        return StepPlan(meta, buckets, plan_for(meta, cache))
 
     def __call__(
         self,

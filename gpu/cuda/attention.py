@@ -18,8 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from gpu.attention.metadata import AttentionMetadata
-from gpu.attention.prefill import PrefillPlan, plan_prefills, prefill_all
+from gpu.attention.prefill import PrefillPlan, plan_for, prefill_all
 from gpu.cuda.kernels import CudaKernels
+from gpu.cuda.staging import PinnedStaging
 from gpu.kv_cache import KVCache
 
 
@@ -70,16 +71,19 @@ class CudaPlan:
 class CudaPagedAttention:
     """The eager (prefill and mixed-step) backend; same interface as gpu.attention.PagedAttention."""
 
-    def __init__(self, kernels: CudaKernels | None = None) -> None:
+    def __init__(self, kernels: CudaKernels | None = None, staging: PinnedStaging | None = None) -> None:
+        """staging: the step's pinned buffers, for the varlen plan's one host-to-device copy."""
         self.kernels = kernels or CudaKernels()
+        self.staging = staging
         self.decode = "cuda-triton" if self.kernels.decode else "cuda-sdpa"  # the name the engine logs
 
     def plan(self, meta: AttentionMetadata, cache: KVCache) -> CudaPlan:
         if self.kernels.varlen:
             from gpu.triton_kernels.prefill import VarlenChunks
 
-            return CudaPlan(meta, None, (), VarlenChunks.from_metadata(meta))
-        prefills = plan_prefills(meta, cache.shape.block_size)
+            stage = self.staging.to_device if self.staging is not None else None
+            return CudaPlan(meta, None, (), VarlenChunks.from_metadata(meta, stage))
+        prefills = plan_for(meta, cache)
         if meta.num_decodes == 0:
             return CudaPlan(meta, None, prefills)
         if self.kernels.decode:  # the kernel reads the persistent table by seat

@@ -76,12 +76,9 @@ class DecodeGraphs:
         self.blocks = [max_blocks] if self.paged else block_buckets(max_blocks)
         self.trash_block = trash_block
         self._trash_slot = trash_block * cache.shape.block_size
-        self.vectors = torch.zeros(4, max_batch, dtype=torch.long, device=device)
-        self.ids, self.positions, self.slots, self.lens = self.vectors.unbind(0)
-        # As padding rows until a step fills them: the warm-ups and captures at start write only the trash
-        # block and attend to one key
-        self.slots.fill_(self._trash_slot)
-        self.lens.fill_(1)
+        # Static inputs: a graph of batch b reads the first 4 * b elements as [4, b] (ids, positions,
+        # slots, lens), contiguous, so a step's staged [4, b] goes over in one plain copy.
+        self._vector_storage = torch.zeros(4 * max_batch, dtype=torch.long, device=device)
         self.tables = torch.full((max_batch, max_blocks), trash_block, dtype=torch.long, device=device)
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, DecodeOutput]] = {}
         self.capture = capture
@@ -108,14 +105,26 @@ class DecodeGraphs:
             torch.cuda.synchronize()
         return time.perf_counter() - start
 
+    def vectors(self, b: int) -> torch.Tensor:
+        """The static [4, b] inputs of batch b's graph (a contiguous view)."""
+        return self._vector_storage[: 4 * b].view(4, b)
+
+    def _pad(self, b: int) -> None:
+        """Every row a padding row (token 0 at position 0, one key, in the trash block): what warm-ups and
+        captures at start read before a step fills them."""
+        vectors = self.vectors(b)
+        vectors[IDS:SLOTS] = 0
+        vectors[SLOTS], vectors[LENS] = self._trash_slot, 1
+
     def _body(self, b: int, nb: int) -> DecodeOutput:
-        tables, lens, scale = self.tables[:b, :nb], self.lens[:b], self.forward.scale
+        ids, positions, slots, lens = self.vectors(b).unbind(0)
+        tables, scale = self.tables[:b, :nb], self.forward.scale
         attention = paged_decode if self.paged else decode_attention
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
             return attention(q, self.cache, layer, tables, lens, scale)
 
-        logits = self.forward.run(self.ids[:b], self.positions[:b], self.slots[:b], self.cache, attend, None)
+        logits = self.forward.run(ids, positions, slots, self.cache, attend, None)
         if self.argmax:
             from gpu.triton_kernels.argmax import greedy_argmax
 
@@ -124,6 +133,7 @@ class DecodeGraphs:
 
     def _capture(self, b: int, nb: int, warm_ups: int = 2) -> tuple[torch.cuda.CUDAGraph, DecodeOutput]:
         # Warm-ups on a side stream first: kernels compiled, library handles and choices made outside.
+        self._pad(b)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -164,7 +174,7 @@ class DecodeGraphs:
         table_rows[:rows, :blocks] = block_tables[seats, :blocks]
         table_rows[:rows, blocks:] = self.trash_block
         table_rows[rows:] = self.trash_block
-        self.vectors[:, :b].copy_(staged, non_blocking=True)
+        self.vectors(b).copy_(staged, non_blocking=True)
         self.tables[:b, :width].copy_(tables, non_blocking=True)
         if not self.capture:
             out = self._body(b, nb)

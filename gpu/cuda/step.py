@@ -47,8 +47,8 @@ class CudaStep:
         self.forward, self.cache = forward, cache
         self.kernels = kernels or CudaKernels()
         cuda_kernels.install(forward, self.kernels)
-        self.attention = CudaPagedAttention(self.kernels)
         self.staging = PinnedStaging(cache.k.device)
+        self.attention = CudaPagedAttention(self.kernels, self.staging)
         self.graphs = (
             DecodeGraphs(forward, cache, max_num_seqs, max_blocks, trash_block, self.kernels, capture_graphs)
             if trash_block is not None and forward.graph_safe
@@ -66,6 +66,13 @@ class CudaStep:
         return self.run(inputs).logits
 
     def run(self, inputs: StepInputs) -> StepLogits:
+        self.staging.begin_step()  # a pinned slot whose last copies have run (gpu/cuda/staging.py)
+        try:
+            return self._run(inputs)
+        finally:
+            self.staging.end_step()
+
+    def _run(self, inputs: StepInputs) -> StepLogits:
         meta = inputs.attention
         rows = inputs.input_ids.numel()
         if self.graphs is not None and meta.num_decodes == rows == len(inputs.sample_chunks):

@@ -7,7 +7,7 @@
 - `rms_norm.py`: residual add + RMSNorm, returning the normed rows and the new residual; replaces
   `x + delta` then `gpu.forward.rms_norm`.
 - `rope_cache.py`: RoPE of q and k in place and the K/V cache write at the step's slots; replaces
-  `gpu.forward.rotate` + `KVCache.write` (what the C kernel `gpu.rope_cache` does on the CPU).
+  `gpu.forward.rotate` + `KVCache.write` (what the C kernel `gpu.cpu.rope_write` does on the CPU).
 - `silu_mul.py`: SiLU(gate) * up over the fused gate/up product; replaces `F.silu(gate) * up`.
 - `argmax.py`: greedy argmax of logits rows (first maximum, NaN first, as torch); replaces
   `gpu.sampler.fast_argmax` / `torch.argmax`.

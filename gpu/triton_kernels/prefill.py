@@ -15,6 +15,7 @@ step gpu.attention.PagedAttention.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -55,22 +56,28 @@ class VarlenChunks:
         )
 
     @classmethod
-    def from_metadata(cls, meta: AttentionMetadata) -> VarlenChunks:
+    def from_metadata(
+        cls, meta: AttentionMetadata, stage: Callable[[str, torch.Tensor], torch.Tensor] | None = None
+    ) -> VarlenChunks:
         """Every chunk of a step, decode rows (one token) and prefill chunks alike, in no particular order.
 
-        Device-side concatenations only: no host read of the decode tensors, which may live on the GPU."""
+        Device-side concatenations only: no host read of the decode tensors, which may live on the GPU. The
+        prefill chunks' numbers go over in one copy, through `stage` (name, host tensor) -> device tensor
+        where given (gpu/cuda/staging.py's pinned buffers: non-blocking), else from pageable memory."""
         device = meta.block_tables.device
         chunks = meta.prefills
-        long = dict(dtype=torch.int64, device=device)
         decode_rows = meta.decode_rows.to(device)
         lens = [c.num_tokens for c in chunks] + ([1] if meta.num_decodes else [])
+        host = torch.tensor(
+            [[c.row_start, c.num_tokens, c.start_position, c.seat] for c in chunks], dtype=torch.int64
+        ).reshape(len(chunks), 4)
+        staged = stage("varlen_chunks", host) if stage is not None else host.to(device, non_blocking=True)
+        rows, num_tokens, starts, seats = staged.t()
         return cls(
-            torch.cat((decode_rows, torch.tensor([c.row_start for c in chunks], **long))),
-            torch.cat((torch.ones_like(decode_rows), torch.tensor([c.num_tokens for c in chunks], **long))),
-            torch.cat(
-                (meta.decode_lens.to(device) - 1, torch.tensor([c.start_position for c in chunks], **long))
-            ),
-            torch.cat((meta.decode_seats.to(device), torch.tensor([c.seat for c in chunks], **long))),
+            torch.cat((decode_rows, rows)),
+            torch.cat((torch.ones_like(decode_rows), num_tokens)),
+            torch.cat((meta.decode_lens.to(device) - 1, starts)),
+            torch.cat((meta.decode_seats.to(device), seats)),
             max(lens, default=0),
         )
 

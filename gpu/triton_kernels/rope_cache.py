@@ -1,6 +1,6 @@
 """RoPE of a step's q and k rows, in place, and the K/V cache write at its slots: one program per token.
 
-Same contract as the C kernel gpu.rope_cache.RopeCacheWrite (and so a drop-in for LlamaForward.rope_write
+Same contract as the C kernel gpu.cpu.rope_write.RopeCacheWrite (and so a drop-in for LlamaForward.rope_write
 on CUDA); the reference is gpu.forward.rotate (rotate-half RoPE) followed by KVCache.write. Products and
 sums are float32 with one rounding to the model's dtype, where torch rounds after each operator: half
 precision results may differ from it by one unit in the last place (float32 ones only by fma contraction).
@@ -64,15 +64,16 @@ def _rope_cache_kernel(
     tl.store(first, out1, mask=mask)
     tl.store(first + HALF, out2, mask=mask)
 
-    # the k rows (NUM_HEADS..) into the cache: head h at h * stride_cache_head + slot * HEAD_DIM
-    kv_rows = tl.where(rows >= NUM_HEADS, rows - NUM_HEADS, 0)
+    # the k rows (NUM_HEADS..) into the cache: head h at h * stride_cache_head + slot * HEAD_DIM, in int64
+    # (a cache filling most of a GPU has a per-head stride near 2^31: heads >= 1 would wrap in int32)
+    kv_rows = tl.where(rows >= NUM_HEADS, rows - NUM_HEADS, 0).to(tl.int64)
     cached = (slot + tl.zeros([BLOCK_R], tl.int64)) >= 0  # as a vector: the interpreter wants mask tensors
     k_mask = mask & ((rows >= NUM_HEADS) & cached)[:, None]
     k_dest = k_cache_ptr + kv_rows[:, None] * stride_cache_head + slot * HEAD_DIM + offs[None, :]
     tl.store(k_dest, out1, mask=k_mask)
     tl.store(k_dest + HALF, out2, mask=k_mask)
 
-    kv = tl.arange(0, BLOCK_KV)
+    kv = tl.arange(0, BLOCK_KV).to(tl.int64)
     dims = tl.arange(0, BLOCK_D)
     v_mask = (kv < NUM_KV_HEADS)[:, None] & (dims < HEAD_DIM)[None, :]
     values = tl.load(v_ptr + token * stride_vt + kv[:, None] * stride_vh + dims[None, :], mask=v_mask)
@@ -132,7 +133,7 @@ def rope_cache_write(
 
 
 class TritonRopeCacheWrite:
-    """The same call as gpu.rope_cache.RopeCacheWrite, for CUDA tensors of any float dtype."""
+    """The same call as gpu.cpu.rope_write.RopeCacheWrite, for CUDA tensors of any float dtype."""
 
     @staticmethod
     def supports(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:

@@ -165,3 +165,76 @@ def test_buckets_partition_decode_rows_and_bound_padding():
             bucket.max_blocks == -(-int(lens.max()) // BLOCK)
             and int(lens.max()) <= 2 * int(lens.min()) + BLOCK
         )
+
+
+def _count_sdpa_calls(monkeypatch) -> list[int]:
+    from gpu.attention import prefill
+
+    calls, sdpa = [], prefill._sdpa
+    monkeypatch.setattr(prefill, "_sdpa", lambda q, *a, **kw: calls.append(q.shape[0]) or sdpa(q, *a, **kw))
+    return calls
+
+
+def test_short_prefills_are_packed_into_one_attention_call(monkeypatch):
+    """Fresh prompts, resumed chunks and decode rows between them: one SDPA call for all the chunks."""
+    from gpu.attention import prefill
+
+    monkeypatch.setattr(prefill, "PACK_KEYS", 64)
+    calls = _count_sdpa_calls(monkeypatch)
+    specs = {
+        "p1": (0, 5, [3, 8]),
+        "d1": (6, 1, [7, 2]),
+        "p2": (5, 6, [10, 5, 6]),
+        "p3": (0, 2, [0]),
+        "p4": (9, 3, [1, 9, 4]),
+        "d2": (3, 1, [12]),
+        "p5": (0, 7, [11, 13]),
+    }
+    run_step("torch", specs, num_blocks=14)
+    assert calls == [5 + 6 + 2 + 3 + 7]
+
+
+def test_fresh_prompts_pack_and_a_long_chunk_runs_alone(monkeypatch):
+    from gpu.attention import prefill
+
+    monkeypatch.setattr(prefill, "PACK_KEYS", 16)
+    calls = _count_sdpa_calls(monkeypatch)
+    specs = {
+        "a": (0, 4, [0]),
+        "b": (0, 3, [1]),
+        "c": (0, 6, [2, 3]),
+        "d": (0, 20, [4, 5, 6, 7, 8]),
+        "e": (0, 2, [9]),
+        "f": (4, 3, [10, 11]),
+    }
+    run_step("torch", specs, num_blocks=12)
+    # packs of <= 16 keys in row order: a+b+c (13), d alone (20 keys: the causal kernel), e+f (2 + 7)
+    assert calls == [13, 20, 5]
+
+
+def test_the_mask_keeps_each_query_to_its_own_sequence_and_past():
+    from gpu.attention.prefill import attention_mask
+
+    seq, pos = torch.tensor([0, 0, 1, 1, 1]), torch.tensor([3, 4, 0, 1, 2])
+    keys_seq, keys_pos = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1]), torch.tensor([0, 1, 2, 3, 4, 0, 1, 2])
+    mask = attention_mask(seq, pos, keys_seq, keys_pos)
+    assert mask.int().tolist() == [
+        [1, 1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 0, 0, 0],
+        [0, 0, 0, 0, 0, 1, 0, 0],
+        [0, 0, 0, 0, 0, 1, 1, 0],
+        [0, 0, 0, 0, 0, 1, 1, 1],
+    ]
+
+
+def test_the_pack_limit_is_set_measured_once_per_shape_or_large_on_a_gpu(monkeypatch):
+    from gpu.attention import prefill
+
+    monkeypatch.setattr(prefill, "PACK_KEYS", None)
+    monkeypatch.setattr(prefill, "_measured", {})
+    measured = prefill.pack_keys(2, 8, torch.float32, torch.device("cpu"))
+    assert measured in (0, *prefill.CANDIDATES)
+    assert prefill._measured == {(2, 8, torch.float32): measured}
+    assert prefill.pack_keys(2, 8, torch.float32, torch.device("meta")) == prefill.CUDA_PACK_KEYS
+    monkeypatch.setattr(prefill, "PACK_KEYS", 7)
+    assert prefill.pack_keys(2, 8, torch.float32, torch.device("cpu")) == 7

@@ -79,8 +79,8 @@ def test_kv_cache_sized_from_device_memory_and_bf16_by_default():
 def test_staging_buffers_are_pinned():
     engine = Engine(on_cuda(make_model()), EngineConfig(num_blocks=64))
     engine.generate(make_requests(make_prompts(2, 30, 40), [3, 3]))
-    buffers = engine.runner.cuda_step.staging._buffers
-    assert buffers and all(buffer.is_pinned() for buffer in buffers.values())
+    buffers = [b for slot in engine.runner.cuda_step.staging._slots for b in slot.values()]
+    assert buffers and all(buffer.is_pinned() for buffer in buffers)
 
 
 def test_penalties_bias_and_logprobs_on_cuda_equal_the_cpu():

@@ -98,7 +98,8 @@ def test_a_graph_body_run_before_any_step_touches_only_the_trash_block():
     """What the warm-ups and captures at engine start run: every row a padding row."""
     engine = cuda_path_engine(make_model(), max_num_seqs=8)
     graphs, cache = engine.runner.cuda_step.graphs, engine.runner.cache
-    graphs.ids.fill_(7)  # token 0 (the padding token) embeds to zeros here: its K/V would not show
+    graphs._pad(8)  # what _capture does before its warm-ups
+    graphs.vectors(8)[0].fill_(7)  # ids: token 0 (the padding token) embeds to zeros here: K/V would not show
     out = graphs._body(8, graphs.blocks[-1])
     trash = graphs.trash_block
     assert torch.isfinite(out.logits).all() and out.greedy.shape == (8,)

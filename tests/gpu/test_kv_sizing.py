@@ -87,3 +87,15 @@ def test_max_model_len_defaults_to_the_model_and_may_exceed_it_without_a_window(
     )
     windowed = make_model(arch="mistral", sliding_window=64).config
     assert resolve_max_model_len(windowed, 1000) == 64
+
+
+def test_the_decode_gather_is_reserved_only_for_the_sdpa_decode_path():
+    from gpu.cuda.kernels import CudaKernels
+    from gpu.kv_cache import KVShape
+    from gpu.runner import decode_gather_bytes
+
+    shape = KVShape(2, 8, 128, 16, torch.bfloat16)
+    sdpa = decode_gather_bytes(CudaKernels(), 256, 8192, shape, 2)
+    assert sdpa == 2 * 256 * 8192 * 8 * 128 * 2
+    assert decode_gather_bytes(None, 256, 8192, shape, 2) == sdpa  # CPU, or nothing chosen
+    assert decode_gather_bytes(CudaKernels(decode=True), 256, 8192, shape, 2) == 0
