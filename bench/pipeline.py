@@ -110,6 +110,9 @@ class Deployment:
         self.stats_path = tmp / f"stats-{'instant' if instant else 'real'}.json"
         log = tmp / f"worker-{'instant' if instant else 'real'}.log"
         env = {"INFERQ_BENCH_STATS": str(self.stats_path), "INFERQ_BENCH_INSTANT": "1" if instant else "0"}
+        if os.environ.get("INFERQ_BENCH_PROFILE"):  # the loop's cProfile stats, one file per engine kind
+            kind = "instant" if instant else "real"
+            env["INFERQ_BENCH_PROFILE"] = f"{os.environ['INFERQ_BENCH_PROFILE']}.{kind}"
         self.worker = WorkerProcess(
             settings, log, threads, ["--model", model, *worker_args], ("-m", "workers.cli.bench_worker"), env
         )
@@ -151,7 +154,12 @@ class Deployment:
             children = []
         relay = sum(pid_cpu_s(c.pid) or 0.0 for c in children)
         threads = {**stats["threads"], "relay process": relay}
-        return {"t": time.monotonic(), "threads": threads, "db": stats["db"], "events": self.token_events()}
+        try:
+            loop = self.worker.loop_seconds()
+        except OSError:
+            loop = {}
+        return {"t": time.monotonic(), "threads": threads, "db": stats["db"], "events": self.token_events(),
+                "loop": loop}  # fmt: skip
 
     def run(self, jobs: list[dict], prefix: str, timeout_s: float) -> dict[str, Any]:
         from workers.client import JobClient
@@ -178,6 +186,7 @@ class Deployment:
                for k in after["threads"]}  # fmt: skip
         db = {k: (after["db"].get(k, 0) - before["db"].get(k, 0)) / n for k in after["db"]}
         events = after["events"] - before["events"]
+        loop = {k: 1000 * (v - before["loop"].get(k, 0.0)) / n for k, v in after["loop"].items()}
         steps = db.pop("engine_steps", 0) * n
         return {
             "jobs": n,
@@ -190,6 +199,8 @@ class Deployment:
             "cpu_ms_per_job": {k: v for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if v > 0.005},
             "cpu_ms_per_job_total": sum(cpu.values()),
             "db_per_job": db,
+            # the engine loop's wall ms per job by phase (idle: waiting for records or decisions)
+            "loop_ms_per_job": {k: v for k, v in loop.items() if v > 0.005},
             "steps": steps,
             "jobs_per_step": n / steps if steps else None,
         }
@@ -283,6 +294,11 @@ def render(payload: dict) -> str:
     by_thread = [[n, *(r["worker"]["cpu_ms_per_job"].get(n) for r in payload["rows"])] for n in names]
     cols = ["thread", *(f"{r['engine']}/{r['workload']}" for r in payload["rows"])]
     lines.append(format_table(cols, by_thread, digits=3))
+    lines += ["", "engine loop wall ms per job, by phase:"]
+    phases = sorted({k for r in payload["rows"] for k in r["worker"].get("loop_ms_per_job", {})})
+    by_phase = [[p, *(r["worker"].get("loop_ms_per_job", {}).get(p) for r in payload["rows"])]
+                for p in phases]  # fmt: skip
+    lines.append(format_table(["phase", *cols[1:]], by_phase, digits=3))
     bars = payload["bars"]
     lines.append(
         f"bars (8,000 one-token jobs): real >= {bars['jobs_s']:,.0f} jobs/s and >= {bars['vs_engine']} of "

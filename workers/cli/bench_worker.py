@@ -5,7 +5,8 @@ Two additions, both for the benchmark only:
   printable token, never EOS), so every job runs to its max_tokens and the worker's own cost is what is left;
 - INFERQ_BENCH_STATS=PATH: every 0.25 s (and at exit) PATH gets the process's CPU seconds by thread name and
   its database traffic so far (workers.db.traffic: statements, round trips, transactions) and its engine's
-  step count.
+  step count;
+- INFERQ_BENCH_PROFILE=PATH: the engine loop's thread runs under cProfile, its stats written to PATH.
 """
 
 from __future__ import annotations
@@ -88,12 +89,32 @@ def wrap_engine(instant: bool) -> None:
     worker.build_engine = built
 
 
+def profile_loop(path: Path) -> None:
+    """Profile the engine loop's thread (cProfile) and write its stats to `path` when it ends."""
+    import cProfile
+
+    from workers.serving.loop import Worker
+
+    run = Worker.run
+
+    def profiled(self) -> None:  # noqa: ANN001
+        profiler = cProfile.Profile()
+        try:
+            profiler.runcall(run, self)
+        finally:
+            profiler.dump_stats(str(path))
+
+    Worker.run = profiled
+
+
 def main() -> int:
     stats = os.environ.get("INFERQ_BENCH_STATS")
     if stats:
         count_traffic()
         StatsWriter(Path(stats)).start()
     wrap_engine(os.environ.get("INFERQ_BENCH_INSTANT") == "1")
+    if os.environ.get("INFERQ_BENCH_PROFILE"):
+        profile_loop(Path(os.environ["INFERQ_BENCH_PROFILE"]))
     from workers.cli.main import main as cli_main
 
     return cli_main(["worker", *sys.argv[1:]])
