@@ -84,15 +84,25 @@ class MachineBusy:
 class WorkerProcess:
     """`inferq worker` as a subprocess on the deployment's prefix; its output goes to a log file."""
 
-    def __init__(self, settings: Settings, log: Path, threads: int, extra: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        log: Path,
+        threads: int,
+        extra: Iterable[str] = (),
+        launcher: Iterable[str] = ("-m", "workers.cli", "worker"),
+        env_extra: dict[str, str] | None = None,
+    ) -> None:
+        """`launcher`: what runs `inferq worker` (bench.pipeline's adds stubs and counters)."""
         env = {**os.environ, "INFERQ_TOPIC_PREFIX": settings.topic_prefix, "INFERQ_KAFKA": settings.kafka,
-               "INFERQ_DATABASE_URL": settings.database_url, "OMP_NUM_THREADS": str(threads)}  # fmt: skip
+               "INFERQ_DATABASE_URL": settings.database_url, "OMP_NUM_THREADS": str(threads),
+               **(env_extra or {})}  # fmt: skip
         self.worker_id = f"{settings.topic_prefix}-w{threads}"
         self.settings = settings
         self.log = log
         self.metrics_port = _free_port()
         log.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "workers.cli", "worker", "--worker-id", self.worker_id,
+        cmd = [sys.executable, *launcher, "--worker-id", self.worker_id,
                "--metrics-port", str(self.metrics_port), *extra]  # fmt: skip
         with log.open("wb") as out:
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -11,7 +11,8 @@ import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from bench import e2e, engine, host_overhead  # light: argparse only; torch comes when the verb runs
+    # light: argparse only; torch comes when the verb runs
+    from bench import e2e, engine, host_overhead, pipeline
 
     bench = subparsers.add_parser("bench", help="run a benchmark and write its results as JSON")
     bench.set_defaults(func=lambda _args: _usage(bench))
@@ -20,6 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ("engine", engine, "static batching vs HF continuous batching vs inferq vs the compute floor", False),
         ("e2e", e2e, "jobs through Kafka and Postgres with one worker vs the engine alone; latencies; "
          "priority", True),
+        ("pipeline", pipeline, "one-token and short jobs through Kafka, one worker and PostgreSQL, real and "
+         "instant engine, vs the engine alone; CPU by thread, database round trips per job", False),
         ("host-overhead", host_overhead, "the engine's host time per decode step by phase, forward stubbed "
          "(runs on CPU)", False),
     ):  # fmt: skip

@@ -12,11 +12,12 @@ from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any, Literal
 
-from sqlalchemy import BindParameter, Connection, Row, Update, bindparam, select, tuple_
+from sqlalchemy import BindParameter, Connection, Row, Update, bindparam, select, text, tuple_
 from sqlalchemy.dialects.postgresql import insert
 
 from schemas.tables import TERMINAL_STATUSES, jobs
 from schemas.topics import Coordinates
+from workers.db.sets import array_type, arrays, unnest
 
 JobKey = tuple[str, str]  # (tenant, job_id): what names one job
 
@@ -91,28 +92,9 @@ def admit(conn: Connection, rows: Sequence[Admission]) -> dict[JobKey, Admitted]
     (tenant, job_id)."""
     if not rows:
         return {}
-    stmt = insert(jobs).values([_queued_values(r) for r in rows])
-    excluded = stmt.excluded
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[jobs.c.job_id, jobs.c.tenant],
-        set_={
-            "status": "queued",
-            "attempts": jobs.c.attempts + 1,
-            "worker_id": excluded.worker_id,
-            "queued_at": excluded.queued_at,
-            "source_topic": excluded.source_topic,
-            "source_partition": excluded.source_partition,
-            "source_offset": excluded.source_offset,
-            "updated_at": excluded.queued_at,
-            "admitted_generation": excluded.admitted_generation,
-        },
-        where=(
-            jobs.c.status.not_in(TERMINAL_STATUSES)
-            & jobs.c.cancel_requested_at.is_(None)
-            & ~_newer_owner(excluded)
-        ),
-    ).returning(jobs.c.tenant, jobs.c.job_id, jobs.c.attempts)
-    outcome = {(tenant, job_id): Admitted("start", n) for tenant, job_id, n in conn.execute(stmt)}
+    params = arrays(_QUEUED_FIELDS, [_queued_row(r) for r in rows])
+    params["fence"] = GENERATION_FENCE
+    outcome = {(tenant, job_id): Admitted("start", n) for tenant, job_id, n in conn.execute(_ADMIT, params)}
     missing = [(r.tenant, r.job_id) for r in rows if (r.tenant, r.job_id) not in outcome]
     if missing:
         query = select(
@@ -131,66 +113,64 @@ def admit(conn: Connection, rows: Sequence[Admission]) -> dict[JobKey, Admitted]
     return outcome
 
 
+_QUEUED_COLUMNS = (
+    "job_id", "tenant", "priority", "prompt", "params", "bulk_id", "created_at", "queued_at", "worker_id",
+    "source_topic", "source_partition", "source_offset", "admitted_generation",
+)  # fmt: skip
+_QUEUED_FIELDS = tuple((name, array_type(jobs.c[name])) for name in _QUEUED_COLUMNS)
+_TERMINAL_SQL = ", ".join(f"'{s}'" for s in TERMINAL_STATUSES)
+# One statement for any number of jobs: the upsert that re-queues a job unless it is terminal, cancelled,
+# or has a newer owner: its attempt was admitted in a later group generation than this admission's record,
+# lately, by another worker (the record's partition has moved on, and its new owner runs the job). A
+# generation older than the fence's window is not trusted: a group that was deleted and made again counts
+# from 0. An attempt this same worker admitted is no other owner's: the worker admits only what it does not
+# run (a job it runs is held before any write), so that attempt was dropped here (aborted without a row)
+# and this copy re-admits the job rather than wait for a run that nobody does.
+_ADMIT = text(
+    f"""INSERT INTO jobs ({", ".join(_QUEUED_COLUMNS)}, status, attempts)
+SELECT v.*, 'queued', 1 FROM {unnest(_QUEUED_FIELDS)}
+ON CONFLICT (job_id, tenant) DO UPDATE SET status = 'queued', attempts = jobs.attempts + 1,
+  worker_id = excluded.worker_id, queued_at = excluded.queued_at, source_topic = excluded.source_topic,
+  source_partition = excluded.source_partition, source_offset = excluded.source_offset,
+  updated_at = excluded.queued_at, admitted_generation = excluded.admitted_generation
+WHERE jobs.status NOT IN ({_TERMINAL_SQL}) AND jobs.cancel_requested_at IS NULL
+  AND NOT (jobs.admitted_generation > excluded.admitted_generation
+           AND jobs.updated_at > excluded.queued_at - CAST(:fence AS interval)
+           AND jobs.worker_id IS DISTINCT FROM excluded.worker_id)
+RETURNING jobs.tenant, jobs.job_id, jobs.attempts"""
+)
+
+
 def _keyed(keys: Sequence[JobKey]):
     """The rows of these (tenant, job_id) keys."""
     return tuple_(jobs.c.tenant, jobs.c.job_id).in_(list(keys))
 
 
-def _newer_owner(excluded):
-    """The row's attempt was admitted in a later group generation than this admission's record, lately,
-    by another worker: the record's partition has moved on, and its new owner runs the job. (A generation
-    older than the fence's window is not trusted: a group that was deleted and made again counts from 0.)
-    An attempt this same worker admitted is no other owner's: the worker admits only what it does not run
-    (a job it runs is held before any write), so that attempt was dropped here (aborted without a row) and
-    this copy re-admits the job rather than wait for a run that nobody does."""
+def _queued_row(r: Admission) -> tuple:
+    """An admission's values in _QUEUED_COLUMNS order."""
     return (
-        (jobs.c.admitted_generation > excluded.admitted_generation)
-        & (jobs.c.updated_at > excluded.queued_at - GENERATION_FENCE)
-        & jobs.c.worker_id.is_distinct_from(excluded.worker_id)
-    )
-
-
-def _queued_values(r: Admission) -> dict[str, Any]:
-    return {
-        "job_id": r.job_id,
-        "tenant": r.tenant,
-        "priority": r.priority,
-        "status": "queued",
-        "prompt": r.prompt,
-        "params": r.params,
-        "bulk_id": r.bulk_id,
-        "created_at": r.created_at,
-        "queued_at": r.queued_at,
-        "attempts": 1,
-        "worker_id": r.worker_id,
-        "source_topic": r.source[0],
-        "source_partition": r.source[1],
-        "source_offset": r.source[2],
-        "admitted_generation": r.generation,
-    }
+        r.job_id, r.tenant, r.priority, r.prompt, r.params, r.bulk_id, r.created_at, r.queued_at, r.worker_id,
+        r.source[0], r.source[1], r.source[2], r.generation,
+    )  # fmt: skip
 
 
 def mark_running(conn: Connection, started: Sequence[tuple[str, str, datetime, int]]) -> None:
-    """One executemany for a step's worth of starts (tenant, job_id, when, attempt): per-row statements
-    cost the worker's GIL time. A start of an attempt the job has moved past (re-queued elsewhere) writes
-    nothing."""
-    if not started:
-        return
-    stmt = (
-        jobs.update()
-        .where(
-            jobs.c.job_id == bindparam("started_id"),
-            jobs.c.tenant == bindparam("started_tenant"),
-            jobs.c.status == "queued",
-            jobs.c.attempts == bindparam("started_attempt"),
-        )
-        .values(status="running", started_at=bindparam("start_time"), updated_at=bindparam("start_time"))
-    )
-    rows = [
-        {"started_tenant": t, "started_id": j, "start_time": at, "started_attempt": n}
-        for t, j, at, n in started
-    ]
-    conn.execute(stmt, rows)
+    """One statement for a flush's worth of starts (tenant, job_id, when, attempt): per-row statements
+    cost the worker's GIL time and a round trip each. A start of an attempt the job has moved past
+    (re-queued elsewhere) writes nothing (the attempt fence)."""
+    if started:
+        conn.execute(_MARK_RUNNING, arrays(_RUNNING_FIELDS, started))
+
+
+_RUNNING_FIELDS = (
+    ("tenant", "text[]"), ("job_id", "text[]"), ("at", "timestamptz[]"), ("attempt", "integer[]")
+)  # fmt: skip
+_MARK_RUNNING = text(
+    f"""UPDATE jobs SET status = 'running', started_at = v.at, updated_at = v.at
+FROM {unnest(_RUNNING_FIELDS)}
+WHERE jobs.tenant = v.tenant AND jobs.job_id = v.job_id AND jobs.status = 'queued'
+  AND jobs.attempts = v.attempt"""
+)
 
 
 def _live(tenant: str | BindParameter, job_id: str | BindParameter, attempt: int | BindParameter | None):
@@ -218,6 +198,56 @@ def _finish_statement(columns: tuple[str, ...], fenced: bool) -> Update:
     values = {c: bindparam(f"v_{c}") for c in columns}
     values.update(status=bindparam("finish_status"), updated_at=bindparam("finish_now"))
     return jobs.update().where(where).values(values).returning(*jobs.c)
+
+
+def finish_many(conn: Connection, rows: Sequence[Terminal], now: datetime) -> list[Row | None]:
+    """`finish` for many rows, one statement per set of columns written (one for a flush of finished jobs):
+    what each wrote, in order (None: terminal already, or a later attempt owns the job). Copies of one job
+    go in later rounds, in order, as one by one they would."""
+    written: list[Row | None] = [None] * len(rows)
+    pending = list(range(len(rows)))
+    while pending:
+        seen: set[JobKey] = set()
+        later: list[int] = []
+        groups: dict[tuple[tuple[str, ...], bool], list[int]] = {}
+        for i in pending:
+            key = rows[i].key
+            if key in seen:
+                later.append(i)
+                continue
+            seen.add(key)
+            groups.setdefault((tuple(sorted(rows[i].values)), rows[i].attempt is not None), []).append(i)
+        for (columns, fenced), members in groups.items():
+            stmt, fields = _finish_many_statement(columns, fenced)
+            values = [_finish_row(rows[i], columns, fenced) for i in members]
+            params = {**arrays(fields, values), "now": now}
+            by_key = {(r.tenant, r.job_id): r for r in conn.execute(stmt, params)}
+            for i in members:
+                written[i] = by_key.get(rows[i].key)
+        pending = later
+    return written
+
+
+def _finish_row(row: Terminal, columns: tuple[str, ...], fenced: bool) -> tuple:
+    head = (row.tenant, row.job_id, row.status) + ((row.attempt,) if fenced else ())
+    return head + tuple(row.values[c] for c in columns)
+
+
+@lru_cache(maxsize=32)
+def _finish_many_statement(columns: tuple[str, ...], fenced: bool):
+    head = [("tenant", "text[]"), ("job_id", "text[]"), ("status", "text[]")]
+    if fenced:
+        head.append(("attempt", "integer[]"))
+    fields = (*head, *((c, array_type(jobs.c[c])) for c in columns))
+    sets = ", ".join(f"{c} = v.{c}" for c in ("status", *columns))
+    fence = " AND jobs.attempts = v.attempt" if fenced else ""
+    stmt = text(
+        f"""UPDATE jobs SET {sets}, updated_at = :now
+FROM {unnest(fields)}
+WHERE jobs.tenant = v.tenant AND jobs.job_id = v.job_id AND jobs.status NOT IN ({_TERMINAL_SQL}){fence}
+RETURNING {", ".join(f"jobs.{c.name}" for c in jobs.c)}"""
+    ).columns(*jobs.c)  # named, in the table object's order: positions follow the columns given
+    return stmt, fields
 
 
 def superseded_by(conn: Connection, tenant: str, job_id: str, attempt: int | None) -> Coordinates | None:

@@ -98,6 +98,18 @@ def max_message_bytes(conn: KafkaConnection, topic: str, timeout_s: float = 5.0)
     return int(value) if value is not None else None
 
 
+def topic_records(conn: KafkaConnection, topic: str) -> int:
+    """Records ever written to a topic: its partitions' end offsets, summed (a benchmark's event count)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(**conn.client_options(), client_id="inferq-admin")
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        return sum(consumer.end_offsets([TopicPartition(topic, p) for p in parts]).values())
+    finally:
+        consumer.close()
+
+
 def delete_topics(conn: KafkaConnection, prefix: str) -> list[str]:
     """Delete the topics of one deployment (named `<prefix>.…`), e.g. a benchmark's private ones."""
     with KafkaAdminClient(**conn.client_options(), client_id="inferq-admin") as admin:

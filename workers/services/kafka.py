@@ -11,6 +11,7 @@ from pathlib import Path
 from workers.kafka_io.admin import delete_topics as delete_topics  # noqa: F401 - a deployment's own topics
 from workers.kafka_io.admin import ensure_topics as ensure_topics  # noqa: F401 - `inferq up` makes topics
 from workers.kafka_io.admin import ping as ping  # noqa: F401 - health of the broker it starts
+from workers.kafka_io.admin import topic_records as topic_records  # noqa: F401 - bench.pipeline's event count
 from workers.kafka_io.admin import wait_for_members
 from workers.naming import worker_group
 from workers.services import process, tools
