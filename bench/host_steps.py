@@ -57,9 +57,11 @@ class StubDeviceStep:
         self.stub = stub
         self._greedy = torch.full((len(stub._logits),), stub.token, dtype=torch.int64)
 
-    def run(self, inputs: StepInputs) -> Any:
+    def run(self, inputs: StepInputs, before_forward: Any = None) -> Any:
         from gpu.cuda.step import StepLogits
 
+        if before_forward is not None:  # placeholders filled "on the device", as the CUDA step does
+            before_forward(inputs.input_ids)
         logits = self.stub(inputs, None, None)
         if len(logits) > len(self._greedy):
             self._greedy = torch.full((len(logits),), self.stub.token, dtype=torch.int64)
