@@ -262,8 +262,8 @@ class ModelRunner:
             tokens = sampled.tolist()
             logits_state.record(plan, tokens, token_logprobs(logits, sampled, plan))
             return SampledTokens(sampled, known=tokens)
-        if sampled is greedy:  # a graph's output buffer, which the next replay overwrites: the step's own
-            sampled = sampled.clone()
+        if sampled is greedy and sampled.is_cuda:  # a graph's output buffer (its pool is shared by every
+            sampled = sampled.clone()  # graph, the next replay overwrites it): the step's own buffer
         return SampledTokens.of(sampled)
 
     def _before_forward(self, fill: Callable[[torch.Tensor], None] | None) -> Callable[[torch.Tensor], None]:
