@@ -157,10 +157,10 @@ class _GraphSpans:
 
         run = self.run = self.graphs.run
 
-        def timed(*args: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            out = run(*args)
+            out = run(*args, **kwargs)
             end.record()
             self.events.append((start, end))
             return out

@@ -57,9 +57,11 @@ class StubDeviceStep:
         self.stub = stub
         self._greedy = torch.full((len(stub._logits),), stub.token, dtype=torch.int64)
 
-    def run(self, inputs: StepInputs) -> Any:
+    def run(self, inputs: StepInputs, before_forward: Any = None) -> Any:
         from gpu.cuda.step import StepLogits
 
+        if before_forward is not None:  # placeholders filled "on the device", as the CUDA step does
+            before_forward(inputs.input_ids)
         logits = self.stub(inputs, None, None)
         if len(logits) > len(self._greedy):
             self._greedy = torch.full((len(logits),), self.stub.token, dtype=torch.int64)
@@ -73,6 +75,9 @@ class HostSteps:
     batch: int
     step_ms: float  # wall time of engine.step() (and the bench's check of its outputs)
     host_ms: float  # inside engine.step(), the stub forward left out (async: the wait for the worker)
+    # CPU time of the thread calling engine.step() (the engine thread), the bench's checks included: what
+    # that thread itself holds, waits for the worker or the GIL and other processes' turns left out
+    engine_cpu_ms: float
     phases_ms: dict[str, float]  # per phase of gpu/step_clock.py
     argmax_ms: float  # the sampler's argmax over the stub logits alone (device work on CUDA)
     decode_steps: int  # steps measured
@@ -131,13 +136,14 @@ def measure_host_steps(
     _until_all_decode(engine, set(ids))
     for _ in range(warmup):
         _decode_step(engine, batch)
-    step_ms, phase_ms, tokens = [], [], 0
+    step_ms, cpu_ms, phase_ms, tokens = [], [], [], 0
     for _ in range(reps):
         before = engine.clock.snapshot()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         for _ in range(steps):
             tokens += _decode_step(engine, batch)
         step_ms.append((time.perf_counter() - start) / steps * 1000)
+        cpu_ms.append((time.thread_time() - cpu) / steps * 1000)
         after = engine.clock.snapshot()
         phase_ms.append({p: (after[p] - before[p]) / steps * 1000 for p in PHASES})
     for request_id in ids:
@@ -148,6 +154,7 @@ def measure_host_steps(
         batch=batch,
         step_ms=statistics.median(step_ms),
         host_ms=host,
+        engine_cpu_ms=statistics.median(cpu_ms),
         phases_ms=phases,
         argmax_ms=_argmax_ms(engine, batch),
         decode_steps=steps * reps,

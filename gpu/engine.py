@@ -10,7 +10,10 @@ and `close` (and the scheduler it makes): with async scheduling off it is the co
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,7 +30,7 @@ from gpu.engine_types import (
     resolve_async_scheduling,
 )
 from gpu.model import LoadedModel
-from gpu.runner import PreparedStep
+from gpu.runner import PreparedStep, SampledTokens
 from gpu.step_clock import FORWARD, INPUTS, OUTPUTS, SCHEDULE
 from scheduler.async_scheduler import AsyncScheduler, PendingTokens
 from scheduler.config import SchedulerConfig
@@ -37,6 +40,38 @@ __all__ = ["Engine", "EngineConfig", "EngineRequest", "EngineStats", "RequestOut
 
 log = logging.getLogger(__name__)
 
+# While a step thread runs, the engine thread may hold the GIL for a whole switch interval (CPython's
+# default 5 ms) before the step thread gets it back to launch or finish a step: far longer than a decode
+# step on a GPU. Lowered while any engine's step thread runs, unless the process set its own already.
+STEP_THREAD_SWITCH_INTERVAL_S = 0.0001
+_DEFAULT_SWITCH_INTERVAL_S = 0.005  # CPython's
+
+
+class _SwitchInterval:
+    """The process's GIL switch interval, lowered while at least one step thread runs, then restored."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._saved = _DEFAULT_SWITCH_INTERVAL_S
+
+    def acquire(self) -> None:
+        with self._lock:
+            if self._users == 0:
+                self._saved = sys.getswitchinterval()
+                if self._saved >= _DEFAULT_SWITCH_INTERVAL_S:  # a lower value the process chose stays
+                    sys.setswitchinterval(STEP_THREAD_SWITCH_INTERVAL_S)
+            self._users += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                sys.setswitchinterval(self._saved)
+
+
+_switch_interval = _SwitchInterval()
+
 
 @dataclass(slots=True)
 class InFlightStep:
@@ -45,7 +80,7 @@ class InFlightStep:
     output: SchedulerOutput
     pending: PendingTokens  # where its tokens go (placeholders in the sequences until then)
     started: dict[str, LiveSequence]  # sequences it runs for the first time
-    future: Future[list[int]]  # its tokens, in its sampling order
+    future: Future[SampledTokens]  # its tokens, in its sampling order (on the device once launched)
     launched: float  # perf_counter when it was submitted
 
 
@@ -96,6 +131,7 @@ class Engine(EngineCore):
             self._worker = ThreadPoolExecutor(
                 1, "inferq-step", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)
             )
+            _switch_interval.acquire()
         elif not on:
             self.close()
         log.info("async scheduling: %s", "on" if self._worker is not None else "off")
@@ -103,11 +139,14 @@ class Engine(EngineCore):
     def close(self) -> None:
         """Finish the step in flight (its outputs are dropped) and stop the async worker thread."""
         if self._inflight is not None:
-            self._inflight.future.exception()
+            if self._inflight.future.exception() is None:
+                with contextlib.suppress(Exception):  # its failure has no one left to report to
+                    self._inflight.future.result().tokens()
             self._inflight = None
         if self._worker is not None:
             self._worker.shutdown(wait=True)
             self._worker = None
+            _switch_interval.release()
 
     def _step_async(self) -> list[RequestOutput]:
         """Schedule and launch step N+1 (placeholders for the tokens of step N, in flight), then wait for
@@ -155,10 +194,11 @@ class Engine(EngineCore):
         self._inflight = launched
         return [] if previous is None else self._collect(previous, launched)
 
-    def _run_after(self, prepared: PreparedStep, before: Future[list[int]] | None) -> list[int]:
-        """On the worker thread: the step's forward and sampling, its placeholders filled with the tokens of
-        the step before (finished by then: the worker runs steps in order)."""
-        return self.runner.run(
+    def _run_after(self, prepared: PreparedStep, before: Future[SampledTokens] | None) -> SampledTokens:
+        """On the worker thread: queue the step's forward and sampling, its placeholders filled on the
+        device from the tokens of the step before (launched by then: the worker runs steps in order). On
+        CUDA this returns before either step is done, so the device runs them back to back."""
+        return self.runner.launch(
             prepared, previous=before.result() if before is not None else None, clock=False
         )
 
@@ -166,7 +206,7 @@ class Engine(EngineCore):
         """Wait for a launched step; commit its tokens and make its outputs."""
         self._last_chunks = step.output.chunks
         try:
-            tokens = step.future.result()
+            tokens = step.future.result().tokens()  # the wait for the device (the GIL released)
         except Exception as exc:
             raise self._failed(step.output, exc, launched, step.started) from exc
         self.clock.lap(FORWARD)  # the wait: what the engine thread could not overlap

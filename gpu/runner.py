@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +94,7 @@ class ModelRunner:
         self.cache = KVCache(shape, self.num_blocks + cuda, self.device)
         self.inputs = InputBuilder(config.block_size, config.max_model_len, config.max_num_seqs)
         self.cuda_step = None
+        self._staged: Any = None  # CUDA: an event recorded after the last step's host-to-device copies
         if cuda:
             from gpu.cuda.step import build_cuda_step
 
@@ -201,26 +202,40 @@ class ModelRunner:
         step: PreparedStep,
         logits_state: LogitsState | None = None,
         grammars: Mapping[str, Any] | None = None,
-        previous: list[int] | None = None,
-        clock: bool = True,
     ) -> list[int]:
-        """The model's part of a prepared step: forward and sampling, the tokens back as a list. `previous`:
-        the tokens of the step before, in its sampling order, for the placeholders of this one (async
-        scheduling: each placeholder row names its token's index there). `clock`: lap the step clock
-        (off on the async worker thread: the engine thread times its own phases)."""
-        if len(step.inputs.placeholder_rows):
+        """The model's part of a prepared step: forward and sampling, the tokens back as a list (the
+        synchronous step: it waits for the device)."""
+        tokens = self.launch(step, logits_state, grammars).tokens()
+        self.clock.lap(SAMPLE)
+        return tokens
+
+    def launch(
+        self,
+        step: PreparedStep,
+        logits_state: LogitsState | None = None,
+        grammars: Mapping[str, Any] | None = None,
+        previous: SampledTokens | None = None,
+        clock: bool = True,
+    ) -> SampledTokens:
+        """Queue a prepared step's forward and sampling; its tokens come back as SampledTokens, on the
+        device at once and on the host when asked (on CUDA nothing here waits for the device). `previous`
+        (async scheduling): the step before's, whose device tensor fills this step's placeholder tokens
+        on the device, so this step is queued before the one before it is back on the host. `clock`: lap
+        the step clock (off on the async worker thread: the engine thread times its own phases)."""
+        fill = None
+        rows = step.inputs.placeholder_rows
+        if len(rows):
             if previous is None:
                 raise ValueError("a step with placeholder tokens ran without its previous step's tokens")
-            ids = step.inputs.input_ids.numpy()
-            ids[step.inputs.placeholder_rows] = np.asarray(previous, dtype=np.int64)[
-                step.inputs.placeholder_from
-            ]
+            fill = placeholder_fill(
+                step.inputs.input_ids, rows, step.inputs.placeholder_from, previous.device
+            )
         if self.threads is None:
-            return self._execute(step, logits_state, grammars, clock)
+            return self._execute(step, logits_state, grammars, clock, fill)
         self.threads.before_step()
         start = time.perf_counter()
         try:
-            return self._execute(step, logits_state, grammars, clock)
+            return self._execute(step, logits_state, grammars, clock, fill)
         finally:
             self.threads.after_step(time.perf_counter() - start, step.work)
 
@@ -231,23 +246,28 @@ class ModelRunner:
         logits_state: LogitsState | None,
         grammars: Mapping[str, Any] | None,
         clock: bool,
-    ) -> list[int]:
+        fill: Callable[[torch.Tensor], None] | None,
+    ) -> SampledTokens:
         inputs = step.inputs
         greedy = None  # each row's argmax, when the device computed it inside the step's graph
         if self.cuda_step is not None:
-            result = self.cuda_step.run(inputs)
+            if self._staged is not None:  # the pinned staging buffers are free once the last copies ran
+                self._staged.synchronize()
+            result = self.cuda_step.run(inputs, self._before_forward(fill))
             logits, greedy = result.logits, result.greedy
-        elif self.device.type != "cpu":
-            inputs = to_device(inputs, self.device)
-            logits = self.forward(inputs, self.cache, self.attention)
-        elif self.threads is not None:
-            logits = self.threads.forward(
-                lambda: self.forward(inputs, self.cache, self.attention),
-                len(inputs.input_ids),
-                step.work,
-            )
         else:
-            logits = self.forward(inputs, self.cache, self.attention)
+            if self.device.type != "cpu":
+                inputs = to_device(inputs, self.device)
+            if fill is not None:
+                fill(inputs.input_ids)
+            if self.threads is not None:
+                logits = self.threads.forward(
+                    lambda: self.forward(inputs, self.cache, self.attention),
+                    len(inputs.input_ids),
+                    step.work,
+                )
+            else:
+                logits = self.forward(inputs, self.cache, self.attention)
         if clock:
             self.clock.lap(FORWARD)
         chunks = inputs.sample_chunks
@@ -255,12 +275,27 @@ class ModelRunner:
             greedy = None  # the mask changed the logits after the graph's argmax
         plan = logits_state.plan(chunks) if logits_state else None  # None: no tracked sequence (common)
         sampled = sample(logits, step.batch, plan, greedy if plan is None else None)
-        tokens = sampled.tolist()
         if plan is not None and logits_state is not None:
+            tokens = sampled.tolist()
             logits_state.record(plan, tokens, token_logprobs(logits, sampled, plan))
-        if clock:
-            self.clock.lap(SAMPLE)
-        return tokens
+            return SampledTokens(sampled, known=tokens)
+        if sampled is greedy and sampled.is_cuda:  # a graph's output buffer (its pool is shared by every
+            sampled = sampled.clone()  # graph, the next replay overwrites it): the step's own buffer
+        return SampledTokens.of(sampled)
+
+    def _before_forward(self, fill: Callable[[torch.Tensor], None] | None) -> Callable[[torch.Tensor], None]:
+        """What the CUDA step calls once the step's input copies are queued: the placeholders filled on
+        the device, then an event that tells the next step when the pinned buffers may be written again
+        (the host no longer waits for each step's tokens before staging the next one)."""
+
+        def before_forward(device_ids: torch.Tensor) -> None:
+            if fill is not None:
+                fill(device_ids)
+            if device_ids.is_cuda:
+                self._staged = torch.cuda.Event()
+                self._staged.record()
+
+        return before_forward
 
     def _constrain(self, logits: torch.Tensor, chunks: tuple, grammars: Mapping[str, Any]) -> bool:
         """Forbid, in the rows of constrained sequences, every token their grammar does not allow next.
@@ -283,6 +318,58 @@ class ModelRunner:
             ]
             closing.restrict(logits, rows)
         return True
+
+
+@dataclass(slots=True)
+class SampledTokens:
+    """A launched step's sampled tokens, in its sampling order: `device` at once (the next step's
+    placeholders read it there), the host list once `tokens()` has waited for the copy to land."""
+
+    device: torch.Tensor  # [S] the step's own tensor (never a graph's output buffer, reused by the next)
+    host: torch.Tensor | None = None  # a pinned copy in flight (CUDA); None: read `device`
+    ready: Any = None  # torch.cuda.Event recorded after the copy to `host`
+    known: list[int] | None = None
+
+    @classmethod
+    def of(cls, sampled: torch.Tensor) -> SampledTokens:
+        """Start the copy to the host (CUDA: asynchronous, into pinned memory of its own)."""
+        if sampled.device.type != "cuda":
+            return cls(sampled)
+        host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
+        host.copy_(sampled, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return cls(sampled, host, ready)
+
+    def tokens(self) -> list[int]:
+        """The tokens on the host (waits for the step on CUDA, releasing the GIL meanwhile)."""
+        if self.known is None:
+            if self.ready is not None:
+                self.ready.synchronize()
+            self.known = (self.device if self.host is None else self.host).tolist()
+        return self.known
+
+
+def placeholder_fill(
+    input_ids: torch.Tensor, rows: np.ndarray, sources: np.ndarray, previous: torch.Tensor
+) -> Callable[[torch.Tensor], None]:
+    """Async scheduling: input row rows[i] takes the previous step's sampled token sources[i]. The host
+    marks each such row in `input_ids` (a CPU tensor, before it is staged) as -1 - sources[i]; the fill,
+    called with the ids on the model's device, reads the previous step's tokens there, so nothing waits
+    for them to reach the host. The common decode step (the first n rows take tokens 0..n-1) is one copy."""
+    count = len(rows)
+    if int(sources.max()) >= previous.shape[0] or int(rows[-1]) >= input_ids.shape[0]:
+        raise ValueError("a placeholder names a token the previous step did not sample")
+    prefix = count if int(rows[-1]) == count - 1 and np.array_equal(sources, rows) else 0
+    input_ids.numpy()[rows] = -1 - sources
+
+    def fill(ids: torch.Tensor) -> None:
+        if prefix:
+            ids[:prefix].copy_(previous[:prefix])
+        else:
+            ids.copy_(torch.where(ids < 0, previous[(-1 - ids).clamp_(min=0)].to(ids.dtype), ids))
+
+    return fill
 
 
 @dataclass(frozen=True)

@@ -209,7 +209,10 @@ class Scheduler:
         seqs, running = self._seqs, SequenceStatus.RUNNING
         block_size, caching = self.config.block_size, self.kv.enable_caching
         max_model_len = self.config.max_model_len
-        if len(tokens) != sum(1 for c in output.chunks if c.sample):
+        chunks = output.chunks
+        # Decode chunks always sample: an all-decode step (the common one) needs no count.
+        sampling = len(chunks) if output.num_decodes == len(chunks) else sum(1 for c in chunks if c.sample)
+        if len(tokens) != sampling:
             raise ValueError(
                 f"{len(tokens)} sampled tokens for a step whose chunks sample a different number"
             )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -155,6 +156,7 @@ class DecodeGraphs:
         block_tables: np.ndarray,
         seats: np.ndarray,
         blocks: int,
+        before_forward: Callable[[torch.Tensor], None] | None = None,
     ) -> DecodeOutput:
         """A decode-only step of `rows` real rows (host arrays), each reading block_tables[seats[i]] up to
         lens[i] keys, the longest `blocks` blocks. Padding and both copies are prepared on the host."""
@@ -176,6 +178,8 @@ class DecodeGraphs:
         table_rows[rows:] = self.trash_block
         self.vectors(b).copy_(staged, non_blocking=True)
         self.tables[:b, :width].copy_(tables, non_blocking=True)
+        if before_forward is not None:  # e.g. placeholder tokens filled on the device (gpu/runner.py)
+            before_forward(self.ids[:rows])
         if not self.capture:
             out = self._body(b, nb)
         else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -65,14 +66,18 @@ class CudaStep:
         """Logits of the sampling rows; inputs are built on the host."""
         return self.run(inputs).logits
 
-    def run(self, inputs: StepInputs) -> StepLogits:
+    def run(
+        self, inputs: StepInputs, before_forward: Callable[[torch.Tensor], None] | None = None
+    ) -> StepLogits:
+        """`before_forward`: called with the device's input ids once the inputs' copies are queued, before
+        the forward (the runner fills async scheduling's placeholder tokens there)."""
         self.staging.begin_step()  # a pinned slot whose last copies have run (gpu/cuda/staging.py)
         try:
-            return self._run(inputs)
+            return self._run(inputs, before_forward)
         finally:
             self.staging.end_step()
 
-    def _run(self, inputs: StepInputs) -> StepLogits:
+    def _run(self, inputs: StepInputs, before_forward: Callable[[torch.Tensor], None] | None) -> StepLogits:
         meta = inputs.attention
         rows = inputs.input_ids.numel()
         if self.graphs is not None and meta.num_decodes == rows == len(inputs.sample_chunks):
@@ -87,9 +92,13 @@ class CudaStep:
                     meta.block_tables.numpy(),
                     meta.decode_seats.numpy(),
                     blocks,
+                    before_forward=before_forward,
                 )
                 return StepLogits(out.logits, out.greedy)
-        return StepLogits(self.forward(self._to_device(inputs), self.cache, self.attention), None)
+        staged = self._to_device(inputs)
+        if before_forward is not None:
+            before_forward(staged.input_ids)
+        return StepLogits(self.forward(staged, self.cache, self.attention), None)
 
     def _to_device(self, inputs: StepInputs) -> StepInputs:
         stage = self.staging.to_device

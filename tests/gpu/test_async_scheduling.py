@@ -242,8 +242,8 @@ def test_a_failed_step_rolls_back_and_the_requests_still_finish(fail_at: int):
 
 def test_cuda_step_logic_on_the_worker_thread_matches_hf():
     """The CUDA step (static decode buffers, staging, padding rows; graphs run eagerly on the CPU) driven
-    from the async worker thread, placeholders filled before staging: greedy still equals HF, under
-    preemption too."""
+    from the async worker thread, placeholders filled after staging from the previous step's sampled
+    tensor (as on the device): greedy still equals HF, under preemption too."""
     from tests.gpu.factories import make_model
     from tests.gpu.test_cuda_path import cuda_path_engine
     from tests.gpu.test_gold import run_and_check

@@ -74,7 +74,7 @@ def test_cuda_step_logic_matches_hf(max_num_seqs):
     assert graphs is not None and not graphs.capture
     replays = []
     run = graphs.run
-    graphs.run = lambda *args: replays.append(args[-2].shape) or run(*args)
+    graphs.run = lambda *args, **kw: replays.append(args[-2].shape) or run(*args, **kw)
     prompts = make_prompts(8, 1, 60)
     run_and_check(engine, model, prompts, OUTPUT_LENS)
     assert len(replays) > 10  # most steps were decode-only and went through the static buffers

@@ -71,8 +71,8 @@ def record_decode_steps(graphs) -> list[tuple[int, tuple[int, int]]]:
     seen = []
     run = graphs.run
 
-    def recording(staging, ids, positions, slots, lens, block_tables, seats, blocks):
-        out = run(staging, ids, positions, slots, lens, block_tables, seats, blocks)
+    def recording(staging, ids, positions, slots, lens, block_tables, seats, blocks, before_forward=None):
+        out = run(staging, ids, positions, slots, lens, block_tables, seats, blocks, before_forward)
         assert torch.equal(out.greedy, out.logits.argmax(dim=-1))
         seen.append((len(ids), graphs.key(len(ids), blocks)))
         return out
