@@ -179,7 +179,7 @@ class DecodeGraphs:
         self.vectors(b).copy_(staged, non_blocking=True)
         self.tables[:b, :width].copy_(tables, non_blocking=True)
         if before_forward is not None:  # e.g. placeholder tokens filled on the device (gpu/runner.py)
-            before_forward(self.ids[:rows])
+            before_forward(self.vectors(b)[IDS, :rows])
         if not self.capture:
             out = self._body(b, nb)
         else:

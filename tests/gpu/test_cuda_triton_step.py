@@ -159,3 +159,13 @@ def test_kernel_choice_in_half_precision_covers_the_fused_kernels():
         "silu_mul",
     ]
     assert all(t.reason in ("faster", "slower") for t in trials), trials
+
+
+def test_async_scheduling_through_the_decode_graphs_fills_placeholders_on_the_device():
+    """Async scheduling's placeholder tokens are filled in the graphs' static ids (before_forward) from the
+    previous step's sampled tensor: greedy output stays HF's."""
+    model = make_model()
+    engine = triton_engine(model, max_num_seqs=4, async_scheduling=True)
+    steps = record_decode_steps(engine.runner.cuda_step.graphs)
+    run_and_check(engine, model, make_prompts(6, 1, 40, seed=7), [12, 20, 7, 16, 9, 14])
+    assert len(steps) > 10
