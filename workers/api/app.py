@@ -103,7 +103,13 @@ def build_app(settings: Settings, models: tuple[str, ...], *, run_driver: bool =
 def serve(settings: Settings, models: tuple[str, ...], host: str, port: int) -> None:
     """Run until SIGTERM/SIGINT; then stop taking connections, finish the requests in flight (up to 30 s),
     stop the batch driver and close the clients."""
+    import signal
+
     import uvicorn
 
+    # uvicorn raises the signal it stopped on again once it is done, which would end the process with
+    # -SIGTERM after a clean shutdown: a handler that ignores that second raise makes the exit 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     app = build_app(settings, models)
     uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=30, access_log=False)

@@ -32,6 +32,7 @@ from workers.client import DeliveryFailed, JobTimeout, Submitted
 log = logging.getLogger(__name__)
 
 _END = object()
+_DISCONNECT_CHECK_S = 0.25  # how often a stream looks whether its client is still there
 
 
 async def json_body(request: Request) -> dict[str, Any]:
@@ -161,13 +162,19 @@ class ServingEngine:
 
         threading.Thread(target=pump, name=f"sse-{sent.job_id}", daemon=True).start()
         finished, started = False, set()
+        looked = time.monotonic()
         try:
             while True:
                 try:
-                    item = await asyncio.wait_for(queue.get(), 0.5)
+                    item = await asyncio.wait_for(queue.get(), _DISCONNECT_CHECK_S)
                 except TimeoutError:
+                    item = None
+                # uvicorn drops what is sent to a client that left, and says so only when asked
+                if time.monotonic() - looked >= _DISCONNECT_CHECK_S:
+                    looked = time.monotonic()
                     if await request.is_disconnected():
                         return
+                if item is None:
                     continue
                 if item is _END:
                     break
@@ -189,10 +196,13 @@ class ServingEngine:
             stop.set()
             if not finished:
                 log.info("stream of %s ended before its job: cancelling it", sent.job_id)
-                await run_in_threadpool(self._cancel, sent)
+                # a thread, not an await: when the client left, this task is being cancelled, and any
+                # await here would be cancelled with it
+                threading.Thread(target=self._cancel, args=(sent,), name=f"cancel-{sent.job_id}").start()
 
     def _cancel(self, sent: Submitted) -> None:
         try:
             self.ctx.client.cancel(sent, sent.tenant)
+            log.info("cancel of %s sent", sent.job_id)
         except DeliveryFailed as exc:
             log.warning("cancel of %s not delivered: %s", sent.job_id, exc)
