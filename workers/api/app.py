@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
 from workers.api import auth, batches, errors, files
+from workers.api.auth import KeyCache
 from workers.api.batch_driver import BatchDriver
 from workers.api.context import APIContext
 from workers.api.events import BatchEvents
@@ -38,7 +39,7 @@ def build_app(settings: Settings, models: tuple[str, ...], *, run_driver: bool =
         client = JobClient(settings, database_url=settings.database_url)
         ctx = APIContext(
             settings, db, client, models, settings.api_max_file_bytes, settings.api_request_timeout_s,
-            settings.api_batch_window_s,
+            settings.api_batch_window_s, KeyCache(),
         )  # fmt: skip
         events = BatchEvents(settings)
         app.state.api = ctx

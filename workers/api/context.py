@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from workers.api.auth import KeyCache
 from workers.client import JobClient
 from workers.db import Engine
 from workers.settings import Settings
@@ -18,6 +19,7 @@ class APIContext:
     max_file_bytes: int
     request_timeout_s: float  # how long a non-streaming request waits for its job (then 504)
     batch_window_s: float | None  # tests: a shorter completion window than the 24h asked for
+    keys: KeyCache  # keys found live lately (auth.py)
 
     @property
     def default_model(self) -> str:

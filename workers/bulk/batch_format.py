@@ -157,12 +157,19 @@ def parse_line(raw: str, line_no: int) -> BatchLine | LineError:
             custom_id = data["custom_id"]
         custom_id, url, body = _check_envelope(data)
         line = BatchLine(line_no, custom_id, url, body.get("model"), body)
-        _check_constraint(to_job(line, bulk_id="check", tenant="check"))
+        checked_job(line, bulk_id="check", tenant="check")
     except json.JSONDecodeError as exc:
         return LineError(line_no, None, f"line {line_no}: not JSON: {exc.msg} (column {exc.colno})")
     except InvalidMessage as exc:
         return LineError(line_no, custom_id, f"line {line_no}: {exc}")
     return line
+
+
+def checked_job(line: BatchLine, *, bulk_id: str, tenant: str) -> JobRequest:
+    """`to_job`, and the output constraint checked as the worker's compiler would (InvalidMessage if not)."""
+    job = to_job(line, bulk_id=bulk_id, tenant=tenant)
+    _check_constraint(job)
+    return job
 
 
 def _check_constraint(job: JobRequest) -> None:
