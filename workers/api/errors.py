@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+
+from workers.db.errors import db_transient
+from workers.kafka_io.errors import kafka_transient
+
+log = logging.getLogger(__name__)
 
 _TYPES = {
     400: "invalid_request_error",
@@ -59,6 +65,20 @@ def install(app: FastAPI) -> None:
             message = f"Method {request.method} not allowed on {request.url.path}"
             return error_response(APIError(405, message, code="method_not_allowed"))
         return error_response(APIError(exc.status_code, str(exc.detail)))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # the database or the broker away is worth a retry (503); anything else is ours (500)
+        if db_transient(exc):
+            return error_response(
+                APIError(503, "The database is unavailable; retry later", code="db_unavailable")
+            )
+        if kafka_transient(exc):
+            return error_response(
+                APIError(503, "The broker is unavailable; retry later", code="queue_unavailable")
+            )
+        log.exception("unexpected error")
+        return error_response(APIError(500, f"Internal error: {type(exc).__name__}", code="internal_error"))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
