@@ -9,8 +9,9 @@ import time
 import openai
 import pytest
 
-from tests.api.api_factories import MODEL, raw, wait_batch
+from tests.api.api_factories import MODEL, cli, create_key, raw, wait_batch
 from tests.workers.worker_factories import read_topic
+from workers.api.auth import KEY_CACHE_S
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -190,3 +191,21 @@ def test_files_can_be_deleted_once_no_batch_reads_them(served):
         client.files.retrieve(file_id)
     status, body = raw(f"{api.base_url}/v1/batches/batch_nope", key=keys["acme"])
     assert status == 404 and body["error"]["code"] == "batch_not_found"
+
+
+def test_a_key_revoked_mid_batch_stops_that_key_not_the_tenants_batch(served):
+    dep, api, keys = served
+    key = create_key(dep, "acme")
+    client = api.client(key)
+    batch = client.batches.create(
+        input_file_id=upload(client, [chat_line(i, max_tokens=200) for i in range(4)]),
+        endpoint="/v1/chat/completions", completion_window="24h",
+    )  # fmt: skip
+    listed = cli(dep, "api-key", "list", "--tenant", "acme").stdout
+    key_id = [line.split()[0] for line in listed.splitlines() if line.startswith("key_")][-1]
+    assert cli(dep, "api-key", "revoke", key_id).returncode == 0
+    time.sleep(KEY_CACHE_S)  # the process that saw the key live trusts it that long (auth.py)
+    with pytest.raises(openai.AuthenticationError):
+        client.batches.retrieve(batch.id)
+    done = wait_batch(api.client(keys["acme"]), batch.id, ("completed", "failed"))  # the tenant's other key
+    assert done.status == "completed" and done.request_counts.completed == 4

@@ -4,11 +4,13 @@ that times out (504 with its job id), an oversized upload, bad Batch requests.""
 from __future__ import annotations
 
 import json
+import time
 
 import openai
 import pytest
 
 from tests.api.api_factories import MODEL, wait_batch
+from tests.workers.worker_factories import read_topic
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -19,8 +21,9 @@ def _line(i: int) -> str:
 
 
 def test_a_batch_past_its_window_expires_with_its_lines_in_the_error_file(idle):
-    _, api, key = idle
+    dep, api, key = idle
     client = api.client(key)
+    since = int(time.time() * 1000) - 1000
     content = ("\n".join(_line(i) for i in range(3)) + "\n").encode()
     file_id = client.files.create(file=("in.jsonl", content), purpose="batch").id
     batch = client.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="24h")
@@ -34,6 +37,9 @@ def test_a_batch_past_its_window_expires_with_its_lines_in_the_error_file(idle):
     ]
     with pytest.raises(openai.ConflictError):
         client.batches.cancel(batch.id)
+    key = batch.id.encode()
+    records = read_topic(dep, dep.topics.batches, since, lambda rs: any(r.key == key for r in rs))
+    assert [json.loads(r.value)["type"] for r in records if r.key == key] == ["batch.expired"]
 
 
 def test_a_request_past_its_timeout_is_a_504_naming_its_job(idle):
