@@ -46,6 +46,8 @@ WORKDIR /home/inferq
 # once the model is loaded and the worker serves, 503 while its engine steps fail (compose turns the check off
 # for the one-shot `migrate` and for `bulk-worker`).
 EXPOSE 9400
+# `inferq api --host 0.0.0.0 --port 8000` (compose's `api` service) serves the HTTP API here; its check is /health.
+EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=180s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ['INFERQ_METRICS_PORT'], timeout=4)"]
 ENTRYPOINT ["inferq"]

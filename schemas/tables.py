@@ -9,6 +9,7 @@ from sqlalchemy import (
     Float,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -20,7 +21,17 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 from schemas.statuses import BULK_STATUSES, JOB_STATUSES, TERMINAL_STATUSES
 
-__all__ = ["BULK_STATUSES", "JOB_STATUSES", "TERMINAL_STATUSES", "bulk_jobs", "jobs", "metadata"]
+__all__ = [
+    "BULK_STATUSES",
+    "JOB_STATUSES",
+    "TERMINAL_STATUSES",
+    "api_batches",
+    "api_files",
+    "api_keys",
+    "bulk_jobs",
+    "jobs",
+    "metadata",
+]
 
 
 metadata = MetaData()
@@ -97,4 +108,64 @@ bulk_jobs = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("started_at", DateTime(timezone=True)),
     Column("finished_at", DateTime(timezone=True)),
+)
+
+# ---- the HTTP API (workers/api/): keys, OpenAI Files and Batches -------------------------------------------
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("key_id", String(40), primary_key=True),  # shown by `inferq api-key list`; not a secret
+    Column("tenant", String(128), nullable=False),
+    Column("name", String(128)),
+    Column(
+        "key_hash", String(64), nullable=False, unique=True
+    ),  # sha256 hex of the key; the key is shown once
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("revoked_at", DateTime(timezone=True)),
+)
+
+api_files = Table(
+    "api_files",
+    metadata,
+    Column("file_id", String(40), primary_key=True),
+    Column("tenant", String(128), nullable=False),
+    Column("purpose", String(32), nullable=False),  # batch (uploaded) | batch_output (written by a batch)
+    Column("filename", Text, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("content", LargeBinary, nullable=False),  # in PostgreSQL, so any API process serves any file
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_api_files_tenant_created_at", "tenant", "created_at"),
+)
+
+api_batches = Table(
+    "api_batches",
+    metadata,
+    Column("batch_id", String(64), primary_key=True),  # also jobs.bulk_id of its lines' jobs
+    Column("tenant", String(128), nullable=False),
+    Column("topic_prefix", String(128), nullable=False),  # the deployment whose API processes advance it
+    # validating | in_progress | finalizing | completed | failed | expired | cancelling | cancelled
+    Column("status", String(16), nullable=False),
+    Column("endpoint", String(64), nullable=False),
+    Column("input_file_id", String(40), nullable=False),
+    Column("completion_window", String(8), nullable=False),
+    Column("output_file_id", String(40)),
+    Column("error_file_id", String(40)),
+    Column("errors", JSONB),  # OpenAI's `errors.data` of a batch that failed validation
+    Column("metadata", JSONB),
+    Column("total", Integer, nullable=False, server_default="0"),  # request_counts.total: the valid lines
+    Column("submitted", Integer, nullable=False, server_default="0"),  # lines handed to Kafka (a checkpoint)
+    Column("final_counts", JSONB),  # request_counts once the files are written
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("in_progress_at", DateTime(timezone=True)),
+    Column("finalizing_at", DateTime(timezone=True)),
+    Column("completed_at", DateTime(timezone=True)),
+    Column("failed_at", DateTime(timezone=True)),
+    Column("expired_at", DateTime(timezone=True)),
+    Column("cancelling_at", DateTime(timezone=True)),
+    Column("cancelled_at", DateTime(timezone=True)),
+    Column("cancels_sent_at", DateTime(timezone=True)),  # its unfinished jobs were sent a cancel
+    Column("event_published_at", DateTime(timezone=True)),  # its terminal event is on the batches topic
+    Index("ix_api_batches_tenant_created_at", "tenant", "created_at"),
+    Index("ix_api_batches_open", "topic_prefix", "status"),
 )

@@ -54,6 +54,11 @@ class Topics:
         return f"{self.prefix}.results"
 
     @property
+    def batches(self) -> str:
+        """The HTTP API's Batch lifecycle events (batch.completed, .failed, .expired, .cancelled)."""
+        return f"{self.prefix}.batches"
+
+    @property
     def dlq(self) -> str:
         return f"{self.prefix}.dlq"
 

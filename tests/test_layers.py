@@ -30,6 +30,7 @@ WORKER_LAYERS = (
     ("workers.client", "workers.services"),
     ("workers.serving",),
     ("workers.bulk",),
+    ("workers.api",),  # the HTTP API: composes client, db and the bulk path
     ("workers.demo",),
     ("workers.cli",),
 )
@@ -41,6 +42,9 @@ CONFINED = {
     "psycopg2": ("workers.db", "migrations"),
     "alembic": ("workers.db", "migrations"),
     "celery": ("workers.bulk", "workers.cli.bulk"),
+    "fastapi": ("workers.api",),
+    "starlette": ("workers.api",),
+    "uvicorn": ("workers.api",),
     "torch": ("gpu", "workers", "bench"),
     "triton": ("gpu.triton_kernels",),  # imported lazily, on CUDA only
     "xgrammar": ("gpu.grammar",),  # structured outputs; imported once a grammar is used

@@ -49,6 +49,9 @@ ENV_VARIABLES = (
     "INFERQ_STATE_DIR",
     "INFERQ_CACHE",
     "INFERQ_FAILPOINT",
+    "INFERQ_API_MAX_FILE_BYTES",
+    "INFERQ_API_REQUEST_TIMEOUT",
+    "INFERQ_API_BATCH_WINDOW",
 )
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 # What inferq's producers compress record batches with; every one of them is read whatever this says.
@@ -209,6 +212,11 @@ class Settings:
     failpoint: str = (
         ""  # tests only: a named fault to inject (crash-before-publish, crash-after-publish, step-error)
     )
+    # `inferq api`: the largest Batch input file taken (bytes), how long a non-streaming request waits for
+    # its job before answering 504, and (tests) a batch completion window shorter than the 24h asked for
+    api_max_file_bytes: int = 200 * 1024 * 1024
+    api_request_timeout_s: float = 600.0
+    api_batch_window_s: float | None = None
 
     def __post_init__(self) -> None:
         check_compression(self.kafka_compression)
@@ -259,4 +267,9 @@ class Settings:
             state_dir=state_dir,
             cache_dir=_cache_dir(env),
             failpoint=env.get("INFERQ_FAILPOINT", ""),
+            api_max_file_bytes=int(env.get("INFERQ_API_MAX_FILE_BYTES", defaults.api_max_file_bytes)),
+            api_request_timeout_s=float(
+                env.get("INFERQ_API_REQUEST_TIMEOUT", defaults.api_request_timeout_s)
+            ),
+            api_batch_window_s=_optional_float(env.get("INFERQ_API_BATCH_WINDOW")),
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,12 +157,19 @@ def parse_line(raw: str, line_no: int) -> BatchLine | LineError:
             custom_id = data["custom_id"]
         custom_id, url, body = _check_envelope(data)
         line = BatchLine(line_no, custom_id, url, body.get("model"), body)
-        _check_constraint(to_job(line, bulk_id="check", tenant="check"))
+        checked_job(line, bulk_id="check", tenant="check")
     except json.JSONDecodeError as exc:
         return LineError(line_no, None, f"line {line_no}: not JSON: {exc.msg} (column {exc.colno})")
     except InvalidMessage as exc:
         return LineError(line_no, custom_id, f"line {line_no}: {exc}")
     return line
+
+
+def checked_job(line: BatchLine, *, bulk_id: str, tenant: str) -> JobRequest:
+    """`to_job`, and the output constraint checked as the worker's compiler would (InvalidMessage if not)."""
+    job = to_job(line, bulk_id=bulk_id, tenant=tenant)
+    _check_constraint(job)
+    return job
 
 
 def _check_constraint(job: JobRequest) -> None:
@@ -186,25 +193,30 @@ def read_batch(path: Path) -> Iterator[BatchLine | LineError]:
 
     Only the custom_ids seen so far are kept (as digests), never the lines.
     """
-    seen: set[bytes] = set()
     with open(path, "rb") as f:
-        for line_no, raw_bytes in enumerate(f, start=1):
-            if not raw_bytes.strip():
-                continue
-            try:
-                item = parse_line(raw_bytes.decode("utf-8"), line_no)
-            except UnicodeDecodeError as exc:
+        yield from read_lines(f)
+
+
+def read_lines(raw_lines: Iterable[bytes]) -> Iterator[BatchLine | LineError]:
+    """`read_batch` over lines from anywhere (a file's content held in PostgreSQL, for the HTTP API)."""
+    seen: set[bytes] = set()
+    for line_no, raw_bytes in enumerate(raw_lines, start=1):
+        if not raw_bytes.strip():
+            continue
+        try:
+            item = parse_line(raw_bytes.decode("utf-8"), line_no)
+        except UnicodeDecodeError as exc:
+            item = LineError(
+                line_no, None, f"line {line_no}: not valid UTF-8 ({exc.reason} at byte {exc.start})"
+            )
+        if isinstance(item, BatchLine):
+            digest = hashlib.blake2b(item.custom_id.encode(), digest_size=16).digest()
+            if digest in seen:
                 item = LineError(
-                    line_no, None, f"line {line_no}: not valid UTF-8 ({exc.reason} at byte {exc.start})"
+                    line_no, item.custom_id, f"line {line_no}: duplicate custom_id {item.custom_id!r}"
                 )
-            if isinstance(item, BatchLine):
-                digest = hashlib.blake2b(item.custom_id.encode(), digest_size=16).digest()
-                if digest in seen:
-                    item = LineError(
-                        line_no, item.custom_id, f"line {line_no}: duplicate custom_id {item.custom_id!r}"
-                    )
-                seen.add(digest)
-            yield item
+            seen.add(digest)
+        yield item
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ COMMAND_MODULES = (
     "workers.cli.bulk",  # bulk submit|status|wait|fetch|cancel, bulk-worker
     "workers.cli.run_batch",  # run-batch
     "workers.cli.tenants",  # tenant add
+    "workers.cli.api",  # api
+    "workers.cli.api_keys",  # api-key create|list|revoke
 )
 
 

@@ -250,6 +250,13 @@ class JobClient:
         finally:
             self._unfollow(follower)
 
+    def forget(self, job: JobRef) -> None:
+        """Drop what the client keeps about a submitted job (its submit time and tenant): a long-lived
+        process (the HTTP API) calls it once it no longer follows the job."""
+        job_id = _job_id(job)
+        self._submitted_ms.pop(job_id, None)
+        self._tenants.pop(job_id, None)
+
     def _follow(self, job_id: str, topic: str, since_ms: int | None) -> Follower:
         since = since_ms if since_ms is not None else self._submitted_ms.get(job_id, 0)
         with self._hub_lock:
