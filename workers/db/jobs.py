@@ -15,10 +15,9 @@ from typing import Any, Literal
 from sqlalchemy import BindParameter, Connection, Row, Update, bindparam, select, tuple_
 from sqlalchemy.dialects.postgresql import insert
 
+from schemas.job_key import JobKey  # (tenant, job_id): what names one job
 from schemas.tables import TERMINAL_STATUSES, jobs
 from schemas.topics import Coordinates
-
-JobKey = tuple[str, str]  # (tenant, job_id): what names one job
 
 # What a person listing jobs wants to see first (`inferq jobs`, the demo).
 # how long an attempt admitted in a later group generation is protected from a late admission
@@ -83,7 +82,7 @@ class Terminal:
 
     @property
     def key(self) -> JobKey:
-        return self.tenant, self.job_id
+        return JobKey(self.tenant, self.job_id)
 
 
 def admit(conn: Connection, rows: Sequence[Admission]) -> dict[JobKey, Admitted]:
@@ -281,7 +280,7 @@ def cancel_requested(conn: Connection, keys: Sequence[JobKey]) -> set[JobKey]:
     if not keys:
         return set()
     query = select(jobs.c.tenant, jobs.c.job_id).where(_keyed(keys), jobs.c.cancel_requested_at.is_not(None))
-    return {(tenant, job_id) for tenant, job_id in conn.execute(query)}
+    return {JobKey(tenant, job_id) for tenant, job_id in conn.execute(query)}
 
 
 def fail(
