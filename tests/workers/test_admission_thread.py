@@ -6,11 +6,11 @@ import threading
 
 import pytest
 
+from schemas.job_key import JobKey
 from workers.db.jobs import Admitted
 from workers.kafka_io.records import Record
 from workers.serving.admission.admitter import Decision
 from workers.serving.admission.thread import AdmissionThread
-from workers.serving.intake.validation import job_key
 
 
 class GatedAdmitter:
@@ -44,7 +44,7 @@ class FakeAccepted:
         self.job_id = job_id
         self.tenant = tenant
         self.record = Record(f"inferq.jobs.{priority}", 0, offset, None, b"{}", 0)
-        self.key = job_key(tenant, job_id)
+        self.key = JobKey(tenant, job_id)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from gpu.engine_types import GrammarSpec, RequestOutput, TokenLogprob
 from gpu.grammar import DEAD_END
 from gpu.tokenizer import ByteTokenizer
 from scheduler.types import FinishReason
+from schemas.job_key import JobKey
 from schemas.jobs import JobRequest, JobResult, TokenEvent, Usage
 from schemas.tables import jobs as jobs_table
 from schemas.topics import Topics
@@ -29,7 +30,7 @@ from workers.bulk.output import response_body
 from workers.db.outbox import COMPACT_NOTE, result_from_row
 from workers.kafka_io import Record
 from workers.serving.intake.sampling import grammar_spec, sampling_params
-from workers.serving.intake.validation import Accepted, Intake, job_key
+from workers.serving.intake.validation import Accepted, Intake
 from workers.serving.loop.choices import LOGPROB_FLOOR, Choices, LogprobFormatter
 from workers.serving.loop.inflight import InFlightJob
 from workers.serving.loop.lifecycle import JobLifecycle
@@ -48,7 +49,7 @@ def request(**fields) -> JobRequest:
 
 
 USAGE = Usage(prompt_tokens=3, completion_tokens=2)
-KEY = job_key("default", "j")  # the engine's request id of job "j" of the default tenant
+KEY = JobKey("default", "j").request_id  # the engine's request id of job "j" of the default tenant
 NOBODY = SimpleNamespace(assignment=frozenset())  # the owner of no partition: no admissions here
 
 

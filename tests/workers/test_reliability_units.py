@@ -8,6 +8,7 @@ import pytest
 from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError, NodeNotReadyError
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError, StatementError
 
+from schemas.job_key import JobKey
 from workers.kafka_io.codec import DecompressedTooLarge, _bounded_gzip_decode
 from workers.serving.admission import cancels
 from workers.serving.errors import Backoff, is_transient
@@ -51,7 +52,7 @@ def test_recent_cancels_are_per_tenant_and_expire(monkeypatch):
     now = [1000.0]
     monkeypatch.setattr(cancels.time, "monotonic", lambda: now[0])
     recent = cancels.RecentCancels()
-    recent.add("job", "acme")
-    assert ("job", "acme") in recent and ("job", "other") not in recent
+    recent.add(JobKey("acme", "job"))
+    assert JobKey("acme", "job") in recent and JobKey("other", "job") not in recent
     now[0] += cancels.REMEMBER_S + 1
-    assert ("job", "acme") not in recent
+    assert JobKey("acme", "job") not in recent

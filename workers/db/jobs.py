@@ -15,11 +15,10 @@ from typing import Any, Literal
 from sqlalchemy import BindParameter, Connection, Row, Update, bindparam, select, text, tuple_
 from sqlalchemy.dialects.postgresql import insert
 
+from schemas.job_key import JobKey  # (tenant, job_id): what names one job
 from schemas.tables import TERMINAL_STATUSES, jobs
 from schemas.topics import Coordinates
 from workers.db.sets import array_type, arrays, unnest
-
-JobKey = tuple[str, str]  # (tenant, job_id): what names one job
 
 # What a person listing jobs wants to see first (`inferq jobs`, the demo).
 # how long an attempt admitted in a later group generation is protected from a late admission
@@ -84,7 +83,7 @@ class Terminal:
 
     @property
     def key(self) -> JobKey:
-        return self.tenant, self.job_id
+        return JobKey(self.tenant, self.job_id)
 
 
 def admit(conn: Connection, rows: Sequence[Admission]) -> dict[JobKey, Admitted]:
@@ -311,7 +310,7 @@ def cancel_requested(conn: Connection, keys: Sequence[JobKey]) -> set[JobKey]:
     if not keys:
         return set()
     query = select(jobs.c.tenant, jobs.c.job_id).where(_keyed(keys), jobs.c.cancel_requested_at.is_not(None))
-    return {(tenant, job_id) for tenant, job_id in conn.execute(query)}
+    return {JobKey(tenant, job_id) for tenant, job_id in conn.execute(query)}
 
 
 def fail(

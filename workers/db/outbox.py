@@ -25,9 +25,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, bindparam, func, literal, select, tuple_
 
+from schemas.job_key import JobKey
 from schemas.jobs import Choice, JobResult, Timings, Usage
 from schemas.tables import TERMINAL_STATUSES, jobs
-from workers.db.jobs import JobKey
 
 # Engine finish reasons that are not in the contract's FinishReasonName map to these.
 _FINISH_REASONS = {"stop", "length", "abort", "expired", "rejected", "error"}
@@ -114,7 +114,7 @@ def renew(conn: Connection, keys: Sequence[JobKey], worker_id: str, now: datetim
     if not keys:
         return set()
     params = {"keys": list(keys), "worker": worker_id, "until": now + timedelta(seconds=LEASE_S)}
-    return {(tenant, job_id) for tenant, job_id in conn.execute(_RENEW, params)}
+    return {JobKey(tenant, job_id) for tenant, job_id in conn.execute(_RENEW, params)}
 
 
 def _is(key: JobKey):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
+from schemas.job_key import JobKey
 from schemas.jobs import CancelRequest
 from schemas.topics import Topics
 from schemas.validation import InvalidMessage, Limits, parse_control
@@ -46,19 +47,19 @@ def parse(record: Record, limits: Limits, topics: Topics) -> CancelRequest | str
 
 
 class RecentCancels:
-    """(job_id, tenant) of cancels seen lately, bounded in time and count."""
+    """The jobs of cancels seen lately, bounded in time and count."""
 
     def __init__(self) -> None:
-        self._seen: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._seen: OrderedDict[JobKey, float] = OrderedDict()
 
-    def add(self, job_id: str, tenant: str) -> None:
+    def add(self, key: JobKey) -> None:
         self._expire()
-        self._seen[(job_id, tenant)] = time.monotonic() + REMEMBER_S
-        self._seen.move_to_end((job_id, tenant))
+        self._seen[key] = time.monotonic() + REMEMBER_S
+        self._seen.move_to_end(key)
         while len(self._seen) > MAX_REMEMBERED:
             self._seen.popitem(last=False)
 
-    def __contains__(self, key: tuple[str, str]) -> bool:
+    def __contains__(self, key: JobKey) -> bool:
         self._expire()
         return key in self._seen
 

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from schemas.job_key import JobKey
 from workers.kafka_io import Coordinates, Partition
 from workers.serving.admission.admitter import Admitter, Decision
 from workers.serving.intake.rejected import Rejected
@@ -44,7 +45,7 @@ class AdmissionThread:
         # jobs decided "start" whose decision the engine loop has not settled yet: until it has, a copy
         # of the same job is held here, or it would be re-queued as a second attempt of a job that is
         # about to run (whose first attempt's writes the attempt fence would then refuse)
-        self._starting: set[str] = set()  # their keys (Accepted.key)
+        self._starting: set[JobKey] = set()  # their keys (Accepted.key)
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="inferq-admission", daemon=True)
 

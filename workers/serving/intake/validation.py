@@ -15,6 +15,7 @@ from typing import Any
 from gpu.engine import Engine
 from gpu.engine_types import GrammarSpec
 from gpu.tokenizer import Tokenizer
+from schemas.job_key import JobKey, RequestId
 from schemas.jobs import JobRequest
 from schemas.topics import Topics
 from schemas.validation import InvalidMessage, Limits, parse_job, peek_job_id, peek_tenant
@@ -52,16 +53,14 @@ class Accepted:
         return self.job.tenant
 
     @property
-    def key(self) -> str:
-        """What names this job inside the worker (the engine's request id): job ids are per tenant."""
-        return job_key(self.tenant, self.job_id)
+    def key(self) -> JobKey:
+        """What names this job (job ids are per tenant)."""
+        return JobKey(self.tenant, self.job_id)
 
-
-def job_key(tenant: str, job_id: str) -> str:
-    """One string for (tenant, job_id), the engine's request id of the job: a job id never contains `#`
-    (see JobRequest) and the tenant is quoted, so the key always ends with a quote and never equals the id
-    the engine gives sample i > 0 of another job (`key#i`, scheduler.types.sample_seq_id)."""
-    return f"{job_id}#{tenant!r}"
+    @property
+    def request_id(self) -> RequestId:
+        """The engine's request id of this job."""
+        return self.key.request_id
 
 
 def derived_job_id(record: Record) -> str:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from gpu.engine_types import TokenLogprob
+from schemas.job_key import JobKey
 from schemas.jobs import JobRequest, Timings, Usage
 from schemas.statuses import STATUS_OF_FINISH
 from workers.clock import utcnow
@@ -33,6 +34,10 @@ class InFlightJob:
     last_token_mono: float | None = None
     logprob_format: LogprobFormatter | None = None  # turns the job's logprobs into OpenAI's, if it asked
     choices: Choices = field(init=False)
+
+    @property
+    def key(self) -> JobKey:
+        return JobKey(self.request.tenant, self.job_id)
 
     def __post_init__(self) -> None:
         self.choices = Choices(self.request.n, self.logprob_format if self.request.logprobs else None)

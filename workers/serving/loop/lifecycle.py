@@ -17,6 +17,7 @@ from typing import Protocol
 
 from gpu.engine import Engine, EngineRequest, RequestOutput
 from scheduler.types import Priority
+from schemas.job_key import JobKey
 from schemas.jobs import TokenEvent
 from schemas.topics import Topics
 from schemas.validation import Limits
@@ -30,7 +31,7 @@ from workers.serving.admission.thread import AdmissionThread
 from workers.serving.errors import describe_error
 from workers.serving.intake.rejected import Rejected
 from workers.serving.intake.sampling import sampling_params
-from workers.serving.intake.validation import Accepted, job_key
+from workers.serving.intake.validation import Accepted
 from workers.serving.loop.choices import REQUEST_ENDS, LogprobFormatter
 from workers.serving.loop.inflight import InFlightJob
 from workers.serving.loop.job_log import job_event
@@ -83,7 +84,7 @@ class JobLifecycle:
         self.offsets, self.metrics = offsets, metrics
         self.owner = owner  # knows the partitions this worker owns now
         self.write = write  # hands row writes to the persister
-        self.jobs: dict[str, InFlightJob] = {}  # by job_key(tenant, job_id), the engine's request id
+        self.jobs: dict[str, InFlightJob] = {}  # by the engine's request id (JobKey.request_id)
         self.logprob_format = LogprobFormatter(engine.tokenizer)  # the engine thread's tokenizer
         self.admitter = AdmissionThread(Admitter(database, worker_id), self._is_held, ready)
         self.recent_cancels = cancels.RecentCancels()
@@ -124,7 +125,7 @@ class JobLifecycle:
             self.admitter.settled(decisions)
 
     def _is_held(self, a: Accepted) -> bool:
-        return a.key in self.jobs
+        return a.request_id in self.jobs
 
     def _guarded_settle(self, d: Decision) -> None:
         """Settle one decision; a failure is this job's alone: it ends `failed`, the others go on."""
@@ -134,8 +135,8 @@ class JobLifecycle:
             a = d.accepted
             log.exception("job %s: its admission could not be settled", a.job_id)
             detail = f"admission failed: {describe_error(exc)}"
-            if a.key in self.jobs:
-                self.fail(a.key, detail)
+            if a.request_id in self.jobs:
+                self.fail(a.request_id, detail)
             else:
                 terminal = _ended_before_start(a, self.worker_id, "failed", "error", detail)
                 self.items.append(Concluded(terminal, (a.record.coordinates,)))
@@ -144,7 +145,7 @@ class JobLifecycle:
     def _settle(self, d: Decision) -> None:
         a, outcome = d.accepted, d.outcome
         source = a.record.coordinates
-        running = self.jobs.get(a.key)
+        running = self.jobs.get(a.request_id)
         if outcome.kind in ("held", "start") and running is not None:
             self._carried_again(running, a, outcome)
         elif outcome.kind == "held":
@@ -159,7 +160,7 @@ class JobLifecycle:
                 self.offsets.ack(a.record.source, a.record.offset)
             else:
                 self.items.append(Republish(a.job_id, (source,), a.tenant))
-        elif outcome.kind == "cancelled" or (a.job_id, a.tenant) in self.recent_cancels:
+        elif outcome.kind == "cancelled" or a.key in self.recent_cancels:
             why = "cancelled before it started"
             ended = _ended_before_start(a, self.worker_id, "cancelled", "abort", why)
             self.items.append(Concluded(ended, (source,)))
@@ -196,12 +197,12 @@ class JobLifecycle:
         if a.job.timeout_s is not None:
             remaining = (created_at + timedelta(seconds=a.job.timeout_s) - utcnow()).total_seconds()
             deadline = time.monotonic() + remaining
-        self.jobs[a.key] = job
-        self.streamer.start(a.key, attempt, a.tenant, a.job_id)
+        self.jobs[a.request_id] = job
+        self.streamer.start(a.request_id, attempt, a.tenant, a.job_id)
         self.metrics.observe_admitted(job.prompt_tokens)
         self.engine.add_request(
             EngineRequest(
-                request_id=a.key,
+                request_id=a.request_id,
                 prompt_token_ids=a.prompt_token_ids,
                 sampling=sampling_params(a.job, a.max_tokens, self.engine),
                 stop=tuple(a.job.stop),
@@ -240,8 +241,9 @@ class JobLifecycle:
             return
         at = record.posted_at(utcnow())
         self.items.append(CancelRequested(cancel.job_id, cancel.tenant, at, (record.coordinates,)))
-        self.recent_cancels.add(cancel.job_id, cancel.tenant)  # its job may be in this very poll
-        self.cancel(cancel.job_id, cancel.tenant)
+        key = JobKey(cancel.tenant, cancel.job_id)
+        self.recent_cancels.add(key)  # its job may be in this very poll
+        self.cancel(key)
 
     def broadcast(self, records: list[Record]) -> None:
         """Control records every worker reads: remember them, abort the job if it runs here."""
@@ -249,17 +251,18 @@ class JobLifecycle:
             try:
                 cancel = cancels.parse(record, self.limits, self.topics)
                 if not isinstance(cancel, str):
-                    self.recent_cancels.add(cancel.job_id, cancel.tenant)
-                    self.cancel(cancel.job_id, cancel.tenant)
+                    key = JobKey(cancel.tenant, cancel.job_id)
+                    self.recent_cancels.add(key)
+                    self.cancel(key)
             except Exception:  # noqa: BLE001 - the group's reader of this record handles it durably
                 log.exception("broadcast control record %s:%d@%d failed", *record.coordinates)
 
-    def cancel(self, job_id: str, tenant: str) -> None:
-        """Abort this tenant's job of that id if it runs here."""
-        key = job_key(tenant, job_id)
-        if key not in self.jobs:
+    def cancel(self, key: JobKey) -> None:
+        """Abort this job if it runs here."""
+        request_id = key.request_id
+        if request_id not in self.jobs:
             return
-        for out in self.engine.abort_request(key):  # one per live sample
+        for out in self.engine.abort_request(request_id):  # one per live sample
             self.on_output(out)
 
     # ---- engine outputs --------------------------------------------------------------------
@@ -293,62 +296,62 @@ class JobLifecycle:
             self.streamer.end_sample(out.request_id, out.index, out.finish_reason.value)
 
     def _conclude(self, job: InFlightJob, finish: str, detail: str | None) -> None:
-        key = job_key(job.request.tenant, job.job_id)
-        del self.jobs[key]
+        request_id = job.key.request_id
+        del self.jobs[request_id]
         row, timings = job.conclude(finish, self.worker_id, error=detail)
         row = replace(row, tenant=job.request.tenant)
         reasons = {sample.index: sample.finish_reason for sample in job.choices.samples}
-        stream_end = self.streamer.finish(key, finish, job.usage, reasons)
+        stream_end = self.streamer.finish(request_id, finish, job.usage, reasons)
         self.items.append(Concluded(row, tuple(job.sources), stream_end))
         self.metrics.observe_job(row.status, finish, job.priority, timings)
         ms = timings.model_dump(include={"queue_ms", "ttft_ms", "mean_itl_ms", "e2e_ms"})
         job_event("finished", job.job_id, job.priority, status=row.status, finish_reason=finish,
                   attempt=job.attempt, **job.usage.model_dump(), **ms, error=detail)  # fmt: skip
 
-    # below, `job_id` is the engine's request id of a job: job_key(tenant, job_id)
-    def hold(self, job_id: str) -> None:
+    # below, a job is named by its engine request id (JobKey.request_id), as engine outputs name it
+    def hold(self, request_id: str) -> None:
         """Take a job out of the engine (its KV freed) without ending it: a suspect of failing steps, kept
         until it is convicted (`fail`) or the worker gives up (no row: redone elsewhere)."""
-        if job_id in self.jobs:
-            self.engine.abort_request(job_id)  # its abort output is not the job's end: dropped
+        if request_id in self.jobs:
+            self.engine.abort_request(request_id)  # its abort output is not the job's end: dropped
 
-    def prompt_of(self, job_id: str) -> str:
-        job = self.jobs.get(job_id)
+    def prompt_of(self, request_id: str) -> str:
+        job = self.jobs.get(request_id)
         return (job.request.prompt or "") if job is not None else ""
 
-    def fail(self, job_id: str, detail: str) -> None:
+    def fail(self, request_id: str, detail: str) -> None:
         """End a job `failed` (finish reason `error`) with `detail`: terminal row and result, offset acked."""
-        job = self.jobs.get(job_id)
+        job = self.jobs.get(request_id)
         if job is None:
             return
         try:
-            self.engine.abort_request(job_id)  # frees its KV blocks; its own output is not wanted now
+            self.engine.abort_request(request_id)  # frees its KV blocks; its own output is not wanted now
         except Exception:  # noqa: BLE001
-            log.exception("job %s: the engine could not abort it", job_id)
+            log.exception("job %s: the engine could not abort it", request_id)
         try:
             self._conclude(job, "error", detail)
         except Exception:  # noqa: BLE001 - no terminal row then: the job is redone after a redelivery
-            log.exception("job %s: could not be concluded; left for redelivery", job_id)
-            self._abort_locally(job_id)
+            log.exception("job %s: could not be concluded; left for redelivery", request_id)
+            self._abort_locally(request_id)
 
     # ---- rebalance, flush, shutdown --------------------------------------------------------
     def revoke(self, partitions: Iterable[tuple[str, int]]) -> None:
         """Stop this worker's jobs of partitions it no longer owns: their new owner redoes them."""
         revoked = set(partitions)
-        for key, job in list(self.jobs.items()):
+        for request_id, job in list(self.jobs.items()):
             if (job.sources[0][0], job.sources[0][1]) in revoked:
-                self._abort_locally(key)
+                self._abort_locally(request_id)
         self.admitter.drop(revoked)
 
-    def _abort_locally(self, job_id: str) -> None:
+    def _abort_locally(self, request_id: str) -> None:
         """Stop a job without a terminal row: whoever consumes its message next redoes it (attempt + 1)."""
-        self.jobs.pop(job_id, None)
-        self.streamer.drop(job_id)
-        self.engine.abort_request(job_id)
+        self.jobs.pop(request_id, None)
+        self.streamer.drop(request_id)
+        self.engine.abort_request(request_id)
 
     def abort_all(self) -> None:
-        for job_id in list(self.jobs):
-            self._abort_locally(job_id)
+        for request_id in list(self.jobs):
+            self._abort_locally(request_id)
 
     def flush(self, force: bool) -> None:
         self.streamer.flush_due(force)

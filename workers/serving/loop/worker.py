@@ -11,12 +11,12 @@ from datetime import datetime
 
 from gpu.engine import Engine, EngineStats, RequestOutput
 from gpu.engine_types import StepFailed
+from schemas.job_key import JobKey
 from schemas.jobs import TokenEvent
 from schemas.validation import Limits
 from workers import logs
 from workers.clock import utcnow
 from workers.db.connect import make_engine
-from workers.db.jobs import JobKey
 from workers.kafka_io import BroadcastReader, Delivery, GroupConsumer, KeyLookup, Producer
 from workers.naming import worker_client_id, worker_group
 from workers.serving.errors import describe_error, until_available
@@ -89,7 +89,7 @@ class Worker:
         self.events = TokenEventSender(conn, cid + "-events", topics.tokens_template, drop, log_config)
         self.db = make_engine(settings.database_url)
         self.offsets = OffsetTracker()
-        self._in_flight: tuple[JobKey, ...] = ()  # (tenant, job_id) of the jobs running here
+        self._in_flight: tuple[JobKey, ...] = ()  # the jobs running here
         self.persister = Persister(
             self.db,
             self.producer,
@@ -182,9 +182,9 @@ class Worker:
         self.lifecycle.admit_pending()
         clock.lap("admission")
         self.lifecycle.broadcast(self.intake_thread.broadcast_records())
-        for tenant, job_id in self.persister.cancelled():
-            self.lifecycle.cancel(job_id, tenant)
-        self._in_flight = tuple((j.request.tenant, j.job_id) for j in self.lifecycle.jobs.values())
+        for key in self.persister.cancelled():
+            self.lifecycle.cancel(key)
+        self._in_flight = tuple(j.key for j in self.lifecycle.jobs.values())
         clock.lap("control")
         if self.engine.has_unfinished():
             step_started = utcnow()
@@ -240,9 +240,9 @@ class Worker:
     def _convict(self, convicted: dict[str, str]) -> None:
         if not self.guard.isolating and not self.guard.held():
             self.metrics.set_health(True)
-        for job_id, error in convicted.items():
-            log.error("job %s: its steps fail and others' do not; it ends failed", job_id)
-            self.lifecycle.fail(job_id, error)
+        for request_id, error in convicted.items():
+            log.error("job %s: its steps fail and others' do not; it ends failed", request_id)
+            self.lifecycle.fail(request_id, error)
 
     def _give_up(self, why: str) -> None:
         """The device, not a request, is at fault: stop at once, writing no row, so the group's other

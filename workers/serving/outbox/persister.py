@@ -22,11 +22,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from schemas.job_key import JobKey
 from schemas.jobs import JobResult
 from schemas.topics import Topics
 from workers.clock import utcnow
 from workers.db import Engine, Row
-from workers.db.jobs import JobKey, cancel_requested
+from workers.db.jobs import cancel_requested
 from workers.db.outbox import (
     COMPACT_NOTE,
     LEASE_S,
@@ -219,7 +220,7 @@ class Persister:
         stored = self._store(items)
         self._crash_if("crash-before-publish", stored)
         Deliveries("results").send(
-            {(r.tenant, r.job_id): lambda r=r: self._send_result(r) for r in stored.direct}
+            {JobKey(r.tenant, r.job_id): lambda r=r: self._send_result(r) for r in stored.direct}
         )
         refused = self._publish(stored.outbox, claimed, stored.unsure, stored)
         self.written += len(items)
@@ -246,7 +247,7 @@ class Persister:
     ) -> set[JobKey]:
         """Publish outbox rows' results (their leases claimed at `claimed`) and mark them published; the
         jobs whose result the broker refused even in its compact form."""
-        results = {(row.tenant, row.job_id): result_from_row(row) for row in rows}
+        results = {JobKey(row.tenant, row.job_id): result_from_row(row) for row in rows}
         ledger = _Publishing(self, claimed, stored, results)
         lookup = PublishedResults(self._published, self._topics.results_for, results)
         sends = {key: lambda key=key: self._send_result(results[key]) for key in results}
@@ -254,7 +255,7 @@ class Persister:
 
     def _publish_swept(self, rows: list[Row], claimed: float, until: float) -> None:
         # each may be out already: its publisher died, maybe after the broker took it
-        self._publish(rows, claimed, {(row.tenant, row.job_id) for row in rows}, None, until)
+        self._publish(rows, claimed, {JobKey(row.tenant, row.job_id) for row in rows}, None, until)
 
     def _compact(self, key: JobKey, exc: BaseException, results: dict[JobKey, JobResult]):
         """A result the broker refused: the send of its compact form, once its row says so (so whoever

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
+from schemas.job_key import JobKey
 from schemas.jobs import JobResult
-from workers.db.jobs import JobKey
 from workers.kafka_io import KeyLookup
 
 LOOK_SLACK_MS = 60_000  # a result's Kafka timestamp may precede its row's finished_at by clock skew
@@ -36,7 +36,7 @@ def published_already(
     rounds: list[dict[str, dict[str, tuple[str, tuple[int, bytes]]]]] = []
     for (tenant, job_id), since in look_since_ms(finished):
         topic = topic_of(tenant)
-        wanted = (since, result_message(results[(tenant, job_id)]))
+        wanted = (since, result_message(results[JobKey(tenant, job_id)]))
         free = next((r for r in rounds if job_id not in r.get(topic, {})), None)
         if free is None:
             free = {}
@@ -46,7 +46,7 @@ def published_already(
     for r in rounds:
         for topic, by_id in r.items():
             present = lookup.present(topic, {job_id: wanted for job_id, (_, wanted) in by_id.items()})
-            found |= {(by_id[job_id][0], job_id) for job_id in present}
+            found |= {JobKey(by_id[job_id][0], job_id) for job_id in present}
     return found
 
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
 
+from schemas.job_key import JobKey
 from schemas.jobs import JobResult
 from workers.db import Connection, Row
 from workers.db.jobs import (
-    JobKey,
     Terminal,
     fail,
     finish,
@@ -200,7 +200,7 @@ class Republish(_NoFallback):
     tenant: str = "default"
 
     def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
-        key = (self.tenant, self.job_id)
+        key = JobKey(self.tenant, self.job_id)
         state, row = take_over(conn, key, ctx.worker_id, ctx.now)
         if state == "taken":  # its publisher may have died after the broker took the result
             return Stored(outbox=[row], unsure={key})
@@ -228,7 +228,7 @@ def job_of(item: object) -> JobKey | None:
     if row is not None:
         return row.key
     job_id = getattr(item, "job_id", None)
-    return (getattr(item, "tenant", "default"), job_id) if job_id else None
+    return JobKey(getattr(item, "tenant", "default"), job_id) if job_id else None
 
 
 def describe_item(item: object) -> str:

@@ -55,23 +55,25 @@ class TokenStreamer:
         self._emit = emit
         self._coalesce_s = coalesce_s
         self._format_logprobs = format_logprobs
-        self._jobs: dict[str, _Pending] = {}  # by the worker's key of a job (job ids are per tenant)
+        self._jobs: dict[str, _Pending] = {}  # by the engine's request id of a job (JobKey.request_id)
 
-    def start(self, key: str, attempt: int, tenant: str = "default", job_id: str | None = None) -> None:
-        """Start a job's stream under `key` (what the other calls name it by); `job_id` (default: `key`)
-        is what its events carry."""
-        self._jobs[key] = _Pending(attempt=attempt, tenant=tenant, job_id=job_id or key)
+    def start(
+        self, request_id: str, attempt: int, tenant: str = "default", job_id: str | None = None
+    ) -> None:
+        """Start a job's stream under `request_id` (what the other calls name it by); `job_id` (default:
+        `request_id`) is what its events carry."""
+        self._jobs[request_id] = _Pending(attempt=attempt, tenant=tenant, job_id=job_id or request_id)
 
     def add(
         self,
-        job_id: str,
+        request_id: str,
         text: str,
         token_ids: tuple[int, ...],
         index: int = 0,
         logprobs: Sequence[TokenLogprob] | None = None,
     ) -> None:
         """`logprobs`: None when the job asked for none (its events carry none), else one per token id."""
-        p = self._jobs[job_id]
+        p = self._jobs[request_id]
         if p.since is None:
             # the first delta of a job is due at once: coalescing must not add to time to first token
             p.since = time.monotonic() if p.seq else float("-inf")
@@ -86,20 +88,20 @@ class TokenStreamer:
                 delta.logprobs = []
             delta.logprobs.extend(logprobs)
 
-    def end_sample(self, job_id: str, index: int, finish_reason: str) -> None:
+    def end_sample(self, request_id: str, index: int, finish_reason: str) -> None:
         """Sample `index` ended and the job goes on (its other samples run): its last event, now."""
-        p = self._jobs.get(job_id)
+        p = self._jobs.get(request_id)
         if p is not None and index not in p.ended:
             p.ended.add(index)
             self._send_sample(p, index, p.deltas.get(index) or _Delta(), finish_reason, None)
 
     def finish(
-        self, job_id: str, finish_reason: str, usage: Usage, reasons: dict[int, str | None] | None = None
+        self, request_id: str, finish_reason: str, usage: Usage, reasons: dict[int, str | None] | None = None
     ) -> Any:
         """Send the attempt's last events: every sample not ended yet gets its last one, with its reason in
         `reasons` (by index; default and None: `finish_reason`, the job's, e.g. a cancel that cut it short),
         and the very last carries `usage`. Returns what `emit` returned for that one."""
-        p = self._jobs.pop(job_id, None)
+        p = self._jobs.pop(request_id, None)
         if p is None:
             return None
         reasons = reasons or {0: None}
@@ -111,9 +113,9 @@ class TokenStreamer:
             sent = self._send_sample(p, index, delta, reasons.get(index) or finish_reason, usage_here)
         return sent
 
-    def drop(self, job_id: str) -> None:
+    def drop(self, request_id: str) -> None:
         """Forget a job without a final event (aborted locally; another worker redoes it)."""
-        self._jobs.pop(job_id, None)
+        self._jobs.pop(request_id, None)
 
     def flush_due(self, force: bool = False) -> None:
         now = time.monotonic()
