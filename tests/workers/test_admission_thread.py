@@ -75,6 +75,18 @@ def test_waits_for_a_high_priority_decision_and_times_out_without_one(admission)
     assert len(thread) == 0
 
 
+def test_a_decided_record_counts_as_held_until_the_loop_takes_its_decision(admission):
+    """Between its decision and the loop taking it, a record is in neither the engine nor admission: it
+    must still count against the caps, or intake overfills the worker while decisions wait."""
+    thread, admitter = admission
+    admitter.gate.set()
+    thread.add([FakeAccepted("high", 5)])
+    assert thread.wait_urgent(5.0)  # decided
+    assert len(thread) == 1
+    assert len(thread.results()[0]) == 1
+    assert len(thread) == 0
+
+
 def test_a_revoked_partition_releases_the_wait(admission):
     thread, _ = admission
     thread.add([FakeAccepted("high", 3)])

@@ -41,6 +41,7 @@ class AdmissionThread:
         self._lock = threading.Lock()
         self._settled_cv = threading.Condition(self._lock)
         self._outstanding = 0  # records handed over and not yet decided (or dropped)
+        self._undelivered = 0  # records decided, their decisions not taken by the loop yet
         self._urgent: set[Coordinates] = set()  # high-priority records not decided yet
         # jobs decided "start" whose decision the engine loop has not settled yet: until it has, a copy
         # of the same job is held here, or it would be re-queued as a second attempt of a job that is
@@ -59,7 +60,9 @@ class AdmissionThread:
         return self._admitter.blocked
 
     def __len__(self) -> int:
-        return self._outstanding
+        """Records handed over whose decisions the loop has not taken yet: held here, as far as the caps
+        go (a decided record is in neither the engine nor admission until the loop takes it)."""
+        return self._outstanding + self._undelivered
 
     def add(self, accepted: list[Accepted]) -> None:
         if accepted:
@@ -94,6 +97,8 @@ class AdmissionThread:
                 return decisions, rejected
             decisions += d
             rejected += r
+            with self._lock:
+                self._undelivered -= len(d) + len(r)
 
     def settled(self, decisions: list[Decision]) -> None:
         """The loop acted on these decisions: a job started by one is now the loop's to hold."""
@@ -138,6 +143,7 @@ class AdmissionThread:
                     for d in decisions:
                         if d.outcome.kind == "start":
                             self._starting.add(d.accepted.key)
+                    self._undelivered += len(decisions) + len(rejected)
                 self._out.put((decisions, rejected))
                 keys = {d.accepted.record.coordinates for d in decisions} | {
                     r.record.coordinates for r in rejected
