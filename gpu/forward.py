@@ -55,11 +55,26 @@ class Layer:
 
 
 def _fuse(*linears: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The linears' weights (and biases) stacked into one product's; fused in place: each HF module's
+    weight becomes a view of the stacked tensor, so the device holds one copy, not two."""
     weight = torch.cat([m.weight.detach() for m in linears], dim=0)
+    sizes = [m.out_features for m in linears]
+    _share(weight, [m.weight for m in linears], sizes)
     if all(m.bias is None for m in linears):
         return weight, None
     biases = [m.bias.detach() if m.bias is not None else weight.new_zeros(m.out_features) for m in linears]
-    return weight, torch.cat(biases)
+    bias = torch.cat(biases)
+    _share(bias, [m.bias for m in linears], sizes)
+    return weight, bias
+
+
+def _share(fused: torch.Tensor, parts: list[torch.Tensor | None], sizes: list[int]) -> None:
+    """Each part becomes its rows of `fused` (a view; the values are the same)."""
+    start = 0
+    for part, rows in zip(parts, sizes, strict=True):
+        if part is not None:
+            part.data = fused[start : start + rows]
+        start += rows
 
 
 class LlamaForward:

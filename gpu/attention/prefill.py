@@ -24,7 +24,7 @@ from gpu.kv_cache import KVCache
 # CPU shapes one 6-token call costs ~11 us and one masked call over 48 / 128 / 384 keys ~31 / 112 / 836 us
 # (one thread, 4 heads of 16): packing 8-token chunks wins up to ~128-256 keys, loses by 384.
 PACK_KEYS: int | None = None
-CUDA_PACK_KEYS = 4096  # on a GPU launches dominate: pack (nearly) everything
+CUDA_PACK_KEYS = 1024  # on a GPU launches dominate: pack the short chunks, a long one alone
 CANDIDATES = (32, 64, 128, 256, 512)
 _measured: dict[tuple[int, int, torch.dtype], int] = {}
 
@@ -111,20 +111,23 @@ def _pack(chunks: list[PrefillChunk], tables: torch.Tensor, block_size: int) -> 
     key_lens = lens if fresh else [c.context_len for c in chunks]
     key_seq, key_pos = (query_seq, query_pos) if fresh else _ranges([0] * len(chunks), key_lens)
     device = tables.device
-    mask = attention_mask(query_seq, query_pos, key_seq, key_pos).to(device)
+    # Only the O(rows + keys) vectors cross to the device; the [rows, keys] mask is made there.
+    on = [t.to(device, non_blocking=True) for t in (query_seq, query_pos, key_seq, key_pos)]
+    mask = attention_mask(*on)
     contiguous = all(
         a.row_start + a.num_tokens == b.row_start for a, b in zip(chunks, chunks[1:], strict=False)
     )
     rows = (
         slice(first, first + len(query_seq))
         if contiguous
-        else _ranges([c.row_start for c in chunks], lens)[1].to(device)
+        else _ranges([c.row_start for c in chunks], lens)[1].to(device, non_blocking=True)
     )
     keys = None
     if not fresh:  # slot of position p: block tables[seat, p // block_size], offset p % block_size
         seats = torch.tensor([c.seat for c in chunks])[key_seq]
-        blocks = tables[seats.to(device), (key_pos // block_size).to(device)]
-        keys = blocks * block_size + (key_pos % block_size).to(device)
+        key_pos = on[3]
+        blocks = tables[seats.to(device, non_blocking=True), key_pos // block_size]
+        keys = blocks * block_size + key_pos % block_size
     return PrefillPlan(tuple(chunks), rows, keys, mask)
 
 
