@@ -12,7 +12,6 @@ from gpu.gguf_cache import DEFAULT_CACHE_DIR, cached_checkpoint
 from gpu.model_source import SourceKind, resolve_model
 from gpu.tokenizer import BOS_ID, EOS_ID, PAD_ID, ByteTokenizer, HFTokenizer, Tokenizer
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -57,10 +56,10 @@ def parse_dtype(dtype: str | torch.dtype, device: torch.device | str = "cpu") ->
 
 
 def check_architecture(config: Any) -> None:
-    model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        supported = ", ".join(SUPPORTED_MODEL_TYPES)
-        raise ValueError(f"unsupported architecture {model_type!r}: the runner implements {supported}")
+    """Refuse at load, naming the feature, a checkpoint the runner would not serve right (gpu/models)."""
+    from gpu.models import architecture
+
+    architecture(config)
 
 
 def build_default(config: Any, seed: int = 0) -> Any:

@@ -4,7 +4,7 @@ bottom-right causal mask. GQA is handled by SDPA itself (enable_gqa), never by r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,21 @@ class PrefillPlan:
     chunk: PrefillChunk
     blocks: torch.Tensor | None  # [1, blocks] of its context; None for a fresh chunk
     mask: torch.Tensor | None  # [n, context] bottom-right causal, True = attend; None for a fresh chunk
+    windowed: dict[int, torch.Tensor] = field(default_factory=dict, compare=False)  # masks by window
+
+
+def window_mask(plan: PrefillPlan, window: int, device: torch.device) -> torch.Tensor | None:
+    """The chunk's mask under a sliding window (a query sees itself and the window - 1 keys before it);
+    None where plain causal attention already is that (a fresh chunk no longer than the window)."""
+    chunk = plan.chunk
+    if chunk.start_position == 0 and chunk.num_tokens <= window:
+        return None
+    if window not in plan.windowed:  # made by the first windowed layer of the step, reused by the rest
+        keys = torch.arange(chunk.context_len, device=device)
+        queries = torch.arange(chunk.start_position, chunk.context_len, device=device)
+        offset = queries[:, None] - keys[None, :]
+        plan.windowed[window] = (offset >= 0) & (offset < window)
+    return plan.windowed[window]
 
 
 def plan_prefills(meta: AttentionMetadata, block_size: int) -> tuple[PrefillPlan, ...]:
@@ -53,13 +68,19 @@ def prefill_chunk(
     layer: int,
     plan: PrefillPlan,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """One chunk: q [n, heads, D]; k_new/v_new [n, kv_heads, D] are its own keys (already in the cache)."""
+    windowed = window_mask(plan, window, q.device) if window is not None else None
     if plan.blocks is None:  # nothing cached before it: its own keys are the whole context
-        return _sdpa(q, k_new.transpose(0, 1), v_new.transpose(0, 1), scale, is_causal=True)
+        k_new, v_new = k_new.transpose(0, 1), v_new.transpose(0, 1)
+        if windowed is not None:
+            return _sdpa(q, k_new, v_new, scale, attn_mask=windowed)
+        return _sdpa(q, k_new, v_new, scale, is_causal=True)
     context = plan.chunk.context_len
     k, v = cache.gather(layer, plan.blocks)  # [kv, 1, blocks * block_size, D]
-    return _sdpa(q, k[:, 0, :context], v[:, 0, :context], scale, attn_mask=plan.mask)
+    mask = windowed if windowed is not None else plan.mask
+    return _sdpa(q, k[:, 0, :context], v[:, 0, :context], scale, attn_mask=mask)
 
 
 def prefill_all(
@@ -71,6 +92,7 @@ def prefill_all(
     plans: tuple[PrefillPlan, ...],
     scale: float,
     out: torch.Tensor,
+    window: int | None = None,
 ) -> None:
     """Every prefill chunk of the step, written into out's rows.
 
@@ -80,4 +102,4 @@ def prefill_all(
     """
     for plan in plans:
         rows = slice(plan.chunk.row_start, plan.chunk.row_start + plan.chunk.num_tokens)
-        out[rows] = prefill_chunk(q[rows], k_new[rows], v_new[rows], cache, layer, plan, scale)
+        out[rows] = prefill_chunk(q[rows], k_new[rows], v_new[rows], cache, layer, plan, scale, window)
