@@ -72,6 +72,12 @@ class LlamaForward:
         windows = arch.windows()
         self.layers = [self._cast_layer(arch.layer(b, i, packed, windows)) for i, b in enumerate(hf.layers)]
         self.windows = [layer.window for layer in self.layers]  # per layer: sliding window or None
+        self.attn_softcap = arch.attn_softcap()  # Gemma 2: cap * tanh(score / cap) before the softmax
+        # What each layer's attention is told beyond Llama's arguments (nothing, for Llama itself):
+        self.attn_options: list[dict[str, int | float]] = [
+            {k: v for k, v in (("window", w), ("softcap", self.attn_softcap)) if v is not None}
+            for w in self.windows
+        ]
         self._ropes = arch.ropes(hf)
         self._static_rope = arch.static_rope(hf)
         self.max_positions = max_positions
@@ -126,12 +132,10 @@ class LlamaForward:
         """Run every scheduled token; return logits [S, vocab] for inputs.sample_rows."""
         plan = attention.plan(inputs.attention, cache)
 
-        windows = self.windows
+        options = self.attn_options
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-            if windows[layer] is None:
-                return attention(q, k, v, cache, layer, plan, self.scale)
-            return attention(q, k, v, cache, layer, plan, self.scale, window=windows[layer])
+            return attention(q, k, v, cache, layer, plan, self.scale, **options[layer])
 
         return self.run(inputs.input_ids, inputs.positions, inputs.slots, cache, attend, inputs.sample_rows)
 

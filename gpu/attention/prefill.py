@@ -21,6 +21,23 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, **mas
     return out[0].transpose(0, 1)
 
 
+def _softcapped(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """As _sdpa with scores softcap * tanh(score / softcap) before the mask and softmax (Gemma 2's eager
+    attention; SDPA has no such term). mask None: causal."""
+    group = q.shape[1] // k.shape[0]
+    k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
+    scores = torch.matmul(q.transpose(0, 1), k.transpose(-1, -2)) * scale  # [heads, n, L]
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is None:
+        n, length = scores.shape[-2:]
+        mask = torch.ones(n, length, dtype=torch.bool, device=q.device).tril(length - n)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v).transpose(0, 1)
+
+
 @dataclass(frozen=True)
 class PrefillPlan:
     """What a chunk needs in every layer, made once per step."""
@@ -69,17 +86,22 @@ def prefill_chunk(
     plan: PrefillPlan,
     scale: float,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """One chunk: q [n, heads, D]; k_new/v_new [n, kv_heads, D] are its own keys (already in the cache)."""
     windowed = window_mask(plan, window, q.device) if window is not None else None
     if plan.blocks is None:  # nothing cached before it: its own keys are the whole context
         k_new, v_new = k_new.transpose(0, 1), v_new.transpose(0, 1)
+        if softcap is not None:
+            return _softcapped(q, k_new, v_new, scale, softcap, windowed)
         if windowed is not None:
             return _sdpa(q, k_new, v_new, scale, attn_mask=windowed)
         return _sdpa(q, k_new, v_new, scale, is_causal=True)
     context = plan.chunk.context_len
     k, v = cache.gather(layer, plan.blocks)  # [kv, 1, blocks * block_size, D]
     mask = windowed if windowed is not None else plan.mask
+    if softcap is not None:
+        return _softcapped(q, k[:, 0, :context], v[:, 0, :context], scale, softcap, mask)
     return _sdpa(q, k[:, 0, :context], v[:, 0, :context], scale, attn_mask=mask)
 
 
@@ -93,6 +115,7 @@ def prefill_all(
     scale: float,
     out: torch.Tensor,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
     """Every prefill chunk of the step, written into out's rows.
 
@@ -102,4 +125,6 @@ def prefill_all(
     """
     for plan in plans:
         rows = slice(plan.chunk.row_start, plan.chunk.row_start + plan.chunk.num_tokens)
-        out[rows] = prefill_chunk(q[rows], k_new[rows], v_new[rows], cache, layer, plan, scale, window)
+        out[rows] = prefill_chunk(
+            q[rows], k_new[rows], v_new[rows], cache, layer, plan, scale, window, softcap
+        )

@@ -112,6 +112,7 @@ def decode_bucket(
     scale: float,
     scratch: DecodeScratch,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """q: [b, heads, D] of the bucket's rows -> [b, heads, D]."""
     b, heads, dim = q.shape
@@ -122,6 +123,9 @@ def decode_bucket(
     k, v = k.view(kv_heads, b, -1, dim), v.view(kv_heads, b, -1, dim)
     qg = q.view(b, kv_heads, heads // kv_heads, dim).transpose(0, 1)  # [kv, b, G, D]
     bias = bucket.bias if window is None else bucket.window_bias(window)
-    scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(scale).add_(bias)  # [kv, b, G, L]
+    scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(scale)  # [kv, b, G, L]
+    if softcap is not None:
+        scores = torch.tanh(scores.div_(softcap)).mul_(softcap)
+    scores.add_(bias)
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs, v).transpose(0, 1).reshape(b, heads, dim)

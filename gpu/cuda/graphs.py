@@ -112,12 +112,10 @@ class DecodeGraphs:
         tables, lens, scale = self.tables[:b, :nb], self.lens[:b], self.forward.scale
         attention = paged_decode if self.paged else decode_attention
 
-        windows = self.forward.windows
+        options = self.forward.attn_options  # a layer's sliding window, Gemma 2's soft-capping
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-            if windows[layer] is None:
-                return attention(q, self.cache, layer, tables, lens, scale)
-            return attention(q, self.cache, layer, tables, lens, scale, window=windows[layer])
+            return attention(q, self.cache, layer, tables, lens, scale, **options[layer])
 
         logits = self.forward.run(self.ids[:b], self.positions[:b], self.slots[:b], self.cache, attend, None)
         if self.argmax:

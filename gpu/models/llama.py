@@ -118,6 +118,9 @@ class Llama:
     def final_softcap(self) -> float | None:
         return None
 
+    def attn_softcap(self) -> float | None:
+        return None
+
     def layer(self, block: Any, index: int, packed: bool, windows: list[int | None]) -> Layer:
         attn, mlp = block.self_attn, block.mlp
         return Layer(

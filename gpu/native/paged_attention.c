@@ -2,7 +2,7 @@
  *
  * Each query row r (a decode token, or one token of a short prefill chunk) attends to the first
  * lens[r] positions of its sequence (under a sliding window > 0: only the last `window` of them; the
- * blocks before are not read), whose blocks are tables[row_table[r]][*]. For every (row, KV head)
+ * blocks before are not read; with softcap > 0 each score becomes softcap * tanh(score / softcap)), whose blocks are tables[row_table[r]][*]. For every (row, KV head)
  * the G = heads / kv_heads query heads of the group share each K/V row read: scores for the whole
  * context first, then one max, exp and sum per head, then the weighted sum of V. Work items are split
  * over OpenMP threads (the same libgomp runtime torch uses, so torch.set_num_threads governs both).
@@ -139,7 +139,7 @@ int paged_attention_f32(const float *q, int64_t q_stride, const float *k, const 
                         const int64_t *rows, const int64_t *row_table, const int64_t *lens,
                         const int64_t *tables, int64_t num_rows, int64_t heads, int64_t kv_heads,
                         int64_t head_dim, int64_t block_size, int64_t num_blocks, int64_t max_blocks,
-                        int64_t max_len, float scale, int64_t window) {
+                        int64_t max_len, float scale, int64_t window, float softcap) {
     const int64_t group = heads / kv_heads;
     const int64_t dim = head_dim;
     const int64_t block_floats = block_size * dim;
@@ -177,6 +177,8 @@ int paged_attention_f32(const float *q, int64_t q_stride, const float *k, const 
                 float inv_sum[64];
                 for (int64_t g = 0; g < group; g++) {
                     float *s = scores + g * max_len;
+                    if (softcap > 0.0f) /* Gemma 2: softcap * tanh(score / softcap) */
+                        for (int64_t t = first; t < len; t++) s[t] = softcap * tanhf(s[t] / softcap);
                     float m = -INFINITY;
                     for (int64_t t = first; t < len; t++) m = s[t] > m ? s[t] : m;
                     float sum = 0.0f;

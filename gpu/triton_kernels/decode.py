@@ -52,6 +52,7 @@ def _decode_kernel(
     part_m_ptr,
     part_l_ptr,
     qk_scale,  # softmax scale * log2(e): exponentials are exp2
+    softcap,  # attention logit soft-capping (used where SOFTCAP)
     window,  # sliding window: a row reads only its last `window` keys (NO_WINDOW: all)
     num_heads,
     split_len,  # keys per split, a multiple of BLOCK_N
@@ -73,6 +74,7 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr = False,
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -108,6 +110,9 @@ def _decode_kernel(
             k_base + key[None, :] + offs_d[:, None], mask=n_mask[None, :] & d_mask[:, None], other=0.0
         )
         s = tl.dot(q, k_t, input_precision=PRECISION) * qk_scale  # [G, N]
+        if SOFTCAP:  # Gemma 2: cap * tanh(score / cap), tanh(x) = 1 - 2 / (e^2x + 1); s is in log2 units
+            t = s / (softcap * 1.4426950408889634)
+            s = (1.0 - 2.0 / (tl.exp(2.0 * t) + 1.0)) * (softcap * 1.4426950408889634)
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -183,6 +188,7 @@ def paged_decode_attention(
     num_splits: int | None = None,
     block_n: int = BLOCK_N,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention of q [B, heads, D] (rows may be strided, heads and dims dense) -> [B, heads, D].
 
@@ -225,6 +231,7 @@ def paged_decode_attention(
         part_m,
         part_l,
         scale * LOG2E,
+        softcap or 0.0,
         window or NO_WINDOW,
         heads,
         split_len,
@@ -246,6 +253,7 @@ def paged_decode_attention(
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 stays fp32, as the reference
+        SOFTCAP=softcap is not None,
         num_warps=4,
     )
     if num_splits > 1:

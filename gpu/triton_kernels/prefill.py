@@ -88,6 +88,7 @@ def _varlen_kernel(
     q_lens_ptr,
     ctx_starts_ptr,
     qk_scale,  # softmax scale * log2(e): exponentials are exp2
+    softcap,  # attention logit soft-capping (used where SOFTCAP)
     window,  # sliding window: a query sees itself and the window - 1 keys before it (NO_WINDOW: all)
     stride_qt,
     stride_qh,
@@ -104,6 +105,7 @@ def _varlen_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr = False,
 ):
     tile = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -144,6 +146,9 @@ def _varlen_kernel(
             k_base + key[None, :] + offs_d[:, None], mask=n_mask[None, :] & d_mask[:, None], other=0.0
         )
         s = tl.dot(q, k_t, input_precision=PRECISION) * qk_scale  # [M, N]
+        if SOFTCAP:  # Gemma 2: cap * tanh(score / cap), tanh(x) = 1 - 2 / (e^2x + 1); s is in log2 units
+            t = s / (softcap * 1.4426950408889634)
+            s = (1.0 - 2.0 / (tl.exp(2.0 * t) + 1.0)) * (softcap * 1.4426950408889634)
         offset = positions[:, None] - offs_n[None, :]
         s = tl.where(n_mask[None, :] & (offset >= 0) & (offset < window), s, float("-inf"))
         # Under a window a row may see no key of the first tiles: its max stays -inf, so subtract 0 there
@@ -177,6 +182,7 @@ def varlen_paged_attention(
     block_m: int = BLOCK_M,
     block_n: int = BLOCK_N,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention of every chunk's rows of q [T, heads, D] (rows may be strided) -> out [T, heads, D].
 
@@ -207,6 +213,7 @@ def varlen_paged_attention(
         chunks.q_lens,
         chunks.ctx_starts,
         scale * LOG2E,
+        softcap or 0.0,
         window or NO_WINDOW,
         q.stride(0),
         q.stride(1),
@@ -223,6 +230,7 @@ def varlen_paged_attention(
         BLOCK_N=block_n,
         BLOCK_D=max(16, next_pow2(dim)),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 stays fp32, as the reference
+        SOFTCAP=softcap is not None,
         num_warps=4,
     )
     return out

@@ -41,7 +41,9 @@ ARCHITECTURES = {
         final_logit_softcapping=30.0,
         **GEMMA,
     ),
-    "gemma2": dict(arch="gemma2", final_logit_softcapping=30.0, attn_logit_softcapping=50.0, **GEMMA),
+    "gemma2": dict(
+        arch="gemma2", initializer_range=0.2, final_logit_softcapping=5.0, attn_logit_softcapping=1.0, **GEMMA
+    ),
 }
 KERNELS = [
     pytest.param("native", marks=pytest.mark.skipif(NativeDecode.load() is None, reason="no C compiler")),
@@ -92,3 +94,17 @@ def test_unsupported_features_are_refused_by_name():
         config = AutoConfig.for_model(model_type, **overrides)
         with pytest.raises(Unsupported, match=feature):
             architecture(config)
+
+
+@pytest.mark.parametrize("name", ["qwen3-window", "phi3-longrope", "gemma3_text", "mistral-window"])
+def test_saved_checkpoint_directory_loads_and_matches_hf(tmp_path, name):
+    """What `inferq worker --model DIR` loads: a random-weight checkpoint saved by save_pretrained (no
+    tokenizer files: the byte tokenizer), read back through gpu.model.load_model."""
+    from gpu.model import load_model
+
+    saved = make_model(seed=11, **ARCHITECTURES[name])
+    saved.model.save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path), "float32", "cpu")
+    assert type(loaded.model) is type(saved.model)
+    prompts = make_prompts(4, WINDOW + 1, 30, seed=15)
+    run_and_check(make_engine(loaded), loaded, prompts, [9, 3, 12, 6])
