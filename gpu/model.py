@@ -114,6 +114,8 @@ def load_model(
         module = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch_dtype)
         tokenizer = _load_tokenizer(path, config, source.name)
     module = module.to(device=torch_device, dtype=torch_dtype).eval()
+    # A multimodal checkpoint (gemma3) serves its language model: the engine reads that model's config.
+    config = module.config.get_text_config()
     return LoadedModel(
-        model=module, config=module.config, tokenizer=tokenizer, device=torch_device, dtype=torch_dtype
+        model=module, config=config, tokenizer=tokenizer, device=torch_device, dtype=torch_dtype
     )

@@ -12,19 +12,22 @@ import torch
 from gpu.models.gemma2 import Gemma2
 from gpu.models.llama import STATIC_ROPE, Layer, RopeFn, Unsupported, rope_type
 
-_LAYER_TYPES = ("full_attention", "sliding_attention")
-
 
 class Gemma3(Gemma2):
     @property
     def text_config(self) -> Any:
         return getattr(self.config, "text_config", None) or self.config
 
+    @property
+    def layer_types(self) -> list[str]:
+        """The model's distinct layer types, one RoPE table each (HF makes none for an absent type)."""
+        return sorted(set(self.text_config.layer_types))
+
     def check(self) -> None:
         config = self.text_config
         if getattr(config, "use_bidirectional_attention", False):
             raise Unsupported(f"{self.config.model_type}: bidirectional attention is not implemented")
-        for layer_type in _LAYER_TYPES:
+        for layer_type in self.layer_types:
             kind = rope_type((config.rope_parameters or {}).get(layer_type))
             if kind not in STATIC_ROPE:
                 raise Unsupported(
@@ -41,7 +44,7 @@ class Gemma3(Gemma2):
     def layer(self, block: Any, index: int, packed: bool, windows: list[int | None]) -> Layer:
         base = super().layer(block, index, packed, windows)
         attn = block.self_attn
-        rope = _LAYER_TYPES.index(self.text_config.layer_types[index])
+        rope = self.layer_types.index(self.text_config.layer_types[index])
         return Layer(
             **{
                 **base.__dict__,
@@ -64,4 +67,4 @@ class Gemma3(Gemma2):
 
             return rope
 
-        return [table(t) for t in _LAYER_TYPES]
+        return [table(t) for t in self.layer_types]

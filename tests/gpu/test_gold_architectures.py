@@ -108,3 +108,43 @@ def test_saved_checkpoint_directory_loads_and_matches_hf(tmp_path, name):
     assert type(loaded.model) is type(saved.model)
     prompts = make_prompts(4, WINDOW + 1, 30, seed=15)
     run_and_check(make_engine(loaded), loaded, prompts, [9, 3, 12, 6])
+
+
+def test_gemma3_checkpoint_serves_its_language_model(tmp_path):
+    """A `gemma3` (multimodal) checkpoint: its vision tower is loaded but not run; text prompts match HF."""
+    import torch
+    from transformers import AutoModelForCausalLM, Gemma3Config
+
+    from gpu.model import load_model
+
+    text = dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        sliding_window_pattern=2,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        **GEMMA,
+    )
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(16)
+        AutoModelForCausalLM.from_config(
+            Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+        ).save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path), "float32", "cpu")
+    assert loaded.config.model_type == "gemma3_text"
+    assert loaded.config.layer_types[:2] == ["sliding_attention", "full_attention"]
+    run_and_check(make_engine(loaded), loaded, make_prompts(4, WINDOW + 1, 30, seed=17), [9, 3, 12, 6])
