@@ -19,6 +19,8 @@ from gpu.linear import Linear
 # RoPE variants the runner implements; those whose frequencies do not depend on the batch share one table.
 STATIC_ROPE = {"default", "linear", "llama3", "yarn"}
 DYNAMIC_ROPE = {"dynamic"}
+# HF's Mistral and Phi-3 apply config.sliding_window to every layer, whatever layer_types says.
+EVERY_LAYER_WINDOWED = {"mistral", "phi3"}
 
 # (probe tensor of the model's dtype and device, positions [T]) -> (cos, sin) [T, rotary_dim]
 RopeFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -94,7 +96,7 @@ class Llama:
         if self.config.model_type == "llama" or not window:
             return [None] * n
         types = getattr(config, "layer_types", None)
-        if types is None:  # Mistral, Phi-3: every layer
+        if types is None or self.config.model_type in EVERY_LAYER_WINDOWED:
             return [window] * n
         return [window if t == "sliding_attention" else None for t in types]
 
