@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from gpu.gguf_cache import DEFAULT_CACHE_DIR, cached_checkpoint
-from gpu.model_source import SourceKind, resolve_model
+from gpu.gguf_cache import DEFAULT_CACHE_DIR, cached_checkpoint, joined_gguf
+from gpu.model_source import GEMMA3_FILE, GEMMA3_SHA256, SourceKind, resolve_model
 from gpu.tokenizer import BOS_ID, EOS_ID, PAD_ID, ByteTokenizer, HFTokenizer, Tokenizer
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -105,10 +105,13 @@ def load_model(
     else:
         from transformers import AutoConfig, AutoModelForCausalLM
 
+        cache_dir = cache_dir or DEFAULT_CACHE_DIR
+        if source.parts:  # a GGUF split over several wheels (gemma3-270m): joined once into the cache
+            source = replace(source, path=joined_gguf(source.parts, GEMMA3_FILE, GEMMA3_SHA256, cache_dir))
         assert source.path is not None
         path = source.path
         if source.kind is SourceKind.GGUF:
-            path = cached_checkpoint(source.path, cache_dir or DEFAULT_CACHE_DIR)
+            path = cached_checkpoint(source.path, cache_dir)
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         check_architecture(config)
         module = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch_dtype)
