@@ -17,7 +17,7 @@ from gpu.models.llama import Layer
 from gpu.rope_cache import RopeCacheWrite
 
 # Attention of one layer: (q [T, heads, D], k/v [T, kv_heads, D] of the new tokens, layer) -> [T, heads, D].
-# The layer's sliding window, if any, is the attention's to apply (LlamaForward.windows).
+# A layer's sliding window and soft-capping, if any, are the attention's to apply (LlamaForward.attn_options).
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 # Residual add + RMSNorm: (x, delta or None, weight, eps) -> (rms_norm(x + delta), x + delta).
@@ -65,7 +65,8 @@ class LlamaForward:
         self.act = ACT2FN[arch.activation()]
         self.silu = arch.activation() == "silu"  # the fused SiLU*up kernel applies
         self.embed = hf.embed_tokens.weight.detach()
-        self.embed_scale = arch.embed_scale()  # Gemma: sqrt(hidden), applied in the model's dtype
+        scale = arch.embed_scale()  # Gemma: sqrt(hidden), rounded to the model's dtype as HF does
+        self.embed_scale = None if scale is None else torch.tensor(scale, dtype=self.dtype).item()
         self.final_norm = self._cast(arch.norm(hf.norm))
         self.final_softcap = arch.final_softcap()
         self.lm_head = Linear(arch.lm_head(loaded.model).weight.detach(), None, packed)
@@ -165,7 +166,7 @@ class LlamaForward:
                 ropes.append((cos[:, None, :], sin[:, None, :]))
         x, delta = self.embed[input_ids], None  # delta: the last block's output, not yet added to x
         if self.embed_scale is not None:
-            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+            x = x * self.embed_scale  # a host float: nothing made per step (CUDA graphs)
         for index, layer in enumerate(self.layers):
             h, x = self._add_norm(x, delta, layer.input_norm)
             qk, v = layer.qkv(h).split((q_size + kv_size, kv_size), dim=-1)
