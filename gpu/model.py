@@ -72,14 +72,21 @@ def build_default(config: Any, seed: int = 0) -> Any:
     return model
 
 
+# A directory without any of these has no tokenizer of its own: transformers would still build an empty
+# one from the config's model type for some architectures (Qwen3, Gemma 3), encoding every text to nothing.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
 def _load_tokenizer(path: Path, config: Any, name: str) -> Tokenizer:
     from transformers import AutoTokenizer
 
+    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        return ByteTokenizer(config.get_text_config().vocab_size)
     try:
         return HFTokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True), name)
     except (OSError, ValueError, TypeError):
         # A checkpoint saved without tokenizer files (e.g. the tiny model written by save_pretrained).
-        return ByteTokenizer(config.vocab_size)
+        return ByteTokenizer(config.get_text_config().vocab_size)
 
 
 def load_model(

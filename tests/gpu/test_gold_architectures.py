@@ -106,6 +106,8 @@ def test_saved_checkpoint_directory_loads_and_matches_hf(tmp_path, name):
     saved.model.save_pretrained(tmp_path)
     loaded = load_model(str(tmp_path), "float32", "cpu")
     assert type(loaded.model) is type(saved.model)
+    # No tokenizer files: the byte tokenizer (transformers would build an empty one for Qwen3 and Gemma 3).
+    assert loaded.tokenizer.encode("hi") == [1, ord("h") + 3, ord("i") + 3]
     prompts = make_prompts(4, WINDOW + 1, 30, seed=15)
     run_and_check(make_engine(loaded), loaded, prompts, [9, 3, 12, 6])
 
