@@ -110,16 +110,14 @@ class EngineStats:
 
 
 def resolve_max_model_len(config: Any, requested: int | None) -> int:
-    """The model's trained context unless asked otherwise; never past a sliding window.
+    """The model's trained context unless asked otherwise (a sliding window does not cap it: windowed
+    layers attend to their window of the paged cache, see gpu/models).
 
     A length above max_position_embeddings is honoured (RoPE extends to any position; quality past the
     trained context is the operator's call, as with vLLM's override) with a warning.
     """
+    config = getattr(config, "text_config", None) or config  # gemma3: its language model's
     limit = config.max_position_embeddings
-    # The runner attends to the whole context; cap the length where the model would use a sliding window.
-    window = getattr(config, "sliding_window", None)
-    if window and getattr(config, "use_sliding_window", True):
-        return min(requested or window, window, limit)
     if requested and requested > limit:
         log.warning("max_model_len %d is past the model's max_position_embeddings %d", requested, limit)
     return requested or limit

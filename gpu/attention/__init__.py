@@ -56,21 +56,27 @@ class PagedAttention:
         layer: int,
         plan: StepPlan,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
-        """q [T, heads, D] for every token of the step; k_new/v_new [T, kv_heads, D] are already cached."""
+        """q [T, heads, D] for every token of the step; k_new/v_new [T, kv_heads, D] are already cached.
+        `window`: the layer's sliding window (a query sees itself and the window - 1 keys before it);
+        `softcap`: scores become softcap * tanh(score / softcap) before the softmax (Gemma 2)."""
         meta = plan.meta
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if meta.num_decodes:
             if self._native is not None and self.decode == "native":
-                self._native(q, out, cache, layer, meta, scale)
+                self._native(q, out, cache, layer, meta, scale, window, softcap)
             elif meta.decode_first is not None and len(plan.buckets) == 1:
                 rows = slice(meta.decode_first, meta.decode_first + meta.num_decodes)
-                out[rows] = decode_bucket(q[rows], cache, layer, plan.buckets[0], scale, self._scratch)
+                out[rows] = decode_bucket(
+                    q[rows], cache, layer, plan.buckets[0], scale, self._scratch, window, softcap
+                )
             else:
                 for bucket in plan.buckets:
                     out[bucket.rows] = decode_bucket(
-                        q[bucket.rows], cache, layer, bucket, scale, self._scratch
+                        q[bucket.rows], cache, layer, bucket, scale, self._scratch, window, softcap
                     )
         if plan.prefills:
-            prefill_all(q, k_new, v_new, cache, layer, plan.prefills, scale, out)
+            prefill_all(q, k_new, v_new, cache, layer, plan.prefills, scale, out, window, softcap)
         return out

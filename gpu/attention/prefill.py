@@ -11,7 +11,7 @@ chunk runs alone (a fresh one with the causal kernel, no mask). GQA is handled b
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +74,23 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, **mas
     return out[0].transpose(0, 1)
 
 
+def _softcapped(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """As _sdpa with scores softcap * tanh(score / softcap) before the mask and softmax (Gemma 2's eager
+    attention; SDPA has no such term). mask None: causal."""
+    group = q.shape[1] // k.shape[0]
+    k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
+    scores = torch.matmul(q.transpose(0, 1), k.transpose(-1, -2)) * scale  # [heads, n, L]
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is None:
+        n, length = scores.shape[-2:]
+        mask = torch.ones(n, length, dtype=torch.bool, device=q.device).tril(length - n)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v).transpose(0, 1)
+
+
 @dataclass(frozen=True)
 class PrefillPlan:
     """One SDPA call per layer: a pack of chunks (or one chunk), made once per step."""
@@ -82,15 +99,39 @@ class PrefillPlan:
     rows: slice | torch.Tensor  # the pack's rows of q/out: a slice where they are contiguous
     keys: torch.Tensor | None  # [L] flat cache slots of the contexts; None: fresh chunks, keys = own rows
     mask: torch.Tensor | None  # [n, L] True = attend; None: one fresh chunk (the causal kernel)
+    # each row's and each key's position (on the device), for a sliding window's term; None with mask None
+    positions: tuple[torch.Tensor, torch.Tensor] | None = None
+    windowed: dict[int, torch.Tensor | None] = field(default_factory=dict, compare=False)  # by window
 
 
 def attention_mask(
     query_seq: torch.Tensor, query_pos: torch.Tensor, key_seq: torch.Tensor, key_pos: torch.Tensor
 ) -> torch.Tensor:
     """[queries, keys], True where a query attends a key: the same sequence, a key at or before the query's
-    position. The one place the rule lives (a sliding window adds `key_pos > query_pos - window`)."""
+    position. The one place the rule lives (a sliding window adds `within_window`)."""
     same = query_seq[:, None] == key_seq[None, :]
     return same & (key_pos[None, :] <= query_pos[:, None])
+
+
+def within_window(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int) -> torch.Tensor:
+    """[queries, keys], True where a key is among the window - 1 positions before a query (or is it)."""
+    return key_pos[None, :] > query_pos[:, None] - window
+
+
+def window_mask(plan: PrefillPlan, window: int, device: torch.device) -> torch.Tensor | None:
+    """The pack's mask under a sliding window; None where the window cuts nothing (every context no longer
+    than it), so the plan's own mask (or the causal kernel) is that. Made by the step's first windowed
+    layer, reused by the rest."""
+    if window not in plan.windowed:
+        if max(c.context_len for c in plan.chunks) <= window:
+            plan.windowed[window] = None
+        elif plan.mask is None:  # one fresh chunk: positions 0 .. n - 1 are its rows and its keys
+            pos = torch.arange(plan.chunks[0].num_tokens, device=device)
+            plan.windowed[window] = (pos[None, :] <= pos[:, None]) & within_window(pos, pos, window)
+        else:
+            assert plan.positions is not None
+            plan.windowed[window] = plan.mask & within_window(*plan.positions, window)
+    return plan.windowed[window]
 
 
 def _ranges(starts: list[int], lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,7 +169,7 @@ def _pack(chunks: list[PrefillChunk], tables: torch.Tensor, block_size: int) -> 
         key_pos = on[3]
         blocks = tables[seats.to(device, non_blocking=True), key_pos // block_size]
         keys = blocks * block_size + key_pos % block_size
-    return PrefillPlan(tuple(chunks), rows, keys, mask)
+    return PrefillPlan(tuple(chunks), rows, keys, mask, (on[1], on[3]))
 
 
 def plan_for(meta: AttentionMetadata, cache: KVCache) -> tuple[PrefillPlan, ...]:
@@ -161,20 +202,27 @@ def prefill_pack(
     layer: int,
     plan: PrefillPlan,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """One pack: q [T, heads, D]; k_new/v_new [T, kv_heads, D] are the step's own keys (already in the
-    cache). Returns the attention of the pack's rows, [n, heads, D]."""
+    cache). Returns the attention of the pack's rows, [n, heads, D]. `window`: the layer's sliding window;
+    `softcap`: its attention logit soft-capping (Gemma 2)."""
     rows = plan.rows
     if plan.keys is None:  # fresh chunks: their own keys are the whole contexts
         k, v = k_new[rows].transpose(0, 1), v_new[rows].transpose(0, 1)
-        if plan.mask is None:
-            return _sdpa(q[rows], k, v, scale, is_causal=True)
     else:
         s = cache.shape
         flat = (s.num_kv_heads, -1, s.head_dim)
         k = cache.k[layer].view(flat).index_select(1, plan.keys)
         v = cache.v[layer].view(flat).index_select(1, plan.keys)
-    return _sdpa(q[rows], k, v, scale, attn_mask=plan.mask)
+    windowed = window_mask(plan, window, q.device) if window is not None else None
+    mask = windowed if windowed is not None else plan.mask
+    if softcap is not None:
+        return _softcapped(q[rows], k, v, scale, softcap, mask)
+    if mask is None:
+        return _sdpa(q[rows], k, v, scale, is_causal=True)
+    return _sdpa(q[rows], k, v, scale, attn_mask=mask)
 
 
 def prefill_all(
@@ -186,7 +234,9 @@ def prefill_all(
     plans: tuple[PrefillPlan, ...],
     scale: float,
     out: torch.Tensor,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
     """Every prefill chunk of the step, written into out's rows: one SDPA call per pack."""
     for plan in plans:
-        out[plan.rows] = prefill_pack(q, k_new, v_new, cache, layer, plan, scale)
+        out[plan.rows] = prefill_pack(q, k_new, v_new, cache, layer, plan, scale, window, softcap)

@@ -10,7 +10,7 @@ faults cost as much as the copy itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,6 +28,17 @@ class Bucket:
     bias: torch.Tensor  # [1, b, 1, max_blocks * block_size]: 0 where attending, -inf past the context
     num_rows: int
     max_blocks: int
+    lens: torch.Tensor | None = None  # [b] its rows' context lengths (for windowed biases)
+    windowed: dict[int, torch.Tensor] = field(default_factory=dict, compare=False)  # biases by window
+
+    def window_bias(self, window: int) -> torch.Tensor:
+        """The bias under a sliding window: also -inf before the last `window` keys of each row."""
+        if window not in self.windowed:  # made by the first windowed layer of the step, reused by the rest
+            assert self.lens is not None
+            keys = torch.arange(self.bias.shape[-1], device=self.bias.device)
+            early = (keys[None, :] < (self.lens[:, None] - window))[None, :, None, :]
+            self.windowed[window] = self.bias.masked_fill(early, float("-inf"))
+        return self.windowed[window]
 
 
 def plan_buckets(meta: AttentionMetadata, block_size: int, dtype: torch.dtype) -> tuple[Bucket, ...]:
@@ -65,7 +76,12 @@ def plan_buckets(meta: AttentionMetadata, block_size: int, dtype: torch.dtype) -
         valid = keys[::block_size][None, :] < member_lens[:, None]
         buckets.append(
             Bucket(
-                meta.decode_rows[members], torch.where(valid, tables, 0).reshape(-1), bias, b - a, max_blocks
+                meta.decode_rows[members],
+                torch.where(valid, tables, 0).reshape(-1),
+                bias,
+                b - a,
+                max_blocks,
+                member_lens,
             )
         )
     return tuple(buckets)
@@ -89,7 +105,14 @@ class DecodeScratch:
 
 
 def decode_bucket(
-    q: torch.Tensor, cache: KVCache, layer: int, bucket: Bucket, scale: float, scratch: DecodeScratch
+    q: torch.Tensor,
+    cache: KVCache,
+    layer: int,
+    bucket: Bucket,
+    scale: float,
+    scratch: DecodeScratch,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """q: [b, heads, D] of the bucket's rows -> [b, heads, D]."""
     b, heads, dim = q.shape
@@ -99,6 +122,10 @@ def decode_bucket(
     torch.index_select(cache.v[layer], 1, bucket.blocks, out=v)
     k, v = k.view(kv_heads, b, -1, dim), v.view(kv_heads, b, -1, dim)
     qg = q.view(b, kv_heads, heads // kv_heads, dim).transpose(0, 1)  # [kv, b, G, D]
-    scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(scale).add_(bucket.bias)  # [kv, b, G, L]
+    bias = bucket.bias if window is None else bucket.window_bias(window)
+    scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(scale)  # [kv, b, G, L]
+    if softcap is not None:
+        scores = torch.tanh(scores.div_(softcap)).mul_(softcap)
+    scores.add_(bias)
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(probs, v).transpose(0, 1).reshape(b, heads, dim)

@@ -11,7 +11,7 @@ from gpu.attention.metadata import AttentionMetadata
 from gpu.cpu.native import build
 from gpu.kv_cache import KVCache, KVShape
 
-_ABI_VERSION = 1
+_ABI_VERSION = 2  # 2: the sliding window and soft-capping arguments
 MAX_GROUP = 64  # query heads per KV head the kernel's per-group arrays hold
 
 
@@ -19,7 +19,7 @@ class NativeDecode:
     """Callable for float32 CPU caches; construct with `NativeDecode.load()` (None where unavailable)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._kernel = build.function(library, "paged_attention_f32", "pipppppppiiiiiiiif", ctypes.c_int)
+        self._kernel = build.function(library, "paged_attention_f32", "pipppppppiiiiiiiifif", ctypes.c_int)
 
     @classmethod
     def load(cls) -> NativeDecode | None:
@@ -39,6 +39,8 @@ class NativeDecode:
         layer: int,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> None:
         """Attention of the decode rows of q [T, heads, D] into the same rows of out (contiguous).
 
@@ -68,6 +70,8 @@ class NativeDecode:
             tables.shape[1],
             meta.max_decode_len,
             scale,
+            window or 0,
+            softcap or 0.0,
         )
         if failed:
             raise MemoryError("paged attention kernel: out of memory for its scratch buffers")

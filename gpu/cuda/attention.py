@@ -32,15 +32,25 @@ def paged_decode(
     lens: torch.Tensor,
     scale: float,
     seats: torch.Tensor | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """The Triton kernel: tables [B or seats, blocks], read at row i (or seats[i]) up to lens[i] keys."""
     from gpu.triton_kernels.decode import paged_decode_attention
 
-    return paged_decode_attention(q, cache.k[layer], cache.v[layer], tables, lens, scale, seats)
+    k, v = cache.k[layer], cache.v[layer]
+    return paged_decode_attention(q, k, v, tables, lens, scale, seats, window=window, softcap=softcap)
 
 
 def decode_attention(
-    q: torch.Tensor, cache: KVCache, layer: int, tables: torch.Tensor, lens: torch.Tensor, scale: float
+    q: torch.Tensor,
+    cache: KVCache,
+    layer: int,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """The SDPA reference: q [B, heads, D]; tables [B, blocks] (every entry a valid block id); lens [B]."""
     b, blocks = tables.shape
@@ -49,14 +59,22 @@ def decode_attention(
     k = cache.k[layer].index_select(1, flat).view(s.num_kv_heads, b, blocks * s.block_size, s.head_dim)
     v = cache.v[layer].index_select(1, flat).view(s.num_kv_heads, b, blocks * s.block_size, s.head_dim)
     keys = torch.arange(blocks * s.block_size, device=q.device)
-    mask = (keys[None, :] < lens[:, None])[:, None, None, :]  # [B, 1, 1, L]: True = attend
+    mask = keys[None, :] < lens[:, None]
+    if window is not None:  # a sliding window: only the last `window` keys
+        mask &= keys[None, :] >= lens[:, None] - window
+    mask = mask[:, None, None, :]  # [B, 1, 1, L]: True = attend
     # GQA without enable_gqa (which the masked memory-efficient kernel lacks): a KV head's G query heads
     # become G query positions of that head, all attending to the same keys.
     heads = q.shape[1]
     grouped = q.reshape(b, s.num_kv_heads, heads // s.num_kv_heads, s.head_dim)
-    out = F.scaled_dot_product_attention(
-        grouped, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
-    )
+    if softcap is not None:  # SDPA has no soft-capping term: the same product written out
+        scores = torch.matmul(grouped, k.transpose(0, 1).transpose(-1, -2)) * scale
+        scores = (torch.tanh(scores / softcap) * softcap).masked_fill(~mask, float("-inf"))
+        out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v.transpose(0, 1))
+    else:
+        out = F.scaled_dot_product_attention(
+            grouped, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
+        )
     return out.reshape(b, heads, s.head_dim)
 
 
@@ -102,20 +120,24 @@ class CudaPagedAttention:
         layer: int,
         plan: CudaPlan,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         meta = plan.meta
         if plan.varlen is not None:  # decode rows are one-token chunks of the same call
             from gpu.triton_kernels.prefill import varlen_paged_attention
 
             k, v = cache.k[layer], cache.v[layer]
-            return varlen_paged_attention(q, k, v, meta.block_tables, plan.varlen, scale)
+            tables, chunks = meta.block_tables, plan.varlen
+            return varlen_paged_attention(q, k, v, tables, chunks, scale, window=window, softcap=softcap)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if plan.decode_tables is not None:
             rows, lens, tables = meta.decode_rows, meta.decode_lens, plan.decode_tables
             if self.kernels.decode:
-                out[rows] = paged_decode(q[rows], cache, layer, tables, lens, scale, meta.decode_seats)
+                seats = meta.decode_seats
+                out[rows] = paged_decode(q[rows], cache, layer, tables, lens, scale, seats, window, softcap)
             else:
-                out[rows] = decode_attention(q[rows], cache, layer, tables, lens, scale)
+                out[rows] = decode_attention(q[rows], cache, layer, tables, lens, scale, window, softcap)
         if plan.prefills:
-            prefill_all(q, k_new, v_new, cache, layer, plan.prefills, scale, out)
+            prefill_all(q, k_new, v_new, cache, layer, plan.prefills, scale, out, window, softcap)
         return out

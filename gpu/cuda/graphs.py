@@ -122,8 +122,10 @@ class DecodeGraphs:
         tables, scale = self.tables[:b, :nb], self.forward.scale
         attention = paged_decode if self.paged else decode_attention
 
+        options = self.forward.attn_options  # a layer's sliding window, Gemma 2's soft-capping
+
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-            return attention(q, self.cache, layer, tables, lens, scale)
+            return attention(q, self.cache, layer, tables, lens, scale, **options[layer])
 
         logits = self.forward.run(ids, positions, slots, self.cache, attend, None)
         if self.argmax:

@@ -27,6 +27,7 @@ MAX_SPLITS = 16
 # beyond it the GPU is already full without splitting.
 TARGET_PROGRAMS = 512
 LOG2E = 1.4426950408889634
+NO_WINDOW = 1 << 40  # the window argument of a layer without one: every key of the context is in it
 
 
 def choose_num_splits(max_context: int, rows: int, kv_heads: int) -> int:
@@ -51,6 +52,8 @@ def _decode_kernel(
     part_m_ptr,
     part_l_ptr,
     qk_scale,  # softmax scale * log2(e): exponentials are exp2
+    softcap,  # attention logit soft-capping (used where SOFTCAP)
+    window,  # sliding window: a row reads only its last `window` keys (NO_WINDOW: all)
     num_heads,
     split_len,  # keys per split, a multiple of BLOCK_N
     num_splits,
@@ -71,14 +74,15 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr = False,
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     table_row = tl.load(seats_ptr + row).to(tl.int64) if HAS_SEATS else row.to(tl.int64)
     context = tl.load(lens_ptr + row)
-    lo = split * split_len
-    hi = tl.minimum(lo + split_len, context)
+    hi = tl.minimum(split * split_len + split_len, context)
+    lo = tl.maximum(split * split_len, context - window)  # keys before the window are not read
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -106,6 +110,9 @@ def _decode_kernel(
             k_base + key[None, :] + offs_d[:, None], mask=n_mask[None, :] & d_mask[:, None], other=0.0
         )
         s = tl.dot(q, k_t, input_precision=PRECISION) * qk_scale  # [G, N]
+        if SOFTCAP:  # Gemma 2: cap * tanh(score / cap), tanh(x) = 1 - 2 / (e^2x + 1); s is in log2 units
+            t = s / (softcap * 1.4426950408889634)
+            s = (1.0 - 2.0 / (tl.exp(2.0 * t) + 1.0)) * (softcap * 1.4426950408889634)
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -125,7 +132,8 @@ def _decode_kernel(
             mask=out_mask,
         )
     else:
-        # A split past the row's context ran no tile: m = -inf, l = 0, acc = 0, weighted 0 by the reduce.
+        # A split past the row's context or before its window ran no tile: m = -inf, l = 0, acc = 0,
+        # weighted 0 by the reduce.
         part = (row * num_heads + heads).to(tl.int64) * num_splits + split  # [G] into [B, H, S]
         tl.store(part_m_ptr + part, m_i, mask=g_mask)
         tl.store(part_l_ptr + part, l_i, mask=g_mask)
@@ -155,7 +163,7 @@ def _reduce_kernel(
     part = (row * num_heads + head).to(tl.int64) * num_splits + offs_s
     m = tl.load(part_m_ptr + part, mask=s_mask, other=float("-inf"))
     l_s = tl.load(part_l_ptr + part, mask=s_mask, other=0.0)
-    weight = tl.exp2(m - tl.max(m, 0))  # split 0 always holds keys, so the max is finite
+    weight = tl.exp2(m - tl.max(m, 0))  # some split holds keys (the last key's), so the max is finite
     acc = tl.load(
         part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
         mask=s_mask[:, None] & d_mask[None, :],
@@ -179,6 +187,8 @@ def paged_decode_attention(
     seats: torch.Tensor | None = None,
     num_splits: int | None = None,
     block_n: int = BLOCK_N,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention of q [B, heads, D] (rows may be strided, heads and dims dense) -> [B, heads, D].
 
@@ -186,6 +196,7 @@ def paged_decode_attention(
     row, or with `seats` [B] the persistent [seats, blocks] table read at row seats[i]. lens: [B] keys each
     row attends to, each in 1 .. blocks * block_size; table entries past a row's length are never read.
     num_splits: None chooses from the tables' width (the longest context they can hold).
+    window: a sliding window, each row attending to its last `window` keys only.
     """
     rows, heads, dim = q.shape
     kv_heads, _, page, _ = k_cache.shape
@@ -220,6 +231,8 @@ def paged_decode_attention(
         part_m,
         part_l,
         scale * LOG2E,
+        softcap or 0.0,
+        window or NO_WINDOW,
         heads,
         split_len,
         num_splits,
@@ -240,6 +253,7 @@ def paged_decode_attention(
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 stays fp32, as the reference
+        SOFTCAP=softcap is not None,
         num_warps=4,
     )
     if num_splits > 1:

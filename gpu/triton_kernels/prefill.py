@@ -28,6 +28,7 @@ from gpu.triton_kernels import next_pow2
 BLOCK_M = 64  # queries per tile
 BLOCK_N = 64  # keys per inner tile
 LOG2E = 1.4426950408889634
+NO_WINDOW = 1 << 40  # the window argument of a layer without one: every key of the context is in it
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,8 @@ def _varlen_kernel(
     q_lens_ptr,
     ctx_starts_ptr,
     qk_scale,  # softmax scale * log2(e): exponentials are exp2
+    softcap,  # attention logit soft-capping (used where SOFTCAP)
+    window,  # sliding window: a query sees itself and the window - 1 keys before it (NO_WINDOW: all)
     stride_qt,
     stride_qh,
     stride_kh,
@@ -109,6 +112,7 @@ def _varlen_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr = False,
 ):
     tile = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -135,11 +139,12 @@ def _varlen_kernel(
     # Keys up to the tile's last real query; a tile past its chunk's end (a shorter chunk) reads none.
     last = ctx_start + tl.minimum((tile + 1) * BLOCK_M, q_len)
     hi = tl.where(tile * BLOCK_M < q_len, last, 0)
+    lo = tl.maximum(ctx_start + tile * BLOCK_M - window + 1, 0)  # the tile's first query's window
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(0, hi, BLOCK_N):
+    for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_mask = offs_n < hi
         block = tl.load(table + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
@@ -148,11 +153,17 @@ def _varlen_kernel(
             k_base + key[None, :] + offs_d[:, None], mask=n_mask[None, :] & d_mask[:, None], other=0.0
         )
         s = tl.dot(q, k_t, input_precision=PRECISION) * qk_scale  # [M, N]
-        # Key 0 is in the first tile and visible to every query, so no row's max stays -inf past it.
-        s = tl.where(n_mask[None, :] & (offs_n[None, :] <= positions[:, None]), s, float("-inf"))
+        if SOFTCAP:  # Gemma 2: cap * tanh(score / cap), tanh(x) = 1 - 2 / (e^2x + 1); s is in log2 units
+            t = s / (softcap * 1.4426950408889634)
+            s = (1.0 - 2.0 / (tl.exp(2.0 * t) + 1.0)) * (softcap * 1.4426950408889634)
+        offset = positions[:, None] - offs_n[None, :]
+        s = tl.where(n_mask[None, :] & (offset >= 0) & (offset < window), s, float("-inf"))
+        # Under a window a row may see no key of the first tiles: its max stays -inf, so subtract 0 there
+        # (every p is then 0) rather than -inf (NaN).
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v_mask = n_mask[:, None] & d_mask[None, :]
         v = tl.load(v_base + key[:, None] + offs_d[None, :], mask=v_mask, other=0.0)  # [N, D]
@@ -177,12 +188,14 @@ def varlen_paged_attention(
     out: torch.Tensor | None = None,
     block_m: int = BLOCK_M,
     block_n: int = BLOCK_N,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention of every chunk's rows of q [T, heads, D] (rows may be strided) -> out [T, heads, D].
 
     k_cache/v_cache: one layer, [kv_heads, num_blocks, block_size, D], already holding every chunk's own
     K/V. block_tables: [seats, max_blocks], read at chunks.seats. Rows no chunk covers are left as they
-    are in `out` (uninitialised when out is None).
+    are in `out` (uninitialised when out is None). window: a sliding window (see the kernel).
     """
     tokens, heads, dim = q.shape
     kv_heads, _, page, _ = k_cache.shape
@@ -207,6 +220,8 @@ def varlen_paged_attention(
         chunks.q_lens,
         chunks.ctx_starts,
         scale * LOG2E,
+        softcap or 0.0,
+        window or NO_WINDOW,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -222,6 +237,7 @@ def varlen_paged_attention(
         BLOCK_N=block_n,
         BLOCK_D=max(16, next_pow2(dim)),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 stays fp32, as the reference
+        SOFTCAP=softcap is not None,
         num_warps=4,
     )
     return out

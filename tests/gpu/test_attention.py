@@ -28,19 +28,23 @@ def chunk(seq_id, start, n, table, sample=True):
     return ScheduledChunk(seq_id, tuple(range(3, 3 + n)), start, tuple(table), sample, SamplingParams(), 0)
 
 
-def dense_reference(q, k, v, start):
-    """Causal attention of queries at positions start.. over keys 0..start+n-1, K/V repeated per group."""
+def dense_reference(q, k, v, start, window=None, softcap=None):
+    """Causal attention of queries at positions start.. over keys 0..start+n-1, K/V repeated per group;
+    under a sliding window a query sees only itself and the window - 1 keys before it; soft-capped scores
+    are softcap * tanh(score / softcap)."""
     n, ctx = q.shape[0], k.shape[0]
     k = k.repeat_interleave(HEADS // KV_HEADS, dim=1)
     v = v.repeat_interleave(HEADS // KV_HEADS, dim=1)
-    mask = torch.arange(ctx)[None, :] <= (start + torch.arange(n))[:, None]
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask
-    )
+    offset = (start + torch.arange(n))[:, None] - torch.arange(ctx)[None, :]
+    mask = (offset >= 0) & (offset < (window or ctx + 1))
+    scores = q.transpose(0, 1) @ k.transpose(0, 1).transpose(-1, -2) * DIM**-0.5
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    out = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v.transpose(0, 1)
     return out.transpose(0, 1)
 
 
-def run_step(kernel: str, specs: dict, num_blocks: int, seed: int = 0) -> None:
+def run_step(kernel: str, specs: dict, num_blocks: int, seed: int = 0, window=None, softcap=None) -> None:
     """specs: seq_id -> (start, new tokens, block table), in row order. Checks every row against dense."""
     torch.manual_seed(seed)
     cache = KVCache(KVShape(1, KV_HEADS, DIM, BLOCK, torch.float32), num_blocks, torch.device("cpu"))
@@ -62,10 +66,11 @@ def run_step(kernel: str, specs: dict, num_blocks: int, seed: int = 0) -> None:
     cache.write(0, inputs.slots, new_k, new_v)
     q = torch.randn(total, HEADS, DIM)
     attention = PagedAttention(kernel, NATIVE)
-    got = attention(q, new_k, new_v, cache, 0, attention.plan(inputs.attention, cache), DIM**-0.5)
+    plan = attention.plan(inputs.attention, cache)
+    got = attention(q, new_k, new_v, cache, 0, plan, DIM**-0.5, window=window, softcap=softcap)
     row = 0
     for seq_id, (start, n, _) in specs.items():
-        want = dense_reference(q[row : row + n], *full[seq_id], start)
+        want = dense_reference(q[row : row + n], *full[seq_id], start, window, softcap)
         torch.testing.assert_close(got[row : row + n], want, rtol=1e-5, atol=1e-5)
         row += n
 
@@ -84,6 +89,30 @@ def test_mixed_step_matches_dense_attention(kernel):
     run_step(kernel, specs, num_blocks=13)
 
 
+@pytest.mark.parametrize("window", [1, 3, 5, 8])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_sliding_window_mixed_step_matches_dense_attention(kernel, window):
+    """Decodes whose window starts mid-block, at a block edge or covers the whole context; a fresh
+    prefill longer than the window; a resumed chunk whose window reaches into its cached prefix."""
+    specs = {
+        "d1": (6, 1, [7, 2]),
+        "d2": (12, 1, [1, 9, 4, 11]),
+        "p1": (0, 9, [3, 8, 0]),
+        "p2": (5, 6, [10, 5, 6]),
+        "d3": (3, 1, [12]),
+    }
+    run_step(kernel, specs, num_blocks=13, window=window)
+    run_step(kernel, {"p": (0, 4, [0])}, num_blocks=1, window=window)  # a fresh chunk within the window
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_soft_capped_scores_match_dense_attention(kernel, window):
+    """Gemma 2's attention logit soft-capping, with and without a window (a cap small enough to bite)."""
+    specs = {"d1": (6, 1, [7, 2]), "p1": (0, 9, [3, 8, 0]), "p2": (5, 6, [10, 5, 6]), "d3": (3, 1, [12])}
+    run_step(kernel, specs, num_blocks=13, window=window, softcap=0.7)
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_many_decodes_of_very_different_lengths(kernel):
     """Enough rows for several context-length buckets in the torch kernel."""
@@ -96,6 +125,7 @@ def test_many_decodes_of_very_different_lengths(kernel):
         need = -(-(length + 1) // BLOCK)
         specs[f"s{i}"] = (length, 1, [blocks.pop() for _ in range(need)])
     run_step(kernel, specs, num_blocks=1600)
+    run_step(kernel, specs, num_blocks=1600, window=37)  # windowed, in every bucket
 
 
 def test_inputs_flatten_positions_slots_and_sample_rows():

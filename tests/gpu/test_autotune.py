@@ -74,7 +74,7 @@ def test_kernel_build_is_cached_by_source_and_cpu(tmp_path):
     if build._compiler() is None:
         pytest.skip("no C compiler here; the fallback is tested above")
     first = build.load.__wrapped__("paged_attention", cache_dir=tmp_path)
-    assert first is not None and first.inferq_abi_version() == 1
+    assert first is not None and first.inferq_abi_version() == 2
     built = sorted(tmp_path.glob("paged_attention-*.so"))
     assert len(built) == 1
     build.load.__wrapped__("paged_attention", cache_dir=tmp_path)  # second load: the same file, no rebuild

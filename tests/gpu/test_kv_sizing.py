@@ -77,7 +77,7 @@ def test_engine_refuses_a_token_budget_below_the_seats_before_allocating():
         Engine(make_model(), EngineConfig(max_num_seqs=64, max_num_batched_tokens=32, num_blocks=8))
 
 
-def test_max_model_len_defaults_to_the_model_and_may_exceed_it_without_a_window():
+def test_max_model_len_defaults_to_the_model_and_may_exceed_it():
     config = make_model().config
     assert resolve_max_model_len(config, None) == config.max_position_embeddings
     assert resolve_max_model_len(config, 100) == 100
@@ -86,7 +86,9 @@ def test_max_model_len_defaults_to_the_model_and_may_exceed_it_without_a_window(
         == 4 * config.max_position_embeddings
     )
     windowed = make_model(arch="mistral", sliding_window=64).config
-    assert resolve_max_model_len(windowed, 1000) == 64
+    # A sliding window no longer caps the context: windowed layers read their window of the cache.
+    assert resolve_max_model_len(windowed, None) == windowed.max_position_embeddings
+    assert resolve_max_model_len(windowed, 300) == 300
 
 
 def test_the_decode_gather_is_reserved_only_for_the_sdpa_decode_path():

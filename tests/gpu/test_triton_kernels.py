@@ -235,6 +235,61 @@ def test_varlen_prefill_only_from_cu_seqlens_matches_prefill_reference():
     torch.testing.assert_close(got.cpu(), want[first:end], **TOLERANCE[torch.float32])
 
 
+@pytest.mark.parametrize(("window", "softcap"), [(1, None), (5, None), (70, None), (None, 0.7), (5, 0.7)])
+def test_sliding_window_decode_and_varlen_match_the_torch_paths(window, softcap):
+    """A layer's sliding window: in the decode kernel (a window starting mid-block, splits wholly before
+    it) and the varlen kernel (tiles whose first key tiles no row of theirs sees), against the torch
+    decode and SDPA prefill paths, and the SDPA decode reference against the torch decode path; with
+    Gemma 2's soft-capping too."""
+    lens = [1, 7, 45, 600]
+    cache = _cache(200, torch.float32)
+    tables = _tables(lens, 200, -(-max(lens) // BLOCK))
+    q, lens_t = torch.randn(len(lens), HEADS, DIM), torch.tensor(lens)
+    want = cuda_attention.decode_attention(q, cache, 0, tables, lens_t, 0.3, window, softcap)
+    meta = AttentionMetadata(tables, torch.arange(4), torch.arange(4), lens_t, 0, max(lens), ())
+    torch_decode = PagedAttention("torch")
+    same = torch_decode(
+        q, q[:, :KV_HEADS], q[:, :KV_HEADS], cache, 0, torch_decode.plan(meta, cache), 0.3, window, softcap
+    )
+    torch.testing.assert_close(same, want, **TOLERANCE[torch.float32])
+    k, v = _on_device(cache, torch.float32)
+    for num_splits in (1, 4):
+        got = decode_k.paged_decode_attention(
+            q.to(DEVICE),
+            k,
+            v,
+            tables.to(DEVICE),
+            lens_t.to(DEVICE),
+            0.3,
+            None,
+            num_splits,
+            window=window,
+            softcap=softcap,
+        )
+        torch.testing.assert_close(got.cpu(), want, **TOLERANCE[torch.float32])
+
+    cache, meta, q, new_k, new_v = _mixed_step(torch.float32, seed=5)
+    reference = PagedAttention("torch")
+    want = reference(q, new_k, new_v, cache, 0, reference.plan(meta, cache), DIM**-0.5, window, softcap)
+    chunks = prefill_k.VarlenChunks.from_metadata(meta)
+    k, v = _on_device(cache, torch.float32)
+    on_device = {f: getattr(meta, f).to(DEVICE) for f in ("block_tables",)}
+    got = prefill_k.varlen_paged_attention(
+        q.to(DEVICE),
+        k,
+        v,
+        on_device["block_tables"],
+        chunks,
+        DIM**-0.5,
+        None,
+        16,
+        16,
+        window=window,
+        softcap=softcap,
+    )
+    torch.testing.assert_close(got.cpu(), want, **TOLERANCE[torch.float32])
+
+
 # -- fused residual add + RMSNorm, RoPE + cache write, SiLU * up, argmax ----------------------------------
 
 

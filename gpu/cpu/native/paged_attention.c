@@ -1,7 +1,8 @@
 /* Paged attention for query rows on the CPU, reading K/V blocks in place (no gather copy).
  *
  * Each query row r (a decode token, or one token of a short prefill chunk) attends to the first
- * lens[r] positions of its sequence, whose blocks are tables[row_table[r]][*]. For every (row, KV head)
+ * lens[r] positions of its sequence (under a sliding window > 0: only the last `window` of them; the
+ * blocks before are not read; with softcap > 0 each score becomes softcap * tanh(score / softcap)), whose blocks are tables[row_table[r]][*]. For every (row, KV head)
  * the G = heads / kv_heads query heads of the group share each K/V row read: scores for the whole
  * context first, then one max, exp and sum per head, then the weighted sum of V. Work items are split
  * over OpenMP threads (the same libgomp runtime torch uses, so torch.set_num_threads governs both).
@@ -18,7 +19,7 @@
 #include <immintrin.h>
 #endif
 
-int inferq_abi_version(void) { return 1; }
+int inferq_abi_version(void) { return 2; }
 
 /* exp(x) for x <= 0 in a form the compiler vectorises (glibc's expf is only vectorised under
  * -ffast-math, which would also drop the infinities the masking relies on): Cody-Waite range
@@ -87,22 +88,23 @@ static inline void prefetch_block(const float *block, int64_t floats) {
     for (int64_t i = 0; i < floats; i += 16) __builtin_prefetch(block + i, 0, 3);
 }
 
-/* acc[0:dim] = sum over the context of p[t] * v_t, for one query head. */
-static void weighted_sum(const float *p, const float *vh, const int64_t *table, int64_t len, int64_t block_size,
-                         int64_t dim, float *acc) {
+/* acc[0:dim] = sum over positions first..len-1 of p[t] * v_t, for one query head. */
+static void weighted_sum(const float *p, const float *vh, const int64_t *table, int64_t first, int64_t len,
+                         int64_t block_size, int64_t dim, float *acc) {
     const int64_t block_floats = block_size * dim;
     const int64_t num_table_blocks = (len + block_size - 1) / block_size;
+    const int64_t first_block = first / block_size;
 #if defined(__AVX2__) && defined(__FMA__)
     if (dim % 32 == 0) {
         /* 32 output floats at a time held in four registers across the whole context. */
         for (int64_t c = 0; c < dim; c += 32) {
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int64_t b = 0; b < num_table_blocks; b++) {
+            for (int64_t b = first_block; b < num_table_blocks; b++) {
                 const int64_t start = b * block_size;
                 const int64_t n = len - start < block_size ? len - start : block_size;
                 const float *vb = vh + table[b] * block_floats + c;
                 if (c == 0 && b + 1 < num_table_blocks) prefetch_block(vh + table[b + 1] * block_floats, block_floats);
-                for (int64_t j = 0; j < n; j++) {
+                for (int64_t j = start < first ? first - start : 0; j < n; j++) {
                     const __m256 pj = _mm256_set1_ps(p[start + j]);
                     const float *vr = vb + j * dim;
                     a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr), a0);
@@ -120,11 +122,11 @@ static void weighted_sum(const float *p, const float *vh, const int64_t *table, 
     }
 #endif
     memset(acc, 0, sizeof(float) * (size_t)dim);
-    for (int64_t b = 0; b < num_table_blocks; b++) {
+    for (int64_t b = first_block; b < num_table_blocks; b++) {
         const int64_t start = b * block_size;
         const int64_t n = len - start < block_size ? len - start : block_size;
         const float *vb = vh + table[b] * block_floats;
-        for (int64_t j = 0; j < n; j++) {
+        for (int64_t j = start < first ? first - start : 0; j < n; j++) {
             const float pj = p[start + j];
             const float *vr = vb + j * dim;
 #pragma omp simd
@@ -137,7 +139,7 @@ int paged_attention_f32(const float *q, int64_t q_stride, const float *k, const 
                         const int64_t *rows, const int64_t *row_table, const int64_t *lens,
                         const int64_t *tables, int64_t num_rows, int64_t heads, int64_t kv_heads,
                         int64_t head_dim, int64_t block_size, int64_t num_blocks, int64_t max_blocks,
-                        int64_t max_len, float scale) {
+                        int64_t max_len, float scale, int64_t window, float softcap) {
     const int64_t group = heads / kv_heads;
     const int64_t dim = head_dim;
     const int64_t block_floats = block_size * dim;
@@ -156,35 +158,39 @@ int paged_attention_f32(const float *q, int64_t q_stride, const float *k, const 
             for (int64_t h = 0; h < kv_heads; h++) {
                 if (scores == NULL || acc == NULL) continue;
                 const int64_t len = lens[r];
+                const int64_t first = window > 0 && len > window ? len - window : 0;
                 const int64_t num_table_blocks = (len + block_size - 1) / block_size;
                 const float *qr = q + rows[r] * q_stride + h * group * dim;
                 const int64_t *table = tables + row_table[r] * max_blocks;
                 const float *kh = k + h * head_stride;
                 const float *vh = v + h * head_stride;
                 /* Scores of every context position, block by block (no division per position). */
-                for (int64_t b = 0; b < num_table_blocks; b++) {
+                for (int64_t b = first / block_size; b < num_table_blocks; b++) {
                     const int64_t start = b * block_size;
-                    const int64_t n = len - start < block_size ? len - start : block_size;
-                    const float *kb = kh + table[b] * block_floats;
+                    const int64_t skip = start < first ? first - start : 0; /* before the window */
+                    const int64_t n = (len - start < block_size ? len - start : block_size) - skip;
+                    const float *kb = kh + table[b] * block_floats + skip * dim;
                     if (b + 1 < num_table_blocks) prefetch_block(kh + table[b + 1] * block_floats, block_floats);
                     for (int64_t g = 0; g < group; g++)
-                        block_scores(qr + g * dim, kb, n, dim, scale, scores + g * max_len + start);
+                        block_scores(qr + g * dim, kb, n, dim, scale, scores + g * max_len + start + skip);
                 }
                 float inv_sum[64];
                 for (int64_t g = 0; g < group; g++) {
                     float *s = scores + g * max_len;
+                    if (softcap > 0.0f) /* Gemma 2: softcap * tanh(score / softcap) */
+                        for (int64_t t = first; t < len; t++) s[t] = softcap * tanhf(s[t] / softcap);
                     float m = -INFINITY;
-                    for (int64_t t = 0; t < len; t++) m = s[t] > m ? s[t] : m;
+                    for (int64_t t = first; t < len; t++) m = s[t] > m ? s[t] : m;
                     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-                    for (int64_t t = 0; t < len; t++) {
+                    for (int64_t t = first; t < len; t++) {
                         s[t] = exp_nonpositive(s[t] - m);
                         sum += s[t];
                     }
                     inv_sum[g] = 1.0f / sum;
                 }
                 for (int64_t g = 0; g < group; g++)
-                    weighted_sum(scores + g * max_len, vh, table, len, block_size, dim, acc + g * dim);
+                    weighted_sum(scores + g * max_len, vh, table, first, len, block_size, dim, acc + g * dim);
                 float *o = out + (rows[r] * heads + h * group) * dim;
                 for (int64_t g = 0; g < group; g++)
                     for (int64_t d = 0; d < dim; d++) o[g * dim + d] = acc[g * dim + d] * inv_sum[g];
