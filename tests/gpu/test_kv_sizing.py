@@ -59,7 +59,7 @@ def test_describe_reports_blocks_tokens_and_concurrency():
 
 
 def test_engine_logs_the_kv_plan_and_accepts_the_old_byte_option(caplog):
-    with caplog.at_level(logging.INFO, logger="gpu.engine"):
+    with caplog.at_level(logging.INFO, logger="gpu"):
         engine = Engine(
             make_model(), EngineConfig(kv_cache_bytes=2**20, tune_linears=False, decode_kernel="torch")
         )
