@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,6 +26,7 @@ from schemas.jobs import JobRequest, JobResult, TokenEvent
 from schemas.validation import InvalidMessage
 from workers.api.context import APIContext
 from workers.api.errors import APIError
+from workers.api.limits import Slot
 from workers.api.protocol import LiveOptions, split_live_options, usage
 from workers.bulk.batch_fields import check_body
 from workers.bulk.batch_format import BatchLine, checked_job
@@ -78,6 +80,18 @@ class ServingEngine:
 
     # ---- a request -------------------------------------------------------------------------------------
     async def create(self, request: Request, tenant: str) -> JSONResponse | StreamingResponse:
+        slot = self.ctx.limits.hold(tenant)  # the tenant's requests in flight here (off by default): 429
+        try:
+            response = await self._create(request, tenant, slot)
+        except BaseException:
+            slot.release()
+            raise
+        if not isinstance(response, StreamingResponse):
+            slot.release()
+        return response
+
+    async def _create(self, request: Request, tenant: str, slot: Slot) -> JSONResponse | StreamingResponse:
+        """The response; a stream releases `slot` when it ends (or its generator is collected unstarted)."""
         body, live = split_live_options(await json_body(request))
         model = body.get("model")
         if model is not None and model not in self.ctx.models:
@@ -86,8 +100,10 @@ class ServingEngine:
         request.state.job_id = job.job_id
         if live.stream:
             sent = await run_in_threadpool(self._submit, job, live.priority)
+            events = self._sse(request, sent, line, live, slot)
+            weakref.finalize(events, slot.release)  # a stream never started (its client left at once)
             return StreamingResponse(
-                self._sse(request, sent, line, live),
+                events,
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Job-Id": job.job_id},
             )
@@ -154,7 +170,7 @@ class ServingEngine:
         return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
 
     async def _sse(
-        self, request: Request, sent: Submitted, line: BatchLine, live: LiveOptions
+        self, request: Request, sent: Submitted, line: BatchLine, live: LiveOptions, slot: Slot
     ) -> AsyncIterator[str]:
         """The job's token events as chunks, then `data: [DONE]`. A client gone before the end cancels it."""
         loop = asyncio.get_running_loop()
@@ -210,6 +226,7 @@ class ServingEngine:
             yield "data: [DONE]\n\n"
         finally:
             stop.set()
+            slot.release()
             if not finished:
                 log.info("stream of %s ended before its job: cancelling it", sent.job_id)
                 # a thread, not an await: when the client left, this task is being cancelled, and any
