@@ -98,6 +98,16 @@ def build_app(settings: Settings, models: tuple[str, ...], *, run_driver: bool =
     async def completions(request: Request, tenant: str = Depends(auth.tenant)):
         return await request.app.state.completion.create(request, tenant)
 
+    # OpenAI's "get chat completion" (and the same for completions): an earlier answer by its id, from the
+    # job's row (a stream whose API process died, a 504's job)
+    @app.get("/v1/chat/completions/{completion_id}")
+    async def get_chat(request: Request, completion_id: str, tenant: str = Depends(auth.tenant)):
+        return await request.app.state.chat.retrieve(completion_id, tenant)
+
+    @app.get("/v1/completions/{completion_id}")
+    async def get_completion(request: Request, completion_id: str, tenant: str = Depends(auth.tenant)):
+        return await request.app.state.completion.retrieve(completion_id, tenant)
+
     app.include_router(files.router)
     app.include_router(batches.router)
     return app

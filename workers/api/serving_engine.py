@@ -23,15 +23,18 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from schemas.jobs import JobRequest, JobResult, TokenEvent
+from schemas.statuses import TERMINAL_STATUSES
 from schemas.validation import InvalidMessage
 from workers.api.context import APIContext
-from workers.api.errors import APIError
+from workers.api.errors import APIError, not_found
 from workers.api.limits import Slot
 from workers.api.protocol import LiveOptions, split_live_options, usage
 from workers.bulk.batch_fields import check_body
 from workers.bulk.batch_format import BatchLine, checked_job
 from workers.bulk.output import response_body
 from workers.client import DeliveryFailed, JobTimeout, Submitted
+from workers.db.job_queries import job_row
+from workers.db.outbox import result_from_row
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +115,25 @@ class ServingEngine:
         # latency is the API's own (bench/api_overhead.py)
         headers = {"X-Job-Id": job.job_id, "Server-Timing": f"queue;dur={queue_s * 1000:.3f}"}
         return JSONResponse(self.answer(line, result), headers=headers)
+
+    async def retrieve(self, job_id: str, tenant: str) -> JSONResponse:
+        """The answer to an earlier request of this tenant, by its id (= its job id), built from its jobs row:
+        any API process finds it, also after the one that took the request died or timed out (504)."""
+
+        def look_up() -> Any:
+            with self.ctx.db.connect() as conn:
+                return job_row(conn, job_id, tenant)
+
+        row = await run_in_threadpool(look_up) if job_id.startswith(f"{self.id_prefix}-") else None
+        if row is None:
+            raise not_found("completion", job_id)
+        if row.status not in TERMINAL_STATUSES:
+            raise APIError(
+                409, f"Job {job_id} is {row.status}: it has no answer yet.", code="job_not_finished",
+                job_id=job_id, status=row.status,
+            )  # fmt: skip
+        line = BatchLine(1, job_id, self.url, self.ctx.default_model, {})
+        return JSONResponse(self.answer(line, result_from_row(row)), headers={"X-Job-Id": job_id})
 
     def to_job(self, body: dict[str, Any], tenant: str) -> tuple[BatchLine, JobRequest]:
         """The job of a body, checked by the Batch path's rules (fields refused by name, the job's limits,
