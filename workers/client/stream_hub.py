@@ -107,12 +107,11 @@ class StreamHub:
         followers: dict[Partition, list[Follower]] = {}
         try:
             while not self._stop.is_set():
+                self._wake.clear()  # first: a follow put after this wakes the wait below
                 if reader is None and (followers or not self._commands.empty()):
                     reader = self._open(followers)
-                    if reader is None:
-                        continue
-                self._wake.clear()  # first: a follow put after this wakes the next wait
-                self._apply_commands(reader, followers)
+                if reader is not None:
+                    self._apply_commands(reader, followers)
                 if not followers or reader is None:
                     self._wake.wait()  # nothing to read: sleep until a follower (or close) comes
                     continue
