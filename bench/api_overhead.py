@@ -105,15 +105,54 @@ def _api_call(conn: http.client.HTTPConnection, key: str, body: bytes) -> tuple[
     return elapsed, elapsed - queue_s
 
 
-def _direct_call(client: JobClient, job: dict) -> float:
-    start = time.perf_counter()
+def _direct_call(client: JobClient, job: dict, marks: dict[str, tuple[float, float, float]]) -> float:
+    """Submit + wait; `marks[job_id]` = wall-clock (submit called, broker acknowledged, result in hand)."""
+    begun, start = time.time(), time.perf_counter()
     sent = client.submit({**job, "job_id": uuid.uuid4().hex})
+    acked = time.time()
     result = client.wait(sent, 60)
     elapsed = time.perf_counter() - start
+    marks[sent.job_id] = (begun, acked, time.time())
     client.forget(sent)
     if result.status != "succeeded":
         raise RuntimeError(f"job {result.status}: {result.error}")
     return elapsed
+
+
+# Where a JobClient submit + wait spends its time: the client's marks around the jobs row's timestamps
+# (one machine, one clock). Each phase ends at its row's next mark.
+PHASES = (
+    ("submit: producer send -> broker ack", "begun", "acked"),
+    ("ack -> a worker took it off Kafka (queued_at)", "acked", "queued_at"),
+    ("queued -> first scheduled (started_at)", "queued_at", "started_at"),
+    ("started -> first token", "started_at", "first_token_at"),
+    ("first token -> finished", "first_token_at", "finished_at"),
+    ("finished -> result published (outbox)", "finished_at", "published_at"),
+    ("published -> wait() returned (results read)", "published_at", "done"),
+)
+
+
+def _phases(url: str, marks: dict[str, tuple[float, float, float]]) -> list[list[object]]:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT job_id, queued_at, started_at, first_token_at, finished_at, published_at FROM jobs"
+                " WHERE job_id = ANY(:ids)"
+            ),
+            {"ids": list(marks)},
+        ).all()
+    engine.dispose()
+    spans: dict[str, list[float]] = {name: [] for name, _, _ in PHASES}
+    for row in rows:
+        at = {k: v.timestamp() for k, v in row._mapping.items() if k != "job_id" and v is not None}
+        at["begun"], at["acked"], at["done"] = marks[row.job_id]
+        for name, a, b in PHASES:
+            if a in at and b in at:
+                spans[name].append((at[b] - at[a]) * 1000)
+    return [[name, len(v), statistics.median(v), statistics.fmean(v)] for name, v in spans.items() if v]
 
 
 def _stats(samples: list[float]) -> dict[str, float]:
@@ -175,14 +214,18 @@ def run(args: argparse.Namespace) -> int:
         api_times: list[float] = []
         own_times: list[float] = []
         direct_times: list[float] = []
+        marks: dict[str, tuple[float, float, float]] = {}
         with JobClient(settings, database_url=url) as client:  # as the API process builds its own
             for i in range(args.warmup + args.requests):
-                (a, own), d = _api_call(conn, key, body), _direct_call(client, job)
-                if i >= args.warmup:
+                (a, own), d = _api_call(conn, key, body), _direct_call(client, job, marks)
+                if i < args.warmup:
+                    marks.clear()
+                else:
                     api_times.append(a)
                     own_times.append(own)
                     direct_times.append(d)
         conn.close()
+        phases = _phases(url, marks)
     finally:
         for proc in procs:
             proc.terminate()
@@ -203,6 +246,7 @@ def run(args: argparse.Namespace) -> int:
          own_stats["mean_ms"]],
     ]  # fmt: skip
     print(format_table(["path", "n", "p50 ms", "p90 ms", "mean ms"], rows, digits=2))
+    print(format_table(["JobClient call, phase", "n", "p50 ms", "mean ms"], phases, digits=1))
     verdict = "within" if overhead <= BAR_MS else "OVER"
     print(f"API's own time at the median: {overhead:.2f} ms ({verdict} the {BAR_MS:g} ms bar)")
     print(f"API - JobClient medians: {difference:+.2f} ms (the queue's jitter dominates this difference); "
@@ -217,6 +261,7 @@ def run(args: argparse.Namespace) -> int:
         "overhead_p50_ms": overhead,
         "median_difference_ms": difference,
         "bar_ms": BAR_MS,
+        "job_client_phases": [dict(zip(("phase", "n", "p50_ms", "mean_ms"), p, strict=True)) for p in phases],
     }
     path = write_json(args.json or default_json_path("api-overhead"), payload)
     print(f"wrote {path}")

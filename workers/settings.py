@@ -217,6 +217,10 @@ class Settings:
     api_max_file_bytes: int = 200 * 1024 * 1024
     api_request_timeout_s: float = 600.0
     api_batch_window_s: float | None = None
+    # `inferq api`, per tenant and per API process (0: off): chat/completion requests in flight at once, and
+    # /v1 requests per minute; over either, 429 with Retry-After (workers/api/limits.py)
+    api_tenant_max_in_flight: int = 0
+    api_tenant_rpm: int = 0
 
     def __post_init__(self) -> None:
         check_compression(self.kafka_compression)
@@ -272,4 +276,6 @@ class Settings:
                 env.get("INFERQ_API_REQUEST_TIMEOUT", defaults.api_request_timeout_s)
             ),
             api_batch_window_s=_optional_float(env.get("INFERQ_API_BATCH_WINDOW")),
+            api_tenant_max_in_flight=int(env.get("INFERQ_API_TENANT_MAX_IN_FLIGHT", "0")),
+            api_tenant_rpm=int(env.get("INFERQ_API_TENANT_RPM", "0")),
         )

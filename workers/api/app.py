@@ -20,6 +20,7 @@ from workers.api.auth import KeyCache
 from workers.api.batch_driver import BatchDriver
 from workers.api.context import APIContext
 from workers.api.events import BatchEvents
+from workers.api.limits import TenantLimits
 from workers.api.metrics import HTTPMetrics, metrics_endpoint
 from workers.api.protocol import model_card, page
 from workers.api.serving_chat import ServingChat
@@ -40,6 +41,7 @@ def build_app(settings: Settings, models: tuple[str, ...], *, run_driver: bool =
         ctx = APIContext(
             settings, db, client, models, settings.api_max_file_bytes, settings.api_request_timeout_s,
             settings.api_batch_window_s, KeyCache(),
+            TenantLimits(settings.api_tenant_max_in_flight, settings.api_tenant_rpm),
         )  # fmt: skip
         events = BatchEvents(settings)
         app.state.api = ctx
@@ -95,6 +97,16 @@ def build_app(settings: Settings, models: tuple[str, ...], *, run_driver: bool =
     @app.post("/v1/completions")
     async def completions(request: Request, tenant: str = Depends(auth.tenant)):
         return await request.app.state.completion.create(request, tenant)
+
+    # OpenAI's "get chat completion" (and the same for completions): an earlier answer by its id, from the
+    # job's row (a stream whose API process died, a 504's job)
+    @app.get("/v1/chat/completions/{completion_id}")
+    async def get_chat(request: Request, completion_id: str, tenant: str = Depends(auth.tenant)):
+        return await request.app.state.chat.retrieve(completion_id, tenant)
+
+    @app.get("/v1/completions/{completion_id}")
+    async def get_completion(request: Request, completion_id: str, tenant: str = Depends(auth.tenant)):
+        return await request.app.state.completion.retrieve(completion_id, tenant)
 
     app.include_router(files.router)
     app.include_router(batches.router)

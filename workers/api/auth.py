@@ -65,4 +65,5 @@ async def tenant(request: Request) -> str:
             raise APIError(401, "Incorrect API key provided (unknown or revoked).", code="invalid_api_key")
         ctx.keys.put(hashed, found)
     request.state.tenant = found
+    ctx.limits.admit(found)  # the tenant's requests per minute (off by default): 429 when over
     return found

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import signal
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -33,6 +35,8 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_LINES = 200  # lines handed to Kafka between two checkpoints (bulk's produce has the same)
 CANCEL_GRACE_S = 30.0  # after a cancel, how long jobs already running may finish before the files are written
+# tests only (INFERQ_FAILPOINT): kill -9 this API process after a batch's first checkpoint short of its end
+KILL_AFTER_CHECKPOINT = "api-kill-after-checkpoint"
 MAX_ERRORS = 100  # errors.data entries kept of a batch that failed validation
 
 
@@ -191,6 +195,9 @@ class BatchDriver:
             with self.ctx.db.begin() as conn:
                 api_batches.update(conn, row["batch_id"], submitted=done)
                 status = api_batches.get_any(conn, row["batch_id"])["status"]
+            if self.ctx.settings.failpoint == KILL_AFTER_CHECKPOINT and done < row["total"]:
+                log.error("failpoint %s: killing this process", KILL_AFTER_CHECKPOINT)
+                os.kill(os.getpid(), signal.SIGKILL)  # tests: mid-production, its advisory lock held
             if status != "in_progress":
                 return
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from workers.api.auth import KeyCache
+from workers.api.limits import TenantLimits
 from workers.client import JobClient
 from workers.db import Engine
 from workers.settings import Settings
@@ -20,6 +21,7 @@ class APIContext:
     request_timeout_s: float  # how long a non-streaming request waits for its job (then 504)
     batch_window_s: float | None  # tests: a shorter completion window than the 24h asked for
     keys: KeyCache  # keys found live lately (auth.py)
+    limits: TenantLimits = field(default_factory=TenantLimits)  # per-tenant 429s (limits.py); default: off
 
     @property
     def default_model(self) -> str:

@@ -32,10 +32,18 @@ _TYPES = {
 
 class APIError(Exception):
     def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None, **extra: Any
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.extra = status, message, param, code, extra
+        self.headers = headers or {}  # of the response (429: Retry-After)
 
     def body(self) -> dict[str, Any]:
         error = {"message": self.message, "type": _TYPES.get(self.status, "server_error")}
@@ -44,7 +52,7 @@ class APIError(Exception):
 
 
 def error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers or None)
 
 
 def not_found(what: str, ident: str, param: str | None = None) -> APIError:

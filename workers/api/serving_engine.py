@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,14 +23,18 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from schemas.jobs import JobRequest, JobResult, TokenEvent
+from schemas.statuses import TERMINAL_STATUSES
 from schemas.validation import InvalidMessage
 from workers.api.context import APIContext
-from workers.api.errors import APIError
+from workers.api.errors import APIError, not_found
+from workers.api.limits import Slot
 from workers.api.protocol import LiveOptions, split_live_options, usage
 from workers.bulk.batch_fields import check_body
 from workers.bulk.batch_format import BatchLine, checked_job
 from workers.bulk.output import response_body
 from workers.client import DeliveryFailed, JobTimeout, Submitted
+from workers.db.job_queries import job_row
+from workers.db.outbox import result_from_row
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +83,18 @@ class ServingEngine:
 
     # ---- a request -------------------------------------------------------------------------------------
     async def create(self, request: Request, tenant: str) -> JSONResponse | StreamingResponse:
+        slot = self.ctx.limits.hold(tenant)  # the tenant's requests in flight here (off by default): 429
+        try:
+            response = await self._create(request, tenant, slot)
+        except BaseException:
+            slot.release()
+            raise
+        if not isinstance(response, StreamingResponse):
+            slot.release()
+        return response
+
+    async def _create(self, request: Request, tenant: str, slot: Slot) -> JSONResponse | StreamingResponse:
+        """The response; a stream releases `slot` when it ends (or its generator is collected unstarted)."""
         body, live = split_live_options(await json_body(request))
         model = body.get("model")
         if model is not None and model not in self.ctx.models:
@@ -86,8 +103,10 @@ class ServingEngine:
         request.state.job_id = job.job_id
         if live.stream:
             sent = await run_in_threadpool(self._submit, job, live.priority)
+            events = self._sse(request, sent, line, live, slot)
+            weakref.finalize(events, slot.release)  # a stream never started (its client left at once)
             return StreamingResponse(
-                self._sse(request, sent, line, live),
+                events,
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Job-Id": job.job_id},
             )
@@ -96,6 +115,25 @@ class ServingEngine:
         # latency is the API's own (bench/api_overhead.py)
         headers = {"X-Job-Id": job.job_id, "Server-Timing": f"queue;dur={queue_s * 1000:.3f}"}
         return JSONResponse(self.answer(line, result), headers=headers)
+
+    async def retrieve(self, job_id: str, tenant: str) -> JSONResponse:
+        """The answer to an earlier request of this tenant, by its id (= its job id), built from its jobs row:
+        any API process finds it, also after the one that took the request died or timed out (504)."""
+
+        def look_up() -> Any:
+            with self.ctx.db.connect() as conn:
+                return job_row(conn, job_id, tenant)
+
+        row = await run_in_threadpool(look_up) if job_id.startswith(f"{self.id_prefix}-") else None
+        if row is None:
+            raise not_found("completion", job_id)
+        if row.status not in TERMINAL_STATUSES:
+            raise APIError(
+                409, f"Job {job_id} is {row.status}: it has no answer yet.", code="job_not_finished",
+                job_id=job_id, status=row.status,
+            )  # fmt: skip
+        line = BatchLine(1, job_id, self.url, self.ctx.default_model, {})
+        return JSONResponse(self.answer(line, result_from_row(row)), headers={"X-Job-Id": job_id})
 
     def to_job(self, body: dict[str, Any], tenant: str) -> tuple[BatchLine, JobRequest]:
         """The job of a body, checked by the Batch path's rules (fields refused by name, the job's limits,
@@ -154,7 +192,7 @@ class ServingEngine:
         return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
 
     async def _sse(
-        self, request: Request, sent: Submitted, line: BatchLine, live: LiveOptions
+        self, request: Request, sent: Submitted, line: BatchLine, live: LiveOptions, slot: Slot
     ) -> AsyncIterator[str]:
         """The job's token events as chunks, then `data: [DONE]`. A client gone before the end cancels it."""
         loop = asyncio.get_running_loop()
@@ -210,6 +248,7 @@ class ServingEngine:
             yield "data: [DONE]\n\n"
         finally:
             stop.set()
+            slot.release()
             if not finished:
                 log.info("stream of %s ended before its job: cancelling it", sent.job_id)
                 # a thread, not an await: when the client left, this task is being cancelled, and any

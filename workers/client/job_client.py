@@ -32,6 +32,10 @@ from workers.settings import Settings
 
 DELIVERY_TIMEOUT_S = 30.0  # connecting, metadata, and the broker's acknowledgement of a message
 WAIT_TIMEOUT_S = 300.0  # stream() and wait(): how long a job may take to produce its final event
+# The stream hub's fetches: a job followed while an empty fetch is in flight (kafka-python sends one per
+# broker at a time; the default holds it 500 ms) is read only once that fetch returns; a fetch this short
+# bounds that wait (while nothing is followed no fetch is sent; while jobs are, 40 empty fetches a second)
+_FETCH_WAIT_S = 0.025
 
 
 class JobTimeout(TimeoutError):
@@ -264,7 +268,7 @@ class JobClient:
 
                 def reader() -> PartitionReader:
                     return PartitionReader(
-                        self.settings.kafka_connection, "inferq-client-watch", self.timeout_s
+                        self.settings.kafka_connection, "inferq-client-watch", self.timeout_s, _FETCH_WAIT_S
                     )
 
                 self._hub = StreamHub(reader, {})

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,7 +21,11 @@ from workers.kafka_io import Partition, PartitionReader, Record, partition_for_k
 
 log = logging.getLogger(__name__)
 
-_IDLE_WAIT_S = 0.2  # with no follower, how long the thread sleeps between looks at its commands
+_RETRY_WAIT_S = 0.2  # after the broker could not be reached, before the next try (a new follower wakes it)
+# While it reads, the thread looks at its commands this often: a follower waits at most this long (plus its
+# partitions' look-ups) to be placed. kafka-python's poll cannot be woken from another thread, so it polls in
+# slices; the fetch request stays in flight at the broker across them (each slice: a select, ~0.1 ms CPU).
+_COMMAND_SLICE_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ class StreamHub:
         self._poll_s = poll_s
         self._commands: queue.Queue[tuple[str, Follower]] = queue.Queue()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by follow and close: the thread looks at its commands now
         self._thread = threading.Thread(target=self._run, name="inferq-stream-hub", daemon=True)
         self._thread.start()
 
@@ -80,6 +86,7 @@ class StreamHub:
         parts = tuple((t, partition_for_key(job_id, self._counts[t])) for t in topics)
         follower = Follower(job_id.encode(), since_ms, parts)
         self._commands.put(("follow", follower))
+        self._wake.set()
         return follower
 
     def unfollow(self, follower: Follower) -> None:
@@ -91,6 +98,7 @@ class StreamHub:
 
     def close(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout_s)
 
     # ---- the hub's thread ----------------------------------------------------------------------
@@ -99,15 +107,15 @@ class StreamHub:
         followers: dict[Partition, list[Follower]] = {}
         try:
             while not self._stop.is_set():
+                self._wake.clear()  # first: a follow put after this wakes the wait below
                 if reader is None and (followers or not self._commands.empty()):
                     reader = self._open(followers)
-                    if reader is None:
-                        continue
-                self._apply_commands(reader, followers)
+                if reader is not None:
+                    self._apply_commands(reader, followers)
                 if not followers or reader is None:
-                    self._stop.wait(_IDLE_WAIT_S)
+                    self._wake.wait()  # nothing to read: sleep until a follower (or close) comes
                     continue
-                for record in reader.poll(self._poll_s):
+                for record in self._poll(reader):
                     for f in followers.get(record.source, ()):
                         if record.key == f.key and record.timestamp_ms >= f.since_ms:
                             f.queue.put(record)
@@ -120,6 +128,14 @@ class StreamHub:
             if reader is not None:
                 reader.close()
 
+    def _poll(self, reader: PartitionReader) -> list[Record]:
+        """Records within `poll_s`, returned as soon as any come, or earlier (empty) when woken."""
+        deadline = time.monotonic() + self._poll_s
+        while True:
+            records = reader.poll(min(_COMMAND_SLICE_S, max(0.0, deadline - time.monotonic())))
+            if records or self._wake.is_set() or time.monotonic() >= deadline:
+                return records
+
     def _open(self, followers: dict[Partition, list[Follower]]) -> PartitionReader | None:
         try:
             return self._reader_factory()
@@ -128,7 +144,7 @@ class StreamHub:
                 kind, f = self._commands.get()
                 if kind == "follow":
                     f.queue.put(Failed(exc))
-            self._stop.wait(_IDLE_WAIT_S)
+            self._wake.wait(_RETRY_WAIT_S)
             return None
 
     def _apply_commands(self, reader: PartitionReader, followers: dict[Partition, list[Follower]]) -> None:

@@ -100,7 +100,12 @@ class PartitionReader:
     time out after `timeout_s`. One thread only (the client library's consumer is not thread-safe).
     """
 
-    def __init__(self, conn: KafkaConnection, client_id: str, timeout_s: float) -> None:
+    def __init__(
+        self, conn: KafkaConnection, client_id: str, timeout_s: float, fetch_max_wait_s: float = 0.5
+    ) -> None:
+        """`fetch_max_wait_s`: how long the broker holds a fetch that has nothing new. One fetch per broker
+        is in flight at a time, so a partition assigned (or moved) meanwhile is first read when it returns:
+        a short wait makes a newly followed job's records come sooner, for a fetch that often when idle."""
         ms = max(1000, int(timeout_s * 1000))
         self._timeout_ms = ms
         self._consumer = KafkaConsumer(
@@ -109,6 +114,7 @@ class PartitionReader:
             enable_auto_commit=False,
             bootstrap_timeout_ms=ms,
             request_timeout_ms=ms,
+            fetch_max_wait_ms=int(fetch_max_wait_s * 1000),
         )
 
     def assign(self, partitions: set[Partition]) -> None:
