@@ -94,7 +94,6 @@ class ModelRunner:
         self.cache = KVCache(shape, self.num_blocks + cuda, self.device)
         self.inputs = InputBuilder(config.block_size, config.max_model_len, config.max_num_seqs)
         self.cuda_step = None
-        self._staged: Any = None  # CUDA: an event recorded after the last step's host-to-device copies
         if cuda:
             from gpu.cuda.step import build_cuda_step
 
@@ -251,9 +250,8 @@ class ModelRunner:
         inputs = step.inputs
         greedy = None  # each row's argmax, when the device computed it inside the step's graph
         if self.cuda_step is not None:
-            if self._staged is not None:  # the pinned staging buffers are free once the last copies ran
-                self._staged.synchronize()
-            result = self.cuda_step.run(inputs, self._before_forward(fill))
+            # the pinned staging buffers rotate under per-slot events (gpu/cuda/staging.py): no wait here
+            result = self.cuda_step.run(inputs, fill)
             logits, greedy = result.logits, result.greedy
         else:
             if self.device.type != "cpu":
@@ -282,20 +280,6 @@ class ModelRunner:
         if sampled is greedy and sampled.is_cuda:  # a graph's output buffer (its pool is shared by every
             sampled = sampled.clone()  # graph, the next replay overwrites it): the step's own buffer
         return SampledTokens.of(sampled)
-
-    def _before_forward(self, fill: Callable[[torch.Tensor], None] | None) -> Callable[[torch.Tensor], None]:
-        """What the CUDA step calls once the step's input copies are queued: the placeholders filled on
-        the device, then an event that tells the next step when the pinned buffers may be written again
-        (the host no longer waits for each step's tokens before staging the next one)."""
-
-        def before_forward(device_ids: torch.Tensor) -> None:
-            if fill is not None:
-                fill(device_ids)
-            if device_ids.is_cuda:
-                self._staged = torch.cuda.Event()
-                self._staged.record()
-
-        return before_forward
 
     def _constrain(self, logits: torch.Tensor, chunks: tuple, grammars: Mapping[str, Any]) -> bool:
         """Forbid, in the rows of constrained sequences, every token their grammar does not allow next.
