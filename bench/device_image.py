@@ -35,6 +35,12 @@ DEPENDENCIES: dict[str, str | None] = {
     "accelerate": None,
     "rich": None,
     "xgrammar": "xgrammar",
+    # the HTTP API (workers/api/): no device test imports it
+    "fastapi": "fastapi",
+    "uvicorn": "uvicorn",
+    "httptools": "httptools",
+    "uvloop": None,
+    "python-multipart": "multipart",
     "pytest": None,
     "hypothesis": None,
     "ruff": "ruff",
@@ -43,6 +49,7 @@ DEPENDENCIES: dict[str, str | None] = {
     "pyyaml": None,
     "matplotlib": None,
     "confluent-kafka": "confluent_kafka",
+    "openai": "openai",
     "cupy-cuda13x": None,
 }
 # Carried as wheels (bench/device_carry.sh downloads exactly these into .whl; device_check.sh installs them):

@@ -12,6 +12,9 @@ from workers.db import migrate
 pytestmark = pytest.mark.services
 
 
+TABLES = {"jobs", "bulk_jobs", "api_keys", "api_files", "api_batches"}
+
+
 def _tables(url: str) -> set[str]:
     engine = create_engine(url)
     try:
@@ -25,7 +28,7 @@ def test_upgrade_downgrade_upgrade_through_the_cli(scratch_database: str, tmp_pa
     head = migrate.head()
 
     run_cli("db", "upgrade", cwd=tmp_path)  # from any cwd
-    assert _tables(scratch_database) == {"jobs", "bulk_jobs"}
+    assert _tables(scratch_database) == TABLES
     assert run_cli("db", "current", cwd=tmp_path).stdout.strip() == head
 
     run_cli("db", "downgrade", "base", cwd=tmp_path)
@@ -33,7 +36,7 @@ def test_upgrade_downgrade_upgrade_through_the_cli(scratch_database: str, tmp_pa
     assert migrate.current(scratch_database) is None
 
     run_cli("db", "upgrade", cwd=tmp_path)
-    assert _tables(scratch_database) == {"jobs", "bulk_jobs"}
+    assert _tables(scratch_database) == TABLES
     assert migrate.current(scratch_database) == head
 
 
