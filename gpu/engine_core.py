@@ -44,6 +44,7 @@ from scheduler.types import FinishReason, SequenceRequest, sample_seq_id
 log = logging.getLogger(__name__)
 
 _DEAD_END = DEAD_END_REASON  # a grammar with no way on (gpu.grammar.constraints)
+SEED_BANK = 1024  # seeds drawn from the OS at once
 _STOP = FinishReason.STOP  # read per token: an Enum member lookup on the class is not free
 
 
@@ -115,6 +116,7 @@ class EngineCore:
         )
         self._live: dict[str, LiveSequence] = {}
         self._seeds: dict[str, int] = {}  # sequence id -> its sampling seed, for as long as it is live
+        self._seed_bank: list[int] = []  # unseeded requests' seeds, drawn from the OS in bulk
         # Sample i > 0 of an n > 1 request: its sequence id -> the request id, kept one step past its end
         # so `last_step` can still name the request (`_retired` are dropped when the next step starts).
         self._request_of: dict[str, str] = {}
@@ -155,6 +157,14 @@ class EngineCore:
         (the worker's intake thread does, off the engine thread); raises gpu.grammar.GrammarError."""
         return self._constraints.compile(spec)
 
+    def _fresh_seed(self) -> int:
+        """A random 63-bit seed; one OS call draws SEED_BANK of them (a call per request is a syscall each,
+        visible in a profile of many short jobs)."""
+        if not self._seed_bank:
+            raw = secrets.token_bytes(8 * SEED_BANK)
+            self._seed_bank = [int.from_bytes(raw[i : i + 8], "little") >> 1 for i in range(0, len(raw), 8)]
+        return self._seed_bank.pop()
+
     def add_request(self, request: EngineRequest) -> None:
         """Queue a request; n > 1: n samples of its prompt, prefilled once (outputs carry `index`)."""
         seq_ids = [sample_seq_id(request.request_id, i) for i in range(max(request.n, 1))]
@@ -176,7 +186,7 @@ class EngineCore:
                 n=request.n,
             )
         )
-        seed = request.sampling.seed if request.sampling.seed is not None else secrets.randbits(63)
+        seed = request.sampling.seed if request.sampling.seed is not None else self._fresh_seed()
         for index, seq_id in enumerate(seq_ids):
             detokenizer = Detokenizer(self.tokenizer, request.prompt_token_ids, request.stop)
             self._live[seq_id] = LiveSequence(

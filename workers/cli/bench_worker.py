@@ -93,7 +93,7 @@ def profile_loop(path: Path) -> None:
     """Profile the engine loop's thread (cProfile) and write its stats to `path` when it ends."""
     import cProfile
 
-    from workers.serving.loop import Worker
+    from workers.serving.loop.worker import Worker
 
     run = Worker.run
 

@@ -123,6 +123,9 @@ class WorkerMetrics:
         # children looked up once: `labels()` costs more than the observation (called per job per step)
         self._generated = self.generation_tokens.labels(model_name)
         self._itl: dict[str, Any] = {}
+        # labelled children of the per-job metrics, looked up once: `labels()` is a lock and a dict build
+        # per call, several per job (these labels are never removed)
+        self._children: dict[tuple[Any, ...], Any] = {}
         self._preemptions_seen = 0
         self._prefix_hits_seen = 0
         self._lag_labels: set[tuple[str, str]] = set()
@@ -143,10 +146,17 @@ class WorkerMetrics:
         out = membership.out_for_s > GROUP_ABSENCE_UNHEALTHY_S
         self.set_health(not out, f"out of its consumer group for {membership.out_for_s:.0f} s", "group")
 
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     def observe_admitted(self, prompt_tokens: int) -> None:
         """A job handed to the engine: its prompt is counted, and looked up in the prefix cache."""
-        self.prompt_tokens.labels(self.model_name).inc(prompt_tokens)
-        self.prefix_queries.labels(self.model_name).inc(prompt_tokens)
+        self._child(self.prompt_tokens, self.model_name).inc(prompt_tokens)
+        self._child(self.prefix_queries, self.model_name).inc(prompt_tokens)
 
     def observe_tokens(self, priority: str, count: int, gap_s: float | None) -> None:
         """`count` new tokens of a job, `gap_s` after its previous ones (None for its first): every gap
@@ -160,7 +170,7 @@ class WorkerMetrics:
                 itl.observe(gap_s / count)
 
     def observe_finished(self, status: str, finish_reason: str) -> None:
-        self.finished.labels(self.model_name, finish_reason, status).inc()
+        self._child(self.finished, self.model_name, finish_reason, status).inc()
 
     def observe_job(self, status: str, finish_reason: str, priority: str, timings: Timings) -> None:
         self.observe_finished(status, finish_reason)
@@ -170,7 +180,7 @@ class WorkerMetrics:
             (self.queue_time, timings.queue_ms),
         ):
             if value is not None:
-                hist.labels(self.model_name, priority).observe(value / 1000)
+                self._child(hist, self.model_name, priority).observe(value / 1000)
 
     def observe_intake(
         self, lag: dict[tuple[str, int], int], depth: int, oldest_age_s: float, unpublished: int
