@@ -34,8 +34,11 @@ def test_worker_serves_the_checkpoint_like_hf(settings, tmp_path, name):
     assert len(loaded.tokenizer.encode(prompts[0])) > 4 * WINDOW
     worker_args = ("--model", str(checkpoint))
     with serving_worker(settings, tmp_path, f"arch-{name}", *worker_args) as (_dep, client, _db, worker):
+        run = uuid.uuid4().hex[:8]  # job ids are the database's: a rerun must not find them done
         jobs = [
-            client.submit({"job_id": f"{name}-{uuid.uuid4().hex[:8]}-{i}", "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0})
+            client.submit(
+                {"job_id": f"{name}-{run}-{i}", "prompt": p, "max_tokens": MAX_TOKENS, "temperature": 0}
+            )
             for i, p in enumerate(prompts)
         ]
         for i, (submitted, prompt) in enumerate(zip(jobs, prompts, strict=True)):
