@@ -52,6 +52,8 @@ ENV_VARIABLES = (
     "INFERQ_API_MAX_FILE_BYTES",
     "INFERQ_API_REQUEST_TIMEOUT",
     "INFERQ_API_BATCH_WINDOW",
+    "INFERQ_API_TENANT_MAX_IN_FLIGHT",
+    "INFERQ_API_TENANT_RPM",
 )
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 # What inferq's producers compress record batches with; every one of them is read whatever this says.
