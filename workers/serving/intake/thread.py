@@ -36,18 +36,14 @@ class IntakeThread:
         control_poll_s: float = 0.1,
         prepare: Callable[[Record], Any] = lambda record: None,
         first: Callable[[str], bool] | None = None,
-        hand_over: Callable[[list[Prepared]], None] | None = None,
     ) -> None:
-        """first: topics whose records each poll takes before any other's (see GroupConsumer.poll).
-        hand_over: called on this thread with each poll's prepared records, once they are queued for the
-        loop: admission starts on them while the engine steps, not when the loop next takes them."""
+        """first: topics whose records each poll takes before any other's (see GroupConsumer.poll)."""
         self.consumer = consumer  # touched by this thread only, until stop()
         self._control = control
         self._poll_s = poll_s
         self._control_poll_s = control_poll_s
         self._prepare = prepare  # must not raise: it turns a record's failure into a decision
         self._first = first
-        self._hand_over = hand_over
         self._records: queue.Queue[list[Prepared]] = queue.Queue()
         self._queued = 0  # records handed over but not taken by the loop yet
         self._queued_lock = threading.Lock()
@@ -131,10 +127,7 @@ class IntakeThread:
                 if records:
                     with self._queued_lock:
                         self._queued += len(records)
-                    prepared = [(r, self._prepare(r)) for r in records]
-                    self._records.put(prepared)  # first: the loop must see a record before its decision
-                    if self._hand_over is not None and not self._intake_stopped.is_set():
-                        self._hand_over(prepared)
+                    self._records.put([(r, self._prepare(r)) for r in records])
                     self._ready.set()
                 if now >= next_lag:
                     next_lag = now + 1.0

@@ -49,8 +49,6 @@ from workers.serving.outbox.writes import (
 from workers.serving.streaming.stream import TokenStreamer
 
 log = logging.getLogger(__name__)
-# a record as the intake thread prepared it (None: a control record)
-Prepared = tuple[Record, Accepted | Rejected | None]
 
 RECHECK_S = 5.0  # how often a copy another worker runs is decided again
 PRIORITIES = {"high": Priority.HIGH, "normal": Priority.NORMAL, "low": Priority.LOW}
@@ -95,15 +93,7 @@ class JobLifecycle:
         self._recheck: list[tuple[float, Accepted]] = []  # superseded copies, by when to decide them again
 
     # ---- intake ----------------------------------------------------------------------------
-    def hand_over(self, prepared: list[Prepared]) -> None:
-        """On the intake thread: accepted records go to admission as soon as they are read, so their
-        decisions are ready when the engine's step ends (the loop still takes the records themselves,
-        in `admit_pending`, before it acts on any of their decisions)."""
-        self.admitter.add([d for _, d in prepared if isinstance(d, Accepted)])
-
-    def intake(self, prepared: list[Prepared], handed_over: bool = False) -> None:
-        """Track the records' offsets, reject or act on control records, and (unless `hand_over` already
-        did) hand the accepted ones to admission."""
+    def intake(self, prepared: list[tuple[Record, Accepted | Rejected | None]]) -> None:
         accepted = []
         for record, decision in prepared:
             self.offsets.track(record.source, record.offset, record.last_offset)  # a bad batch: its range
@@ -114,20 +104,15 @@ class JobLifecycle:
                 self._reject(decision)
             else:
                 accepted.append(decision)
-        if not handed_over:
-            self.admitter.add(accepted)
+        self.admitter.add(accepted)
 
-    def admit_pending(self, take_records: Callable[[], list[Prepared]] | None = None) -> None:
-        """Act on admission's decisions. take_records: the records read since (handed over already): taken
-        after the decisions, so every decided record's offset is tracked before the decision acks it."""
+    def admit_pending(self) -> None:
         if self._recheck and self._recheck[0][0] <= time.monotonic():
             now = time.monotonic()
             due = [a for at, a in self._recheck if at <= now]
             self._recheck = [(at, a) for at, a in self._recheck if at > now]
             self.admitter.add([a for a in due if a.record.source in self.owner.assignment])
         decisions, rejected = self.admitter.results()
-        if take_records is not None:
-            self.intake(take_records(), handed_over=True)
         owned = self.owner.assignment  # decided after a revocation: the new owner reads them again
         for r in rejected:
             if r.record.source in owned:

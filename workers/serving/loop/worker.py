@@ -109,8 +109,6 @@ class Worker:
             options.poll_s,
             prepare=self.intake.decide,
             first=self._before_low,  # interactive jobs are never read behind a bulk backlog
-            # admission runs ahead of the engine: records go to it from the intake thread at once
-            hand_over=lambda prepared: self.lifecycle.hand_over(prepared),
         )
         self.lifecycle = JobLifecycle(
             engine,
@@ -176,13 +174,12 @@ class Worker:
             self.ready.wait(self.options.idle_wait_s)  # idle: sleep until records or decisions arrive
             self.ready.clear()
             clock.lap("idle")
+        if not self.stopping:
+            self.lifecycle.intake(self.intake_thread.records())
         clock.lap("intake")
         if not self.lifecycle.admitter.blocked:  # (while the database is away nobody waits for it)
             self.lifecycle.admitter.wait_urgent(URGENT_ADMISSION_WAIT_S)
-        # records were handed to admission by the intake thread as they came; the loop takes them here,
-        # after the decisions, to track their offsets (also while stopping: those left undecided hold
-        # their offsets, redelivered to the group)
-        self.lifecycle.admit_pending(self.intake_thread.records)
+        self.lifecycle.admit_pending()
         clock.lap("admission")
         self.lifecycle.broadcast(self.intake_thread.broadcast_records())
         for key in self.persister.cancelled():
