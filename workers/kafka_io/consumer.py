@@ -59,11 +59,6 @@ class _Listener(ConsumerRebalanceListener):
 
 PATTERN_REFRESH_MS = 30_000  # how soon a pattern subscription finds a new topic (a new tenant's)
 SESSION_TIMEOUT_MS = 10_000
-# how long the broker may hold a fetch that found nothing (kafka-python's default: 500 ms). One fetch per
-# broker is in flight at a time, and it names only the partitions fetchable when it was sent: a partition
-# resumed by flow control (or a backlog's next batch) waits for that long poll to come back before it is
-# fetched, so under load a worker drained its engine and idled up to half a second per pause/resume cycle
-FETCH_MAX_WAIT_MS = 50
 
 
 @dataclass(frozen=True)
@@ -98,7 +93,6 @@ class GroupConsumer:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_poll_records=256,
-            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
             # a generation step is short, but a slow first model load must not cost the membership
             max_poll_interval_ms=300_000,
             session_timeout_ms=SESSION_TIMEOUT_MS,
