@@ -139,5 +139,6 @@ def test_health_names_each_concern_and_recovers_each_alone():
     assert metrics.healthy._value.get() == 0
     metrics.observe_membership(Membership(member=False, out_for_s=5.0, losses=1))  # a rebalance: not yet
     assert metrics.health.problem is None and metrics.healthy._value.get() == 1
-    metrics.observe_membership(Membership(member=True, out_for_s=0.0, losses=1))
+    metrics.observe_membership(Membership(member=True, out_for_s=0.0, losses=1, stalls=2))
     assert metrics.group_member._value.get() == 1 and metrics.group_losses._value.get() == 1
+    assert metrics.partition_stalls._value.get() == 2

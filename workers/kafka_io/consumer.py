@@ -26,6 +26,7 @@ from kafka.structs import OffsetAndMetadata
 from workers.kafka_io.batches import guard, recover
 from workers.kafka_io.codec import DEFAULT_MAX_DECOMPRESSED
 from workers.kafka_io.records import Partition, Record, to_record
+from workers.kafka_io.stalls import StallWatch
 from workers.settings import KafkaConnection
 
 log = logging.getLogger(__name__)
@@ -39,10 +40,12 @@ class RebalanceEvent:
 
 
 class _Listener(ConsumerRebalanceListener):
-    """Runs on the client's I/O thread: it only records events; the engine loop acts on them."""
+    """Runs on the client's I/O thread: it records events, which the engine loop acts on, and pauses
+    newly assigned partitions of held topics before anything is fetched from them."""
 
-    def __init__(self, events: queue.Queue[RebalanceEvent]) -> None:
+    def __init__(self, events: queue.Queue[RebalanceEvent], hold: Callable[[Iterable], None]) -> None:
         self.events = events
+        self.hold = hold
 
     def _push(self, kind: str, tps) -> None:
         self.events.put(RebalanceEvent(kind, tuple(sorted((tp.topic, tp.partition) for tp in tps))))
@@ -51,6 +54,7 @@ class _Listener(ConsumerRebalanceListener):
         self._push("revoked", revoked)
 
     def on_partitions_assigned(self, assigned) -> None:
+        self.hold(assigned)
         self._push("assigned", assigned)
 
     def on_partitions_lost(self, lost) -> None:
@@ -59,6 +63,7 @@ class _Listener(ConsumerRebalanceListener):
 
 PATTERN_REFRESH_MS = 30_000  # how soon a pattern subscription finds a new topic (a new tenant's)
 SESSION_TIMEOUT_MS = 10_000
+MAX_POLL_RECORDS = 256
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ class Membership:
     member: bool  # joined and stable (heartbeats flowing)
     out_for_s: float  # seconds since it last was a member (0 while it is one)
     losses: int  # times the watchdog found the group had dropped it without the client noticing
+    stalls: int = 0  # partitions the client stopped fetching that had to be positioned again (stalls.py)
 
 
 class GroupConsumer:
@@ -92,7 +98,7 @@ class GroupConsumer:
             client_id=client_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            max_poll_records=256,
+            max_poll_records=MAX_POLL_RECORDS,
             # a generation step is short, but a slow first model load must not cost the membership
             max_poll_interval_ms=300_000,
             session_timeout_ms=SESSION_TIMEOUT_MS,
@@ -101,13 +107,17 @@ class GroupConsumer:
             metadata_max_age_ms=PATTERN_REFRESH_MS if isinstance(topics, str) else 300_000,
         )
         guard(self._consumer, max_decompressed_bytes)
+        self.stalls = StallWatch(self._consumer)
+        # topics paused on request (`pause`), whatever the assignment; replaced, never changed in place:
+        # the listener reads it on the client's I/O thread
+        self._held: frozenset[str] = frozenset()
         self._losses = 0
         self._member_since: float | None = None  # monotonic time it last became a stable member
         self._out_since = time.monotonic()
         if isinstance(topics, str):
-            self._consumer.subscribe(pattern=topics, listener=_Listener(self._events))
+            self._consumer.subscribe(pattern=topics, listener=_Listener(self._events, self._hold_assigned))
         else:
-            self._consumer.subscribe(list(topics), listener=_Listener(self._events))
+            self._consumer.subscribe(list(topics), listener=_Listener(self._events, self._hold_assigned))
 
     # ---- records --------------------------------------------------------------------------------
     def poll(
@@ -118,11 +128,14 @@ class GroupConsumer:
         before it looks at any other fetched partition (and fetches nothing while others wait to be
         handed out), so a backlog buffered from one topic would hold back a record of another posted after
         it; the other partitions are paused for a first poll that takes only what `first` topics have."""
+        self._apply_holds()
         if first is not None:
             records = self._poll_first(first, max_records)
             if records:
                 return records
-        return self._poll(timeout_s, max_records)
+        records = self._poll(timeout_s, max_records)
+        self.stalls.observe(records, short=len(records) < (max_records or MAX_POLL_RECORDS))
+        return records
 
     def _poll_first(self, first: Callable[[str], bool], max_records: int | None) -> list[Record]:
         paused = self._consumer.paused()
@@ -180,7 +193,7 @@ class GroupConsumer:
         now = time.monotonic()
         if stable:
             self._out_since = now
-        return Membership(stable, 0.0 if stable else now - self._out_since, self._losses)
+        return Membership(stable, 0.0 if stable else now - self._out_since, self._losses, self.stalls.healed)
 
     def _stable(self) -> bool:
         coordinator = getattr(self._consumer, "_coordinator", None)
@@ -231,16 +244,33 @@ class GroupConsumer:
         self._positions[partition] = offset
 
     def pause(self, topics: Iterable[str]) -> None:
-        wanted = set(topics)
-        parts = [tp for tp in self._consumer.assignment() if tp.topic in wanted]
+        """Hold these topics: every partition of them this member owns, now or after a rebalance, stays
+        paused until `resume`."""
+        self._held = self._held | set(topics)
+        self._apply_holds()
+
+    def resume(self, topics: Iterable[str]) -> None:
+        self._held = self._held - set(topics)
+        self._apply_holds()
+
+    def _hold_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        held = self._held
+        parts = [tp for tp in assigned if tp.topic in held]
         if parts:
             self._consumer.pause(*parts)
 
-    def resume(self, topics: Iterable[str]) -> None:
-        wanted = set(topics)
-        parts = [tp for tp in self._consumer.paused() if tp.topic in wanted]
-        if parts:
-            self._consumer.resume(*parts)
+    def _apply_holds(self) -> None:
+        """Make the client's paused partitions match the held topics. The client pauses partitions, not
+        topics, and a partition assigned later starts unpaused while one kept through a cooperative
+        rebalance stays as it was; applied before every poll, a held topic can never have a partition
+        read, nor a released one a partition left paused for good."""
+        assigned, paused = self._consumer.assignment(), self._consumer.paused()
+        hold = [tp for tp in assigned if tp.topic in self._held and tp not in paused]
+        release = [tp for tp in paused if tp.topic not in self._held and tp in assigned]
+        if hold:
+            self._consumer.pause(*hold)
+        if release:
+            self._consumer.resume(*release)
 
     def lag(self) -> dict[Partition, int]:
         """Records not yet read per owned partition (from the last fetch's high watermark)."""

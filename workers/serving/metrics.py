@@ -104,6 +104,11 @@ class WorkerMetrics:
             "Times the group dropped the worker without its client noticing (it then rejoined).",
             registry=r,
         )
+        self.partition_stalls = Gauge(
+            "inferq:partition_stalls",
+            "Partitions the Kafka client stopped fetching with records waiting (each was positioned again).",
+            registry=r,
+        )
         self.loop_seconds = Counter(
             "inferq:loop_seconds",
             "Engine-loop time by phase (step = inside engine.step()).",
@@ -143,6 +148,7 @@ class WorkerMetrics:
         """Out of the group for longer than a rebalance takes: it reads no jobs, so /health says so."""
         self.group_member.set(1 if membership.member else 0)
         self.group_losses.set(membership.losses)
+        self.partition_stalls.set(membership.stalls)
         out = membership.out_for_s > GROUP_ABSENCE_UNHEALTHY_S
         self.set_health(not out, f"out of its consumer group for {membership.out_for_s:.0f} s", "group")
 

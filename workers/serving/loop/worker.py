@@ -279,7 +279,6 @@ class Worker:
                 self.offsets.forget(parts)
                 log.info("partitions %s: %s", event.kind, sorted(parts))
                 continue
-            self._paused.clear()  # newly owned partitions start unpaused: flow control re-applies
             log.info("partitions assigned: %s", sorted(parts))
 
     def _held(self) -> int:
