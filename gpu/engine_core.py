@@ -105,14 +105,17 @@ class EngineCore:
             ),
             self.clock,
         )
-        log.info("%s", self.runner.kv_plan.describe(self.runner.cache.shape, max_model_len))
+        runner = self.runner
+        log.info("%s", runner.kv_plan.describe(runner.cache.shape, max_model_len, runner.tokens_kept))
         log.info(
             "decode attention kernel: %s; RoPE + cache write: %s",
             self.runner.attention.decode,
             "fused (native)" if self.runner.forward.rope_write else "torch",
         )
         self.scheduler = self._new_scheduler(
-            dataclasses.replace(scheduler_config, num_blocks=self.runner.num_blocks)
+            dataclasses.replace(
+                scheduler_config, num_blocks=self.runner.num_blocks, kv_window=self.runner.kv_window
+            )
         )
         self._live: dict[str, LiveSequence] = {}
         self._seeds: dict[str, int] = {}  # sequence id -> its sampling seed, for as long as it is live

@@ -122,6 +122,14 @@ class LlamaForward:
         """True when `run` has no data-dependent host work (the RoPE table is precomputed)."""
         return self._static_rope
 
+    @property
+    def kv_window(self) -> int | None:
+        """The widest window when every layer attends within one (blocks behind it can be given back);
+        None when any layer sees the whole context."""
+        if not self.windows or any(w is None for w in self.windows):
+            return None
+        return max(w for w in self.windows if w is not None)
+
     def kv_shape(self, block_size: int) -> KVShape:
         return KVShape(len(self.layers), self.num_kv_heads, self.head_dim, block_size, self.dtype)
 

@@ -70,7 +70,10 @@ class InputBuilder:
         if known and (len(table) < known or table[known - 1] != self._tables[seat, known - 1]):
             known = 0  # a new table for this sequence (preempted and readmitted without a release)
         if len(table) > known:
-            self._tables[seat, known : len(table)] = table[known:]
+            row = self._tables[seat, known : len(table)]
+            row[:] = table[known:]
+            if not known:  # a whole table may start with places given back (NO_BLOCK, behind the window):
+                np.maximum(row, 0, out=row)  # any block reads there; every query masks those keys out
             self._known[seat] = len(table)
         self._written[seat] = table if isinstance(table, tuple) else None  # a list could change later
         return seat

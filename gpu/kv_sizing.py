@@ -21,13 +21,18 @@ class KVPlan:
     bytes: int
     source: str  # where the budget came from, for the log line
 
-    def describe(self, shape: KVShape, max_model_len: int) -> str:
+    def describe(self, shape: KVShape, max_model_len: int, tokens_kept: int | None = None) -> str:
+        """`tokens_kept`: the KV one request holds at most, when less than its length (a model windowed on
+        every layer gives back what falls behind its window)."""
         tokens = self.num_blocks * shape.block_size
-        per_request = -(-max_model_len // shape.block_size)
+        kept = max_model_len if tokens_kept is None else min(tokens_kept, max_model_len)
+        per_request = -(-kept // shape.block_size)
+        windowed = "" if kept == max_model_len else f" (each holds at most {kept:,} tokens of KV)"
+        context = "tokens in the cache" if windowed else "tokens of context at most"
         return (
             f"KV cache: {self.num_blocks} blocks of {shape.block_size} tokens, {self.bytes / 2**20:,.0f} MiB "
-            f"({self.source}); {tokens:,} tokens of context at most; maximum concurrency for "
-            f"{max_model_len:,}-token requests: {self.num_blocks / per_request:.2f}x"
+            f"({self.source}); {tokens:,} {context}; maximum concurrency for "
+            f"{max_model_len:,}-token requests{windowed}: {self.num_blocks / per_request:.2f}x"
         )
 
 

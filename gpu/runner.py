@@ -78,11 +78,16 @@ class ModelRunner:
             choice.log_choice(kernels, trials)
             chose_s = time.perf_counter() - began
         activations += decode_gather_bytes(kernels, config.max_num_seqs, config.max_model_len, shape, element)
+        self.kv_window = self.forward.kv_window  # every layer windowed: blocks behind it are given back
+        self.tokens_kept = config.max_model_len  # the KV one sequence holds at most
+        if self.kv_window is not None:  # its window, one step's chunk, a partial block at each end
+            kept = self.kv_window + 1 + config.max_num_batched_tokens + 2 * config.block_size
+            self.tokens_kept = min(config.max_model_len, kept)
         self.kv_plan: KVPlan = plan_kv(
             shape,
             self.device,
             config.max_num_seqs,
-            config.max_model_len,
+            self.tokens_kept,
             config.kv_cache_memory,
             config.gpu_memory_utilization,
             config.num_blocks,

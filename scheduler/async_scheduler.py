@@ -43,6 +43,7 @@ class AsyncScheduler(Scheduler):
             self.kv.enable_caching,
             self.config.max_model_len,
         )
+        windowed = self.kv.window is not None
         pending = PendingTokens([], [], [])
         add_id, add_seq, add_position = pending.seq_ids.append, pending.seqs.append, pending.positions.append
         for chunk in output.chunks:
@@ -61,6 +62,8 @@ class AsyncScheduler(Scheduler):
                 self.kv.cache_full_blocks(seq)  # a block just filled up
             if seq.group is not None and seq.group.unforked and computed >= seq.num_prompt_tokens:
                 self._fork(seq)  # before its token may end it: the siblings take their blocks first
+            if windowed:  # the step being advanced has its tables already, and a block given back now is
+                self.kv.release_behind_window(seq)  # written again only by a later step, after it ran
             if not chunk.sample:
                 continue
             tokens = seq.token_ids

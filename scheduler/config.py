@@ -23,6 +23,9 @@ class SchedulerConfig:
     # high-priority job's first token waits for its own prompt, not for a full batch of low decodes
     # (TGI likewise pauses decoding to prefill new requests).
     defer_worse_decodes: bool = True
+    # Set when every layer of the model attends within a sliding window (the widest, in tokens): blocks
+    # behind it are given back as sequences advance, so a long sequence holds about window / block_size.
+    kv_window: int | None = None
 
     @property
     def long_prefill_cap(self) -> int:

@@ -1,4 +1,11 @@
-"""Per-sequence KV block tables on top of the block pool, with prefix-cache lookup and registration."""
+"""Per-sequence KV block tables on top of the block pool, with prefix-cache lookup and registration.
+
+When every layer of the model attends within a sliding window, a sequence's blocks that fall wholly behind
+the window are given back as it advances (vLLM's sliding-window manager does the same): its table keeps
+their places as NO_BLOCK, so positions still index it, and a windowed model's long sequence holds about
+window / block_size blocks, not its whole length. The runner reads NO_BLOCK places as any block (their
+keys are outside every query's window, masked before the softmax).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,9 @@ import hashlib
 from array import array
 
 from scheduler.block_pool import BlockPool
-from scheduler.sequence import Sequence
+from scheduler.sequence import NO_BLOCK, Sequence
+
+__all__ = ["NO_BLOCK", "KVCacheManager", "chain_key", "root_key"]
 
 _DOMAIN = b"inferq/prefix-cache/v1\0"
 
@@ -33,10 +42,15 @@ class KVCacheManager:
         block_size: int,
         enable_caching: bool = True,
         share_across_tenants: bool = False,
+        window: int | None = None,
     ) -> None:
+        """`window`: set when every layer attends within a sliding window, the widest of them in tokens."""
         if block_size <= 0:
             raise ValueError("block_size must be positive")
+        if window is not None and window <= 0:
+            raise ValueError("window must be positive")
         self.block_size = block_size
+        self.window = window
         self.enable_caching = enable_caching
         self.share_across_tenants = share_across_tenants
         self.pool = BlockPool(num_blocks, enable_caching)
@@ -76,20 +90,21 @@ class KVCacheManager:
         cached = cached or []
         num_computed = seq.num_computed_tokens + len(cached) * self.block_size
         new = self.blocks_for(num_computed + num_new_tokens) - len(seq.block_table) - len(cached)
-        revived = sum(1 for b in cached if self.pool.blocks[b].ref_count == 0)
+        revived = sum(1 for b in cached if b != NO_BLOCK and self.pool.blocks[b].ref_count == 0)
         return max(new, 0) + revived
 
     def exclusive_blocks(self, seq: Sequence) -> int:
         """Blocks that would become free if this sequence released its table (shared ones stay used)."""
-        return sum(1 for b in seq.block_table if self.pool.blocks[b].ref_count == 1)
+        return sum(1 for b in seq.block_table if b != NO_BLOCK and self.pool.blocks[b].ref_count == 1)
 
     def allocate(
         self, seq: Sequence, num_new_tokens: int, cached: list[int] | None = None
     ) -> list[int] | None:
         """Make the block table cover num_computed_tokens + num_new_tokens (after the cached prefix).
 
-        `cached` are prefix-cache hits from `find_cached_prefix`; on success they are shared, appended first,
-        and their tokens count as computed. Returns the new block ids, or None (nothing changed) if they
+        `cached` are prefix-cache hits from `find_cached_prefix` (or a sibling's computed prompt blocks,
+        NO_BLOCK places included); on success they are shared, appended first, and their tokens count as
+        computed. Returns the new block ids, or None (nothing changed) if they
         do not fit.
         """
         if not cached:
@@ -101,7 +116,8 @@ class KVCacheManager:
         num_computed = seq.num_computed_tokens + len(cached) * self.block_size
         num_new = max(self.blocks_for(num_computed + num_new_tokens) - len(seq.block_table) - len(cached), 0)
         for block_id in cached:  # share first, so allocating below cannot evict a hit
-            self.pool.share(block_id)
+            if block_id != NO_BLOCK:
+                self.pool.share(block_id)
         new_blocks = self.pool.allocate(num_new)
         assert new_blocks is not None  # checked above
         seq.block_table = (*seq.block_table, *cached, *new_blocks)
@@ -118,6 +134,9 @@ class KVCacheManager:
             return
         hashes = self._hashes(seq, num_full)
         for i in range(seq.num_cached_blocks, num_full):
+            if seq.block_table[i] == NO_BLOCK or (i and seq.block_table[i - 1] == NO_BLOCK):
+                seq.num_cached_blocks = i  # given back before it was registered: the chain ends here
+                return
             parent = self.pool.blocks[seq.block_table[i - 1]].serial if i else self.root(seq)
             if parent is None:  # the block before stayed private (its key was cached already): so do the rest
                 seq.num_cached_blocks = i
@@ -125,9 +144,27 @@ class KVCacheManager:
             self.pool.cache(seq.block_table[i], hashes[i], parent, self._block_tokens(seq, i))
         seq.num_cached_blocks = num_full
 
+    def release_behind_window(self, seq: Sequence) -> int:
+        """Give back the blocks wholly behind the window of the sequence's next token; how many.
+
+        A query at position p sees keys p - window + 1 .. p, and no query comes before num_computed_tokens;
+        one token more than that is kept."""
+        if self.window is None or (seq.group is not None and seq.group.unforked):
+            return 0  # (samples still to fork from this one will start behind it and read back there)
+        behind = (seq.num_computed_tokens - self.window) // self.block_size
+        table = seq.block_table
+        if behind <= 0 or table[behind - 1] == NO_BLOCK:  # (given back as a prefix: done up to there)
+            return 0
+        gone = [b for b in table[:behind] if b != NO_BLOCK]
+        if not gone:
+            return 0
+        self.pool.free(gone)
+        seq.block_table = (NO_BLOCK,) * behind + table[behind:]
+        return len(gone)
+
     def free(self, seq: Sequence) -> None:
         """Release every block of the sequence; the tail first, so it is evicted before the shared head."""
-        self.pool.free(list(reversed(seq.block_table)))
+        self.pool.free([b for b in reversed(seq.block_table) if b != NO_BLOCK])
         seq.block_table = ()
         seq.num_cached_blocks = 0
 

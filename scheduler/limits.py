@@ -25,12 +25,22 @@ def why_never_fits(request: SequenceRequest, config: SchedulerConfig) -> str:
         )
     # The last sampled token is never fed back, so it needs no KV slot.
     num_blocks = -(-(total - 1) // config.block_size)
+    if config.kv_window is not None and request.n == 1:  # it never holds more than its window and a
+        # step's chunk (n > 1: the prompt's blocks stay until every sample has forked from them)
+        num_blocks = min(num_blocks, windowed_peak_blocks(config))
     if num_blocks > config.num_blocks:
         return (
             f"needs {num_blocks} KV blocks of {config.block_size} tokens ({total - 1} tokens) but the "
             f"whole cache has {config.num_blocks}"
         )
     return ""
+
+
+def windowed_peak_blocks(config: SchedulerConfig) -> int:
+    """Blocks a sequence of a model windowed on every layer holds at most: the window (plus the token
+    kept beyond it), a step's chunk, and a partial block at each end."""
+    assert config.kv_window is not None
+    return -(-(config.kv_window + 1 + config.max_num_batched_tokens) // config.block_size) + 2
 
 
 def stop_reason(seq: Sequence, token: int, max_model_len: int) -> FinishReason | None:
@@ -54,5 +64,7 @@ def check_config(config: SchedulerConfig) -> None:
             f"SchedulerConfig.max_num_batched_tokens ({config.max_num_batched_tokens}) must be at least "
             f"max_num_seqs ({config.max_num_seqs}): each running sequence needs a token per step"
         )
+    if config.kv_window is not None and config.kv_window < 1:
+        raise ValueError("SchedulerConfig.kv_window must be None or positive")
     if config.long_prefill_token_threshold is not None and config.long_prefill_token_threshold < 0:
         raise ValueError("SchedulerConfig.long_prefill_token_threshold must be None, 0 (off) or positive")

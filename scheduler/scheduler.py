@@ -55,6 +55,7 @@ class Scheduler:
             config.block_size,
             config.enable_prefix_caching,
             config.share_prefix_cache_across_tenants,
+            config.kv_window,
         )
         self._ledger = TenantLedger()
         self._waiting = WaitingQueue(self._ledger, config.aging_s)
@@ -209,6 +210,7 @@ class Scheduler:
         seqs, running = self._seqs, SequenceStatus.RUNNING
         block_size, caching = self.config.block_size, self.kv.enable_caching
         max_model_len = self.config.max_model_len
+        windowed = self.kv.window is not None
         chunks = output.chunks
         # Decode chunks always sample: an all-decode step (the common one) needs no count.
         sampling = len(chunks) if output.num_decodes == len(chunks) else sum(1 for c in chunks if c.sample)
@@ -230,6 +232,8 @@ class Scheduler:
                 self.kv.cache_full_blocks(seq)
             if seq.group is not None and seq.group.unforked and computed >= seq.num_prompt_tokens:
                 self._fork(seq)  # before its token may end it: the siblings take their blocks first
+            if windowed:  # after caching (a block is registered before it goes) and forking (siblings
+                self.kv.release_behind_window(seq)  # start behind this one: they hold their own refs)
             if not chunk.sample:
                 continue
             token = next_token()
@@ -429,7 +433,7 @@ class Scheduler:
         sibling sample's prompt blocks (shared whether or not prefix caching is on), the longer."""
         cached = self.kv.find_cached_prefix(seq)
         if seq.group is not None:
-            shared = seq.group.shared_prefix(seq, self.kv.block_size)
+            shared = seq.group.shared_prefix(seq, self.kv.block_size, self.kv.window)
             if len(shared) > len(cached):
                 return shared
         return cached
@@ -471,7 +475,7 @@ class Scheduler:
         for child in group.unforked:
             if len(self._running) < self.config.max_num_seqs:
                 # Takes no free block: sharing can never fail, and the tail is allocated when scheduled.
-                self.kv.allocate(child, 0, group.shared_prefix(child, self.kv.block_size))
+                self.kv.allocate(child, 0, group.shared_prefix(child, self.kv.block_size, self.kv.window))
                 child.status = SequenceStatus.RUNNING
                 self._running.append(child)
                 self._running_sorted = False

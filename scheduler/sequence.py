@@ -7,6 +7,8 @@ import enum
 
 from scheduler.types import FinishReason, Priority, SamplingParams, SequenceRequest
 
+NO_BLOCK = -1  # a place in a block table whose block was given back (behind every layer's window)
+
 PLACEHOLDER = -1  # a sampled token not known yet (its step is in flight): never fed to the model as such
 
 
@@ -106,18 +108,25 @@ class RequestGroup:
         self.members: list[Sequence] = []  # live samples, by index (the prefiller and the unforked too)
         self.unforked: list[Sequence] = []  # samples waiting for the prompt to be computed, by index
 
-    def shared_prefix(self, seq: Sequence, block_size: int) -> list[int]:
+    def shared_prefix(self, seq: Sequence, block_size: int, window: int | None = None) -> list[int]:
         """The longest run of leading blocks some running sibling has computed that `seq`, holding no
         blocks yet, may share: prompt blocks only, and never the block of its own last token (it must
-        compute at least one token to have logits)."""
+        compute at least one token to have logits). `window` (a model windowed on every layer): a run
+        whose given-back blocks reach into what `seq` would still read from it is no use."""
         limit = min(seq.num_prompt_tokens, seq.num_tokens - 1) // block_size
         best: tuple[int, ...] = ()
         for other in self.members:
             if other is seq or other.status is not SequenceStatus.RUNNING:
                 continue
             k = min(limit, other.num_computed_tokens // block_size, len(other.block_table))
-            if k > len(best):
-                best = other.block_table[:k]
+            if k <= len(best):
+                continue
+            table = other.block_table[:k]
+            if window is not None and table and table[0] == NO_BLOCK:
+                given_back = next((i for i, b in enumerate(table) if b != NO_BLOCK), k)
+                if given_back * block_size > k * block_size - window:  # its first query reads back there
+                    continue
+            best = table
         return list(best)
 
     def remove(self, seq: Sequence) -> None:

@@ -58,6 +58,12 @@ def test_describe_reports_blocks_tokens_and_concurrency():
     assert "maximum concurrency for 2,048-token requests: 2.00x" in line
 
 
+def test_a_model_windowed_on_every_layer_counts_what_a_request_keeps():
+    line = kv_sizing.KVPlan(256, 256 * SHAPE.bytes_per_block, "test").describe(SHAPE, 32768, 512)
+    assert "4,096 tokens in the cache" in line
+    assert "32,768-token requests (each holds at most 512 tokens of KV): 8.00x" in line
+
+
 def test_engine_logs_the_kv_plan_and_accepts_the_old_byte_option(caplog):
     with caplog.at_level(logging.INFO, logger="gpu"):
         engine = Engine(

@@ -190,3 +190,13 @@ def test_each_sample_has_its_own_penalty_history_and_logprobs():
         for out in outs[("x", i)]:
             assert [lp.token_id for lp in out.logprobs] == list(out.new_token_ids)
             assert len(out.logprobs) == len(out.new_token_ids)
+
+
+def test_greedy_samples_of_a_model_windowed_on_every_layer_equal_hf():
+    # the prompt's blocks stay until every sample has forked; then each gives back what leaves its window
+    model = make_model(seed=11, arch="mistral", sliding_window=8)
+    engine = make_engine(model, block_size=4, max_num_batched_tokens=12, max_num_seqs=3)
+    outs, peak = run(engine, [EngineRequest("w", PROMPT, greedy(24), n=3)])
+    for index in range(3):
+        assert_matches_hf(model, PROMPT, tokens(outs, "w", index), 24)
+    assert peak <= 40 // 4 + 3 * 4 and engine.stats().kv_blocks_used == 0

@@ -7,6 +7,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from scheduler.config import SchedulerConfig
+from scheduler.kv_manager import NO_BLOCK
+from scheduler.limits import windowed_peak_blocks
 from scheduler.output import SchedulerOutput
 from scheduler.scheduler import Scheduler
 from scheduler.sequence import SequenceStatus
@@ -159,7 +161,7 @@ class Checker:
         """Every block's ref count equals its uses by live sequences; free + used == total."""
         s = self.scheduler
         pool = s.kv.pool
-        uses = Counter(b for seq in s.running_sequences() for b in seq.block_table)
+        uses = Counter(b for seq in s.running_sequences() for b in seq.block_table if b != NO_BLOCK)
         running = set(s.running_sequences())
         assert all(not seq.block_table for seq in s.live_sequences() if seq not in running)
         assert set(s.waiting_sequences()) <= set(s.live_sequences())
@@ -178,12 +180,16 @@ class Checker:
         for chunk in output.chunks:
             seq = self.scheduler.sequence(chunk.seq_id)
             assert seq is not None
-            for pos in range(chunk.start_position):
+            # a windowed model's queries see window keys back (one more is kept): those must be there
+            seen_from = 0 if self.config.kv_window is None else chunk.start_position - self.config.kv_window
+            for pos in range(max(0, seen_from), chunk.start_position):
+                assert chunk.block_table[pos // bs] != NO_BLOCK, f"{chunk.seq_id} lost a block it reads"
                 tenant, prefix = self.slots.get((chunk.block_table[pos // bs], pos % bs), ("", ()))
                 assert prefix == tuple(seq.token_ids[: pos + 1]), f"{chunk.seq_id} reads foreign KV at {pos}"
                 assert share or tenant == seq.tenant, f"{chunk.seq_id} reads another tenant's KV"
             for pos in range(chunk.start_position, chunk.start_position + len(chunk.token_ids)):
                 block = chunk.block_table[pos // bs]
+                assert block != NO_BLOCK, f"{chunk.seq_id} writes a place given back"
                 # A block is written only by its one owner: a shared block is full and computed.
                 assert pool.blocks[block].ref_count == 1, f"{chunk.seq_id} writes shared block {block}"
                 assert written.setdefault(block, chunk.seq_id) == chunk.seq_id, (
@@ -217,6 +223,8 @@ class Checker:
     def never_fits(self, request: SequenceRequest) -> bool:
         total = len(request.prompt_token_ids) + request.sampling.max_tokens
         blocks = -(-(total - 1) // self.config.block_size)
+        if self.config.kv_window is not None and request.n == 1:
+            blocks = min(blocks, windowed_peak_blocks(self.config))
         return total > self.config.max_model_len or blocks > self.config.num_blocks
 
     def check_end(self) -> None:

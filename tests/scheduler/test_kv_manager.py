@@ -153,3 +153,60 @@ def test_blocks_needed_and_exclusive_blocks():
     assert kv.blocks_needed(second, 4, hits) == 1  # hits are in use (not revived); one new block
     kv.allocate(second, 4, hits)
     assert kv.exclusive_blocks(first) == 1 and kv.exclusive_blocks(second) == 1
+
+
+# ---- a model windowed on every layer: blocks behind the window are given back ----------------------
+
+
+def test_blocks_wholly_behind_the_window_are_given_back_as_the_sequence_advances():
+    kv = KVCacheManager(num_blocks=8, block_size=4, window=6)
+    seq = make_seq(prompt_len=10)
+    kv.allocate(seq, 10)
+    first = seq.block_table
+    seq.num_computed_tokens = 10  # next query at 10 sees keys 5..10: block 0 (0..3) is behind
+    assert kv.release_behind_window(seq) == 1
+    assert seq.block_table == (kv_manager.NO_BLOCK, *first[1:]) and kv.pool.num_free == 6
+    assert kv.release_behind_window(seq) == 0  # nothing more until the window moves past a block
+    seq.token_ids.extend([7] * 4)
+    kv.allocate(seq, 4)
+    seq.num_computed_tokens = 14  # keys 9..14: blocks 0 and 1 (4..7) are behind, block 2 (8..11) is not
+    assert kv.release_behind_window(seq) == 1
+    assert seq.block_table[:2] == (kv_manager.NO_BLOCK,) * 2 and kv.exclusive_blocks(seq) == 2
+    kv.free(seq)  # only what it still holds
+    assert kv.pool.num_free == 8
+
+
+def test_without_a_window_nothing_is_given_back():
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    seq = make_seq(prompt_len=20)
+    kv.allocate(seq, 20)
+    seq.num_computed_tokens = 20
+    assert kv.release_behind_window(seq) == 0
+    assert kv_manager.NO_BLOCK not in seq.block_table
+
+
+def test_blocks_are_cached_before_they_are_given_back_and_hit_later():
+    kv = KVCacheManager(num_blocks=16, block_size=4, window=4)
+    prompt = list(range(3, 19))  # 16 tokens, 4 full blocks
+    seq = computed_and_cached(kv, prompt)
+    assert kv.release_behind_window(seq) == 3  # keys 12.. are seen: blocks 0..2 go, still cached
+    later = make_seq("b", prompt=prompt + [99])
+    hits = kv.find_cached_prefix(later)
+    assert len(hits) == 4  # the chain survives: each given-back block kept its key
+    assert kv.allocate(later, 1, hits) is not None and later.num_computed_tokens == 16
+
+
+def test_a_sibling_shares_a_table_with_places_given_back():
+    kv = KVCacheManager(num_blocks=8, block_size=4, window=4)
+    prompt = list(range(3, 15))  # 12 tokens
+    first = computed_and_cached(kv, prompt)
+    kv.release_behind_window(first)
+    shared = list(first.block_table)
+    assert shared[0] == kv_manager.NO_BLOCK
+    sibling = make_seq("b", prompt=prompt)
+    used = kv.pool.num_used
+    assert kv.blocks_needed(sibling, 0, shared) == 0
+    assert kv.allocate(sibling, 0, shared) == [] and kv.pool.num_used == used  # no new block, no revive
+    kv.free(sibling)
+    kv.free(first)
+    assert kv.pool.num_free == 8

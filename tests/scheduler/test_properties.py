@@ -35,6 +35,7 @@ def configs(draw) -> SchedulerConfig:
         share_prefix_cache_across_tenants=draw(st.booleans()),
         aging_s=draw(st.sampled_from([math.inf, 3.0, 10.0])),
         long_prefill_token_threshold=draw(st.sampled_from([None, 0, 1, 3, 8])),
+        kv_window=draw(st.sampled_from([None, None, 1, 3, 8])),  # a model windowed on every layer
     )
 
 
