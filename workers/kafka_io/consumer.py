@@ -134,7 +134,10 @@ class GroupConsumer:
             if records:
                 return records
         records = self._poll(timeout_s, max_records)
-        self.stalls.observe(records, short=len(records) < (max_records or MAX_POLL_RECORDS))
+        try:
+            self.stalls.observe(records, short=len(records) < (max_records or MAX_POLL_RECORDS))
+        except Exception:  # noqa: BLE001 - the records are read (their positions moved): never lose them
+            log.exception("partition stall watchdog failed; going on")
         return records
 
     def _poll_first(self, first: Callable[[str], bool], max_records: int | None) -> list[Record]:
