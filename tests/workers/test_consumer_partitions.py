@@ -19,9 +19,10 @@ pytestmark = [pytest.mark.services, pytest.mark.timeout(120)]
 PER_PARTITION = 40
 
 
-def _reader(settings) -> tuple[GroupConsumer, str]:
-    """A member of a fresh two-partition topic holding PER_PARTITION records in each, with a watchdog
-    that acts after 1 s and 3 short polls."""
+@pytest.fixture
+def member(settings):
+    """(reader, topic): a member of a fresh two-partition topic holding PER_PARTITION records in each, with
+    a watchdog that acts after 1 s and 3 short polls."""
     topic = f"t{uuid.uuid4().hex[:10]}.stall"
     ensure_topics(settings.kafka_connection, {topic: 2})
     producer = KafkaProducer(bootstrap_servers=settings.kafka)
@@ -34,7 +35,8 @@ def _reader(settings) -> tuple[GroupConsumer, str]:
         producer.close()
     reader = GroupConsumer(settings.kafka_connection, f"{topic}-group", [topic], "inferq-test")
     reader.stalls = StallWatch(reader._consumer, stall_s=1.0, polls=3)
-    return reader, topic
+    yield reader, topic
+    reader.close()
 
 
 def _read(
@@ -48,6 +50,12 @@ def _read(
     return got
 
 
+def _read_all(reader: GroupConsumer, got: dict[int, set[int]] | None = None) -> None:
+    """Every record of both partitions comes (within 30 s), with what `got` already holds."""
+    got = _read(reader, 2 * PER_PARTITION, within_s=30, got=got)
+    assert got == {0: set(range(PER_PARTITION)), 1: set(range(PER_PARTITION))}, got
+
+
 def _wait_assigned(reader: GroupConsumer, topic: str) -> dict[int, set[int]]:
     """Polls (one record at a time) until both partitions are assigned; what those polls read."""
     got: dict[int, set[int]] = {0: set(), 1: set()}
@@ -59,46 +67,34 @@ def _wait_assigned(reader: GroupConsumer, topic: str) -> dict[int, set[int]]:
     return got
 
 
-def test_a_partition_left_unfetchable_is_read_again(settings):
-    reader, topic = _reader(settings)
-    try:
-        got = _wait_assigned(reader, topic)
-        # the state a revocation leaves while its callback runs; left behind, nothing fetches it again
-        reader._consumer._subscription.assignment[TopicPartition(topic, 1)].mark_pending_revocation()
-        got = _read(reader, 2 * PER_PARTITION, within_s=30, got=got)
-        assert got == {0: set(range(PER_PARTITION)), 1: set(range(PER_PARTITION))}, got
-        assert reader.stalls.healed == 1
-    finally:
-        reader.close()
+def test_a_partition_left_unfetchable_is_read_again(member):
+    reader, topic = member
+    got = _wait_assigned(reader, topic)
+    # the state a revocation leaves while its callback runs; left behind, nothing fetches it again
+    reader._consumer._subscription.assignment[TopicPartition(topic, 1)].mark_pending_revocation()
+    _read_all(reader, got)
+    assert reader.stalls.healed == 1
 
 
-def test_paused_and_caught_up_partitions_are_left_alone(settings):
-    reader, topic = _reader(settings)
-    try:
-        got = _wait_assigned(reader, topic)
-        reader.pause([topic])  # pause() takes topics: both partitions wait, on purpose
-        assert _read(reader, 1, within_s=3) == {0: set(), 1: set()}
-        reader.resume([topic])
-        got = _read(reader, 2 * PER_PARTITION, within_s=30, got=got)
-        assert got == {0: set(range(PER_PARTITION)), 1: set(range(PER_PARTITION))}, got
-        _read(reader, 1, within_s=3)  # caught up: short polls, nothing waiting
-        assert reader.stalls.healed == 0
-    finally:
-        reader.close()
+def test_paused_and_caught_up_partitions_are_left_alone(member):
+    reader, topic = member
+    got = _wait_assigned(reader, topic)
+    reader.pause([topic])  # pause() takes topics: both partitions wait, on purpose
+    assert _read(reader, 1, within_s=3) == {0: set(), 1: set()}
+    reader.resume([topic])
+    _read_all(reader, got)
+    _read(reader, 1, within_s=3)  # caught up: short polls, nothing waiting
+    assert reader.stalls.healed == 0
 
 
-def test_a_topic_held_before_its_partitions_are_assigned_is_not_read_until_released(settings):
+def test_a_topic_held_before_its_partitions_are_assigned_is_not_read_until_released(member):
     # the worker pauses a class's topics whenever enough jobs wait, also before (or while) a rebalance
     # hands it partitions: those must start paused, and a release must reach every one of them
-    reader, topic = _reader(settings)
-    try:
-        reader.pause([topic])
-        deadline = time.monotonic() + 60
-        while len(reader.assignment()) < 2 and time.monotonic() < deadline:
-            assert reader.poll(0.2, 8) == []
-        assert _read(reader, 1, within_s=2) == {0: set(), 1: set()}
-        reader.resume([topic])
-        got = _read(reader, 2 * PER_PARTITION, within_s=30)
-        assert got == {0: set(range(PER_PARTITION)), 1: set(range(PER_PARTITION))}, got
-    finally:
-        reader.close()
+    reader, topic = member
+    reader.pause([topic])
+    deadline = time.monotonic() + 60
+    while len(reader.assignment()) < 2 and time.monotonic() < deadline:
+        assert reader.poll(0.2, 8) == []
+    assert _read(reader, 1, within_s=2) == {0: set(), 1: set()}
+    reader.resume([topic])
+    _read_all(reader)
