@@ -78,15 +78,25 @@ def test_windowed_chunked_prefill_and_prefix_cache_match_hf(kernel="native"):
         assert stats.mean_batch_tokens <= 6
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("name", ["mistral-window", "phi3-window"])
-def test_a_model_windowed_on_every_layer_serves_sequences_longer_than_its_cache(name, kernel):
+def test_a_model_windowed_on_every_layer_serves_sequences_longer_than_its_cache(
+    name, kernel, async_scheduling
+):
     """Blocks behind the window are given back: 3 sequences of 60-84 tokens run together through a cache
-    of 12 blocks of 4 tokens (48 tokens), chunked, with prefix caching, and still match HF."""
+    of 12 blocks of 4 tokens (48 tokens), chunked, with prefix caching, and still match HF (with async
+    scheduling too, which gives blocks back as it advances a step, before the step's tokens are known)."""
     model = make_model(seed=11, **ARCHITECTURES[name])
     prompts = make_prompts(3, 30, 40, seed=15)
     engine = make_engine(
-        model, block_size=4, num_blocks=12, max_num_batched_tokens=6, max_num_seqs=3, **native(kernel)
+        model,
+        block_size=4,
+        num_blocks=12,
+        max_num_batched_tokens=6,
+        max_num_seqs=3,
+        async_scheduling=async_scheduling,
+        **native(kernel),
     )
     assert engine.scheduler.kv.window == WINDOW
     run_and_check(engine, model, prompts, [30, 44, 36])
