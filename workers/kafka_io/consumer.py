@@ -54,7 +54,10 @@ class _Listener(ConsumerRebalanceListener):
         self._push("revoked", revoked)
 
     def on_partitions_assigned(self, assigned) -> None:
-        self.hold(assigned)
+        try:
+            self.hold(assigned)
+        except Exception:  # noqa: BLE001 - the next poll applies the holds anyway; the event must go out
+            log.exception("pausing newly assigned partitions of held topics failed")
         self._push("assigned", assigned)
 
     def on_partitions_lost(self, lost) -> None:
