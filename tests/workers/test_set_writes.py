@@ -12,7 +12,7 @@ import pytest
 
 from tests.workers.worker_factories import job_rows
 from workers.db.jobs import Admission, Terminal, admit, finish_many, mark_running, request_cancel
-from workers.db.outbox import claim
+from workers.db.outbox import claim, result_from_row
 from workers.serving.outbox.writes import Concluded, Running, WriteContext, apply_all
 
 pytestmark = pytest.mark.services
@@ -134,3 +134,41 @@ def test_apply_all_writes_starts_and_ends_of_a_flush_and_reports_the_superseded(
     rows = job_rows(db, [one, two, moved])
     assert [rows[j]["status"] for j in (one, two, moved)] == ["succeeded", "running", "queued"]
     assert rows[one]["started_at"] == now and rows[one]["publisher"] == "w-set"
+
+
+def test_a_start_and_end_in_one_flush_are_one_row_write_with_the_start_kept(env):
+    """A job that starts and ends within one flush (a short job under load) is written once, as its
+    terminal row with its started_at: the `running` version of the row is never written. A start whose
+    end is not in the flush is still written, and the fence still refuses a stale attempt's end."""
+    from sqlalchemy import event
+
+    dep, db, _ = env
+    short, long_, stale = ids(3)
+    with db.begin() as conn:
+        admit(conn, [admission(dep, j) for j in (short, long_, stale)])
+        admit(conn, [admission(dep, stale, offset=5)])  # attempt 2 owns it now
+    started = datetime.now(UTC) - timedelta(seconds=1)
+    src = (dep.topics.jobs("normal"), 0, 0)
+    items = [
+        Running(short, started, 1, tenant=TENANT),
+        Running(long_, started, 1, tenant=TENANT),
+        Running(stale, started, 1, tenant=TENANT),
+        Concluded(ended(short, 1, "s"), (src,)),
+        Concluded(ended(stale, 1, "late"), (src,)),
+    ]
+    sent: list[tuple[str, dict]] = []
+    with db.begin() as conn:
+        event.listen(conn, "before_cursor_execute", lambda *a: sent.append((a[2], a[3])))
+        stored = apply_all(conn, items, WriteContext("w-set", datetime.now(UTC)))
+    # the written row comes back with what its result needs: not the prompt, of the params the metadata
+    (row,) = stored.outbox
+    assert "prompt" not in row._fields and row.params == {"metadata": {"k": "v"}}
+    result = result_from_row(row)
+    assert (result.job_id, result.metadata, result.output_text, result.attempt) == (short, {"k": "v"}, "s", 1)
+    assert result.timings.started_at == started
+    marked = [params["v_job_id"] for statement, params in sent if "status = 'running'" in statement]
+    assert marked == [[long_]]  # the one start whose end was not in the flush
+    rows = job_rows(db, [short, long_, stale])
+    assert rows[short]["status"] == "succeeded" and rows[short]["started_at"] == started
+    assert rows[long_]["status"] == "running" and rows[long_]["started_at"] == started
+    assert rows[stale]["status"] == "queued" and rows[stale]["started_at"] is None
