@@ -240,13 +240,24 @@ def _finish_many_statement(columns: tuple[str, ...], fenced: bool):
     fields = (*head, *((c, array_type(jobs.c[c])) for c in columns))
     sets = ", ".join(f"{c} = v.{c}" for c in ("status", *columns))
     fence = " AND jobs.attempts = v.attempt" if fenced else ""
+    returned = ", ".join(f"jobs.{c}" for c in RESULT_COLUMNS)
     stmt = text(
         f"""UPDATE jobs SET {sets}, updated_at = :now
 FROM {unnest(fields)}
 WHERE jobs.tenant = v.tenant AND jobs.job_id = v.job_id AND jobs.status NOT IN ({_TERMINAL_SQL}){fence}
-RETURNING {", ".join(f"jobs.{c.name}" for c in jobs.c)}"""
-    ).columns(*jobs.c)  # named, in the table object's order: positions follow the columns given
+RETURNING {returned}, jsonb_build_object('metadata', jobs.params -> 'metadata') AS params"""
+    ).columns(*(jobs.c[c] for c in RESULT_COLUMNS), jobs.c.params)  # positions follow the columns given
     return stmt, fields
+
+
+# What a written terminal row comes back with: the columns its result message is built from
+# (outbox.result_from_row), and of its params only the metadata. The prompt (up to the size limit) and
+# the request's parameters never make the round trip, nor are they decoded, for every finished job.
+RESULT_COLUMNS = (
+    "job_id", "tenant", "status", "priority", "output_text", "choices", "finish_reason", "prompt_tokens",
+    "completion_tokens", "attempts", "worker_id", "bulk_id", "error", "created_at", "started_at",
+    "first_token_at", "finished_at", "queue_ms", "ttft_ms", "mean_itl_ms", "e2e_ms",
+)  # fmt: skip
 
 
 def superseded_by(conn: Connection, tenant: str, job_id: str, attempt: int | None) -> Coordinates | None:
