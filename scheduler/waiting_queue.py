@@ -5,7 +5,10 @@ back first (front of their class, most recently preempted last-arrived behind ea
 tenant with the fewest tokens served, and within a tenant the earliest arrival.
 
 Sequences move (aging, abort) without searching: every queue entry carries the sequence's `queue_token`
-at insertion, and an entry whose token is stale is skipped when it reaches the front.
+at insertion, and an entry whose token is stale is skipped when it reaches the front. The aging heap's
+entries reach its front only when due (aging_s after insertion), so it is compacted once stale entries
+outnumber live ones: otherwise it would keep every sequence that passed through the queue in the last
+aging_s alive (30,000 finished requests at 1,000 a second, and the collector walking them all).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from scheduler.sequence import Sequence
 from scheduler.types import Priority
 
 _Entry = tuple[float, int, int, Sequence]  # (arrival or due time, order, queue token, sequence)
+_COMPACT_SLACK = 64  # stale aging entries tolerated beyond the live ones before the heap is compacted
 
 
 class _ClassQueue:
@@ -68,6 +72,9 @@ class WaitingQueue:
         cls = self._members.pop(seq)
         self._counts[cls] -= 1
         seq.queue_token += 1  # every entry of it in the heaps is stale now
+        if len(self._aging) > 2 * len(self._members) + _COMPACT_SLACK:
+            self._aging = [e for e in self._aging if self._is_live(e[2], e[3])]
+            heapq.heapify(self._aging)  # amortized O(1) a removal: at least half the entries go each time
 
     def peek(self) -> Sequence | None:
         for cls in Priority:

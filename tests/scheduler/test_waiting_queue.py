@@ -1,4 +1,6 @@
+import gc
 import math
+import weakref
 
 from scheduler.fairness import TenantLedger
 from scheduler.sequence import Sequence
@@ -161,3 +163,20 @@ def test_a_forgotten_tenant_rejoins_where_it_would_have_anyway():
     ledger.charge("a", 5)
     ledger.join("b")
     assert ledger.served("b") == 45
+
+
+def test_sequences_that_left_the_queue_are_not_kept_alive_until_their_aging_is_due():
+    """The aging heap is due only aging_s after an insertion: left alone, its stale entries would keep
+    every sequence served in the last aging_s alive (30 s of finished requests, for the collector to walk)."""
+    queue, ledger = make_queue(aging_s=30)
+    kept = add(queue, ledger, make_seq("kept", Priority.LOW, arrival=0))
+    served = []
+    for i in range(1000):
+        add(queue, ledger, make_seq(f"s{i}", Priority.NORMAL, arrival=1 + i))
+        seq = queue.pop()
+        served.append(weakref.ref(seq))
+        del seq
+    gc.collect()
+    assert sum(ref() is not None for ref in served) <= 2 * len(queue) + 64
+    assert [s.seq_id for s in queue.promote_aged(now=30)] == ["kept"]  # live entries survive compaction
+    assert kept.queue_class is Priority.NORMAL and drain(queue) == ["kept"]
