@@ -12,13 +12,13 @@ from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any, Literal
 
-from sqlalchemy import BindParameter, Connection, Row, Update, bindparam, select, text, tuple_
+from sqlalchemy import BindParameter, Connection, Row, Update, bindparam, select, text
 from sqlalchemy.dialects.postgresql import insert
 
 from schemas.job_key import JobKey  # (tenant, job_id): what names one job
 from schemas.tables import TERMINAL_STATUSES, jobs
 from schemas.topics import Coordinates
-from workers.db.sets import array_type, arrays, unnest
+from workers.db.sets import KEYS, KEYS_MATCH, array_type, arrays, key_arrays, unnest
 
 # What a person listing jobs wants to see first (`inferq jobs`, the demo).
 # how long an attempt admitted in a later group generation is protected from a late admission
@@ -96,10 +96,7 @@ def admit(conn: Connection, rows: Sequence[Admission]) -> dict[JobKey, Admitted]
     outcome = {(tenant, job_id): Admitted("start", n) for tenant, job_id, n in conn.execute(_ADMIT, params)}
     missing = [(r.tenant, r.job_id) for r in rows if (r.tenant, r.job_id) not in outcome]
     if missing:
-        query = select(
-            jobs.c.tenant, jobs.c.job_id, jobs.c.status, jobs.c.published_at, jobs.c.cancel_requested_at
-        ).where(_keyed(missing))
-        for row in conn.execute(query):
+        for row in conn.execute(_CLASSIFY, key_arrays(missing)):
             key = (row.tenant, row.job_id)
             if row.status in TERMINAL_STATUSES:
                 outcome[key] = Admitted("done", published=row.published_at is not None)
@@ -140,9 +137,10 @@ RETURNING jobs.tenant, jobs.job_id, jobs.attempts"""
 )
 
 
-def _keyed(keys: Sequence[JobKey]):
-    """The rows of these (tenant, job_id) keys."""
-    return tuple_(jobs.c.tenant, jobs.c.job_id).in_(list(keys))
+_CLASSIFY = text(
+    f"""SELECT jobs.tenant, jobs.job_id, jobs.status, jobs.published_at, jobs.cancel_requested_at
+FROM jobs JOIN {KEYS} ON {KEYS_MATCH}"""
+)
 
 
 def _queued_row(r: Admission) -> tuple:
@@ -320,8 +318,13 @@ def cancel_requested(conn: Connection, keys: Sequence[JobKey]) -> set[JobKey]:
     """Of these (in-flight) jobs, (tenant, job_id) of those with a recorded cancel."""
     if not keys:
         return set()
-    query = select(jobs.c.tenant, jobs.c.job_id).where(_keyed(keys), jobs.c.cancel_requested_at.is_not(None))
-    return {JobKey(tenant, job_id) for tenant, job_id in conn.execute(query)}
+    return {JobKey(tenant, job_id) for tenant, job_id in conn.execute(_CANCEL_REQUESTED, key_arrays(keys))}
+
+
+_CANCEL_REQUESTED = text(
+    f"""SELECT jobs.tenant, jobs.job_id FROM jobs JOIN {KEYS} ON {KEYS_MATCH}
+WHERE jobs.cancel_requested_at IS NOT NULL"""
+)
 
 
 def fail(

@@ -23,11 +23,12 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Row, bindparam, func, literal, select, tuple_
+from sqlalchemy import Connection, Row, func, literal, select, text, tuple_
 
 from schemas.job_key import JobKey
 from schemas.jobs import Choice, JobResult, Timings, Usage
 from schemas.tables import TERMINAL_STATUSES, jobs
+from workers.db.sets import KEYS, KEYS_MATCH, key_arrays
 
 # Engine finish reasons that are not in the contract's FinishReasonName map to these.
 _FINISH_REASONS = {"stop", "length", "abort", "expired", "rejected", "error"}
@@ -113,7 +114,7 @@ def renew(conn: Connection, keys: Sequence[JobKey], worker_id: str, now: datetim
     """Extend this worker's leases; the jobs it still publishes (not taken over, not published)."""
     if not keys:
         return set()
-    params = {"keys": list(keys), "worker": worker_id, "until": now + timedelta(seconds=LEASE_S)}
+    params = {**key_arrays(keys), "worker": worker_id, "until": now + timedelta(seconds=LEASE_S)}
     return {JobKey(tenant, job_id) for tenant, job_id in conn.execute(_RENEW, params)}
 
 
@@ -121,19 +122,15 @@ def _is(key: JobKey):
     return (jobs.c.tenant == key[0]) & (jobs.c.job_id == key[1])
 
 
-# Built once (an IN list of any length binds as one expanding parameter): building them per batch cost
-# the persister GIL time that the engine thread waited for.
-_MINE = (
-    tuple_(jobs.c.tenant, jobs.c.job_id).in_(bindparam("keys", expanding=True)),
-    jobs.c.publisher == bindparam("worker"),
+_RENEW = text(
+    f"""UPDATE jobs SET publish_lease_until = :until FROM {KEYS}
+WHERE {KEYS_MATCH} AND jobs.publisher = :worker AND jobs.published_at IS NULL
+RETURNING jobs.tenant, jobs.job_id"""
 )
-_RENEW = (
-    jobs.update()
-    .where(*_MINE, jobs.c.published_at.is_(None))
-    .values(publish_lease_until=bindparam("until"))
-    .returning(jobs.c.tenant, jobs.c.job_id)
+_MARK_PUBLISHED = text(
+    f"""UPDATE jobs SET published_at = :at, publish_lease_until = NULL FROM {KEYS}
+WHERE {KEYS_MATCH} AND jobs.publisher = :worker"""
 )
-_MARK_PUBLISHED = jobs.update().where(*_MINE).values(published_at=bindparam("at"), publish_lease_until=None)
 
 
 def _unpublished():
@@ -194,7 +191,7 @@ def claim_lapsed(
 
 def mark_published(conn: Connection, keys: Sequence[JobKey], worker_id: str, now: datetime) -> None:
     if keys:
-        conn.execute(_MARK_PUBLISHED, {"keys": list(keys), "worker": worker_id, "at": now})
+        conn.execute(_MARK_PUBLISHED, {**key_arrays(keys), "worker": worker_id, "at": now})
 
 
 def count_unpublished(conn: Connection) -> int:

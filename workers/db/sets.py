@@ -49,3 +49,16 @@ def arrays(
             values = [None if v is None else json.dumps(v) for v in values]
         out[f"{alias}_{name}"] = values
     return out
+
+
+# Many jobs named by key: `FROM jobs JOIN {KEYS} ON {KEYS_MATCH}`, with `key_arrays(keys)` bound. A row-value
+# IN list, `(tenant, job_id) IN ((..), ..)`, is planned as one OR branch per key: 50 ms for 471 keys, where
+# this join takes 3 ms (and one statement text serves any number of keys).
+KEY_FIELDS = (("tenant", "text[]"), ("job_id", "text[]"))
+KEYS = unnest(KEY_FIELDS, "k")
+KEYS_MATCH = "jobs.tenant = k.tenant AND jobs.job_id = k.job_id"
+
+
+def key_arrays(keys: Sequence[Sequence[str]]) -> dict[str, list]:
+    """The bind parameters of KEYS for (tenant, job_id) keys."""
+    return arrays(KEY_FIELDS, keys, "k")
