@@ -37,6 +37,7 @@ from workers.settings import Settings
 log = logging.getLogger(__name__)
 
 HARD_CAP_FACTOR = 2  # jobs held here (all classes) stop at this many times max_waiting: high pauses too
+IN_FLIGHT_REFRESH_S = 0.5  # how stale the in-flight list the persister looks cancels up for may be
 URGENT_ADMISSION_WAIT_S = 0.05  # before a step, the longest wait for a high-priority job's admission
 
 
@@ -89,7 +90,8 @@ class Worker:
         self.events = TokenEventSender(conn, cid + "-events", topics.tokens_template, drop, log_config)
         self.db = make_engine(settings.database_url)
         self.offsets = OffsetTracker()
-        self._in_flight: tuple[JobKey, ...] = ()  # the jobs running here
+        self._in_flight: tuple[JobKey, ...] = ()  # the jobs running here (as of at most a moment ago)
+        self._in_flight_due = 0.0
         self.persister = Persister(
             self.db,
             self.producer,
@@ -184,7 +186,9 @@ class Worker:
         self.lifecycle.broadcast(self.intake_thread.broadcast_records())
         for key in self.persister.cancelled():
             self.lifecycle.cancel(key)
-        self._in_flight = tuple(j.key for j in self.lifecycle.jobs.values())
+        if time.monotonic() >= self._in_flight_due:  # read by the persister's cancel lookups, every 2 s
+            self._in_flight_due = time.monotonic() + IN_FLIGHT_REFRESH_S
+            self._in_flight = tuple(j.key for j in self.lifecycle.jobs.values())
         clock.lap("control")
         if self.engine.has_unfinished():
             step_started = utcnow()
