@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -25,24 +26,48 @@ class JsonFormatter(logging.Formatter):
         self.worker_id = worker_id
 
     def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-            "worker_id": self.worker_id,
-        }
+        doc = self._doc(record.created, record.levelname, record.name, record.getMessage())
         doc.update(getattr(record, FIELDS_ATTR, None) or {})
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
         return json.dumps(doc, ensure_ascii=False, default=str)
+
+    def format_event(self, at: float, level: str, logger: str, message: str, fields: dict[str, Any]) -> str:
+        """The line `format` makes of a record with these values, made without one (see EventFormatter)."""
+        return json.dumps(
+            {**self._doc(at, level, logger, message), **fields}, ensure_ascii=False, default=str
+        )
+
+    def _doc(self, at: float, level: str, logger: str, message: str) -> dict[str, Any]:
+        return {
+            "time": datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds"),
+            "level": level,
+            "logger": logger,
+            "message": message,
+            "worker_id": self.worker_id,
+        }
+
+
+class TextFormatter(logging.Formatter):
+    """TEXT_FORMAT, and the same line straight from an event's values (`format_event`, as JsonFormatter's)."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+        self._second: tuple[int, str] = (-1, "")  # the last second formatted, and its text
+
+    def format_event(self, at: float, level: str, logger: str, message: str, fields: dict[str, Any]) -> str:
+        second = int(at)
+        if second != self._second[0]:  # formatTime's text for this second, once a second
+            self._second = (second, time.strftime(self.default_time_format, self.converter(at)))
+        stamp = self.default_msec_format % (self._second[1], (at - second) * 1000)
+        return f"{stamp} {level} {logger}: {message}"
 
 
 def formatter(log_format: str, worker_id: str) -> logging.Formatter:
     if log_format == "json":
         return JsonFormatter(worker_id)
     if log_format == "text":
-        return logging.Formatter(TEXT_FORMAT)
+        return TextFormatter()
     raise ValueError(f"log format {log_format!r}; use one of {LOG_FORMATS}")
 
 

@@ -1,0 +1,68 @@
+"""Per-job log lines: written in order by the job log's thread, and through inferq's formatters made
+without a LogRecord (`format_event`) yet the same lines logging itself would write for those records."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import pytest
+
+from workers import logs
+from workers.serving.loop import job_log
+
+
+@pytest.fixture
+def configured():
+    """logs.configure into a buffer; the root logger as it was afterwards."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+
+    def configure(log_format: str, level: str = "INFO") -> io.StringIO:
+        buffer = io.StringIO()
+        logs.configure(level, log_format, "w-log", stream=buffer)
+        return buffer
+
+    yield configure
+    job_log.flush()
+    root.handlers[:], _ = saved
+    root.setLevel(saved[1])
+
+
+def events() -> list[tuple[str, str, dict]]:
+    return [
+        ("admitted", "j-1", {"tenant": "acme", "attempt": 1, "prompt_tokens": 5, "max_tokens": 8}),
+        ("started", "j-1", {"attempt": 1, "queue_ms": 12.34567}),
+        ("finished", "j-1", {"status": "succeeded", "error": None, "e2e_ms": 40.0}),
+        ("rejected", "j-2", {"reason": "invalid", "error": "max_tokens: «many» is not an integer"}),
+    ]
+
+
+AT = 1_765_000_000.25  # when the events happened (a binary fraction: its milliseconds are exact)
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_lines_are_the_ones_logging_would_write_for_the_same_records(configured, monkeypatch, log_format):
+    buffer = configured(log_format)
+    with monkeypatch.context() as m:
+        m.setattr(job_log.time, "time", lambda: AT)
+        for event, job_id, fields in events():
+            job_log.job_event(event, job_id, "high", **fields)
+    job_log.flush()
+    written = buffer.getvalue().splitlines()
+    (handler,) = logging.getLogger().handlers
+    expected = [handler.format(job_log._Line(AT, e, j, "high", f).record) for e, j, f in events()]
+    assert written == expected and len(written) == 4
+    if log_format == "json":
+        docs = [json.loads(w) for w in written]
+        assert [d["event"] for d in docs] == ["admitted", "started", "finished", "rejected"]
+        assert docs[1]["queue_ms"] == 12.346 and "error" not in docs[2]  # rounded; None left out
+        assert {d["worker_id"] for d in docs} == {"w-log"} and docs[3]["error"].endswith("integer")
+
+
+def test_no_line_below_the_configured_level(configured):
+    buffer = configured("text", level="WARNING")
+    job_log.job_event("finished", "j-3", "low", status="failed")
+    job_log.flush()
+    assert buffer.getvalue() == ""
