@@ -109,8 +109,17 @@ def _decode(value: bytes | None, limits: Limits) -> object:
         if isinstance(exc, InvalidMessage):
             raise
         raise InvalidMessage(f"message is not usable JSON: {exc}") from None
-    _depth_and_text(data, limits)
+    if _may_be_deep_or_unstorable(text, limits):
+        _depth_and_text(data, limits)
     return data
+
+
+def _may_be_deep_or_unstorable(text: str, limits: Limits) -> bool:
+    """Whether the walk of `_depth_and_text` can find anything in this JSON text. A string can hold a NUL or a
+    lone surrogate only through a \\u escape (valid UTF-8 has no surrogates; JSON, no raw control
+    characters), and a value nested N levels deep needs N opening brackets: a message with no escape and no
+    more brackets than the limit (most of them) skips a walk that cost a tenth of the intake's time."""
+    return "\\u" in text or text.count("{") + text.count("[") > limits.max_depth
 
 
 def _explain(exc: ValidationError) -> str:

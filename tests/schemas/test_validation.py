@@ -106,3 +106,25 @@ def test_lone_surrogates_in_controls_and_peeked_ids_are_refused():
     # a rejected message's tenant and id are stored with its rejection: never one that cannot be
     assert peek_tenant(encode({"prompt": "x", "tenant": LONE})) == "default"
     assert peek_job_id(encode({"prompt": "x", "job_id": f"a{LONE}"})) is None
+
+
+def test_depth_and_storability_are_checked_at_the_limits_whatever_the_shortcut():
+    """Messages with no \\u escape and few brackets skip the walk over every value; these sit on both sides of
+    that shortcut and must be judged alike."""
+    limits = Limits(max_depth=4)
+
+    def nested(levels: int) -> bytes:  # the message itself is level 1
+        value: object = "x"
+        for _ in range(levels - 1):
+            value = {"k": value}
+        return json.dumps({"prompt": "x", "metadata": value} if levels > 1 else {"prompt": "x"}).encode()
+
+    parse_job(nested(3), limits)  # message, metadata, one dict: 3 levels
+    with pytest.raises(InvalidMessage, match="nested deeper than 4 levels"):
+        parse_job(nested(5), limits)
+    brackets = json.dumps({"prompt": "[[[[{{{{ x"}).encode()  # brackets in text, not nesting
+    assert parse_job(brackets, limits).prompt == "[[[[{{{{ x"
+    with pytest.raises(InvalidMessage, match="NUL character"):
+        parse_job(b'{"prompt": "a\\u0000b"}', limits)
+    escaped = json.dumps({"prompt": "caf\u00e9 \U0001f600"}).encode()  # ensure_ascii: \\u escapes, a pair
+    assert parse_job(escaped, limits).prompt == "caf\u00e9 \U0001f600"
