@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from sqlalchemy import create_engine
@@ -14,6 +15,7 @@ from schemas.jobs import TokenEvent, Usage
 from tests.services.factories import make_private_services
 from tests.workers.worker_factories import make_deployment, now_ms, start_worker, wait_terminal
 from workers.client import DeliveryFailed, JobClient, JobTimeout, Submitted
+from workers.client.stream_hub import CaughtUp
 from workers.kafka_io import Producer
 
 
@@ -131,3 +133,66 @@ def test_stream_skips_copies_and_the_events_of_an_attempt_a_later_one_replaced(s
     with JobClient(dep) as client:
         got = [(e.attempt, e.seq) for e in client.stream(job_id, timeout_s=60, since_ms=since)]
     assert got == [(1, 0), (1, 1), (2, 0), (2, 1), (2, 2)]
+
+
+def _post_events(dep, job_id: str, events: list[tuple[int, int, str | None]]) -> None:
+    """Token events of `job_id` written in this order: (attempt, seq, finish_reason); one with a finish
+    reason ends its attempt."""
+    producer = Producer(dep.kafka_connection, "inferq-test-events")
+    for attempt, seq, finish in events:
+        usage = Usage(prompt_tokens=1, completion_tokens=seq) if finish else None
+        event = TokenEvent(job_id=job_id, attempt=attempt, seq=seq, text=f"{attempt}.{seq} ",
+                           token_ids=[seq], finish_reason=finish, usage=usage)  # fmt: skip
+        producer.send(dep.topics.tokens, job_id, event.model_dump_json().encode()).wait(30)
+    producer.close()
+
+
+@pytest.mark.services
+def test_stream_yields_an_attempt_in_seq_order_whatever_the_partition_order(settings):
+    """A retried send can land after the event that followed it: the stream still yields 0, 1, 2, 3."""
+    dep = make_deployment(settings)
+    job_id, since = f"order-{dep.topic_prefix}", now_ms()
+    _post_events(dep, job_id, [(1, 1, None), (1, 0, None), (1, 3, "stop"), (1, 2, None)])
+    with JobClient(dep) as client:
+        got = [e.seq for e in client.stream(job_id, timeout_s=60, since_ms=since)]
+    assert got == [0, 1, 2, 3]
+
+
+@pytest.mark.services
+def test_a_hole_the_topic_cannot_fill_is_stepped_over_once_read_again(settings):
+    """Events before `since_ms` (or gone with retention) never come: once the partition has been read
+    again to its end, the stream goes on after the hole instead of waiting for its timeout."""
+    dep = make_deployment(settings)
+    job_id, since = f"hole-{dep.topic_prefix}", now_ms()
+    _post_events(dep, job_id, [(1, 1, None), (1, 2, "stop")])
+    with JobClient(dep) as client:
+        started = time.monotonic()
+        got = [e.seq for e in client.stream(job_id, timeout_s=60, since_ms=since)]
+        assert time.monotonic() - started < 30
+    assert got == [1, 2]
+
+
+@pytest.mark.services
+def test_a_rewound_follower_gets_its_records_again_then_caught_up(settings):
+    dep = make_deployment(settings)
+    job_id, since = f"rewind-{dep.topic_prefix}", now_ms()
+    _post_events(dep, job_id, [(1, 0, None), (1, 1, "stop")])
+    with JobClient(dep) as client:
+        follower = client._follow(job_id, dep.topics.tokens, since)
+        try:
+
+            def read_until_caught_up(placement: int) -> list[int]:
+                seqs, deadline = [], time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    item = follower.get(1.0)
+                    if isinstance(item, CaughtUp) and item.placement == placement:
+                        return seqs
+                    if item is not None and not isinstance(item, CaughtUp):
+                        seqs.append(TokenEvent.model_validate_json(item.value).seq)
+                raise AssertionError(f"not caught up; got {seqs}")
+
+            assert read_until_caught_up(0) == [0, 1]
+            assert follower.rewind() == 1
+            assert read_until_caught_up(1) == [0, 1]
+        finally:
+            client._unfollow(follower)

@@ -19,6 +19,7 @@ before the wait began).
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
@@ -27,8 +28,11 @@ from dataclasses import dataclass
 
 from schemas.jobs import JobRequest, JobResult, TokenEvent
 from workers.client.stream_hub import CaughtUp, Failed, Follower, StreamHub
+from workers.client.token_order import TokenOrder
 from workers.kafka_io import PartitionReader, Producer
 from workers.settings import Settings
+
+log = logging.getLogger(__name__)
 
 DELIVERY_TIMEOUT_S = 30.0  # connecting, metadata, and the broker's acknowledgement of a message
 WAIT_TIMEOUT_S = 300.0  # stream() and wait(): how long a job may take to produce its final event
@@ -184,35 +188,43 @@ class JobClient:
     ) -> Iterator[TokenEvent]:
         """Token events of the job until its final one; raises JobTimeout after `timeout_s`.
 
-        Each event is yielded once: a copy of one already seen (same attempt and seq) is skipped. A new
-        attempt (a worker died and another redid the job) restarts the text: an event with a higher attempt
-        than seen so far begins again at seq 0, and the caller should reset its output; from then on the
-        earlier attempts' events (late ones from the worker that lost the job) are skipped.
+        Each event is yielded once, and an attempt's events in seq order (see TokenOrder): a copy of one
+        already seen (same attempt and seq) is skipped, and one that comes before an earlier seq waits for
+        it. A new attempt (a worker died and another redid the job) restarts the text: an event with a
+        higher attempt than seen so far begins again at seq 0, and the caller should reset its output;
+        from then on the earlier attempts' events (late ones from the worker that lost the job) are skipped.
         """
         job_id = _job_id(job)
         tenant = tenant or self._tenants.get(job_id, "default")
         follower = self._follow(job_id, self.settings.topics.tokens_for(tenant), since_ms)
         deadline = time.monotonic() + (WAIT_TIMEOUT_S if timeout_s is None else timeout_s)
-        seen: set[int] = set()  # seqs of the current attempt
-        attempt = None
+        order = TokenOrder()
+        rewound = None  # the rewind asked for the hole waiting now, if any
         try:
             while (left := deadline - time.monotonic()) > 0:
                 item = follower.get(min(left, 1.0))
                 if isinstance(item, Failed):
                     raise item.error
-                if item is None or isinstance(item, CaughtUp):
+                if item is None:
                     continue
-                event = TokenEvent.model_validate_json(item.value or b"{}")
-                if attempt is not None and event.attempt < attempt:
-                    continue  # an attempt a later one replaced: its text is not the job's
-                if event.attempt != attempt:
-                    attempt, seen = event.attempt, set()
-                if event.seq in seen:
-                    continue  # a producer retry, or a partition read again for another follower
-                seen.add(event.seq)
-                yield event
-                if event.final:  # with n > 1, samples' finish_reason come before: not the end yet
-                    return
+                if isinstance(item, CaughtUp):
+                    if rewound is None or item.placement != rewound or not order.gap:
+                        continue
+                    # read again to the partition's end and still missing: not in the topic (retention, or
+                    # a `since_ms` after the job began); the events after the hole go on
+                    log.warning("job %s: events from seq %d are not in the topic", job_id, order.next_seq)
+                    ready = order.skip_gap()
+                else:
+                    ready = order.add(TokenEvent.model_validate_json(item.value or b"{}"))
+                if not order.gap:
+                    rewound = None
+                elif rewound is None:  # a hole: read the job's records again before going on
+                    log.info("job %s: seq %d missing from its stream; reading again", job_id, order.next_seq)
+                    rewound = follower.rewind()
+                for event in ready:
+                    yield event
+                    if event.final:  # with n > 1, samples' finish_reason come before: not the end yet
+                        return
             raise JobTimeout(f"no final token event for {job_id} within {timeout_s}s")
         finally:
             self._unfollow(follower)

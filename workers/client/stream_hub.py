@@ -5,7 +5,9 @@ A follower asks for its job's records from a time on (when it was submitted). Th
 partitions its followers' keys live on; a follower that needs older records than a partition's position
 moves that partition back, and the others on it see records again, which they drop (token events by
 (attempt, seq); a result is taken once). Once a partition has been read up to where it ended when the
-follower joined, the follower is told (`CaughtUp`): what it wants was not there, so far.
+follower joined, the follower is told (`CaughtUp`): what it wants was not there, so far. A follower that
+finds a hole in what it got asks for its records again (`rewind`): it is placed as if it had just joined,
+and told when that read has caught up.
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ _COMMAND_SLICE_S = 0.01
 
 @dataclass(frozen=True)
 class CaughtUp:
-    """The follower's partitions have been read to where they ended when it joined."""
+    """The follower's partitions have been read to where they ended when it was placed (joined, or the
+    `placement`-th rewind)."""
+
+    placement: int = 0
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,14 @@ class Follower:
     partitions: tuple[Partition, ...]
     queue: queue.Queue = field(default_factory=queue.Queue)
     pending: dict[Partition, int] = field(default_factory=dict)  # partition -> end offset still to reach
+    placement: int = 0  # rewinds asked for (by the follower's own thread)
+    placed: int = 0  # the placement the hub made last (its CaughtUp tells this number)
+    hub: StreamHub | None = field(default=None, repr=False)
+
+    def rewind(self) -> int:
+        """See `StreamHub.rewind`."""
+        assert self.hub is not None
+        return self.hub.rewind(self)
 
     def get(self, timeout_s: float) -> Record | CaughtUp | Failed | None:
         try:
@@ -69,7 +82,7 @@ class StreamHub:
         self._reader_factory = reader_factory
         self._counts = dict(partition_counts)
         self._poll_s = poll_s
-        self._commands: queue.Queue[tuple[str, Follower]] = queue.Queue()
+        self._commands: queue.Queue[tuple[str, Follower, int]] = queue.Queue()
         self._stop = threading.Event()
         self._wake = threading.Event()  # set by follow and close: the thread looks at its commands now
         self._thread = threading.Thread(target=self._run, name="inferq-stream-hub", daemon=True)
@@ -84,13 +97,21 @@ class StreamHub:
 
     def follow(self, job_id: str, topics: tuple[str, ...], since_ms: int) -> Follower:
         parts = tuple((t, partition_for_key(job_id, self._counts[t])) for t in topics)
-        follower = Follower(job_id.encode(), since_ms, parts)
-        self._commands.put(("follow", follower))
+        follower = Follower(job_id.encode(), since_ms, parts, hub=self)
+        self._commands.put(("follow", follower, 0))
         self._wake.set()
         return follower
 
+    def rewind(self, follower: Follower) -> int:
+        """Read the follower's records since its `since_ms` again (others on its partitions drop copies);
+        returns the number its `CaughtUp` will carry once that read has reached the partitions' ends."""
+        follower.placement += 1
+        self._commands.put(("rewind", follower, follower.placement))
+        self._wake.set()
+        return follower.placement
+
     def unfollow(self, follower: Follower) -> None:
-        self._commands.put(("unfollow", follower))
+        self._commands.put(("unfollow", follower, 0))
 
     @property
     def alive(self) -> bool:
@@ -141,8 +162,8 @@ class StreamHub:
             return self._reader_factory()
         except Exception as exc:  # noqa: BLE001 - no broker: tell who is waiting, try again for the next
             while not self._commands.empty():
-                kind, f = self._commands.get()
-                if kind == "follow":
+                kind, f, _ = self._commands.get()
+                if kind != "unfollow":
                     f.queue.put(Failed(exc))
             self._wake.wait(_RETRY_WAIT_S)
             return None
@@ -150,7 +171,7 @@ class StreamHub:
     def _apply_commands(self, reader: PartitionReader, followers: dict[Partition, list[Follower]]) -> None:
         changed = False
         while not self._commands.empty():
-            kind, f = self._commands.get()
+            kind, f, placement = self._commands.get()
             changed = True
             if kind == "unfollow":
                 for p in f.partitions:
@@ -159,15 +180,19 @@ class StreamHub:
                         if not followers[p]:
                             del followers[p]
                 continue
+            if kind == "rewind" and f not in followers.get(f.partitions[0], ()):
+                continue  # unfollowed (or failed) meanwhile
             try:
-                self._place(reader, followers, f)
+                self._place(reader, followers, f, placement)
             except Exception as exc:  # noqa: BLE001 - e.g. a look-up timed out: this follower fails
                 f.queue.put(Failed(exc))
         if changed:
             reader.assign(set(followers))
 
     @staticmethod
-    def _place(reader: PartitionReader, followers: dict[Partition, list[Follower]], f: Follower) -> None:
+    def _place(
+        reader: PartitionReader, followers: dict[Partition, list[Follower]], f: Follower, placement: int
+    ) -> None:
         """Position the follower's partitions so that its records since `since_ms` are read (again)."""
         targets = {p: reader.offset_at(p, f.since_ms) for p in f.partitions}
         ends = {p: reader.end_offset(p) for p in f.partitions}
@@ -177,7 +202,9 @@ class StreamHub:
             if p in new or target < reader.position(p):
                 reader.seek(p, target)
             f.pending[p] = ends[p]
-            followers.setdefault(p, []).append(f)
+            if f not in followers.setdefault(p, []):
+                followers[p].append(f)
+        f.placed = placement
 
     @staticmethod
     def _report_caught_up(reader: PartitionReader, followers: dict[Partition, list[Follower]]) -> None:
@@ -189,4 +216,4 @@ class StreamHub:
                     if positions[p] >= f.pending[p]:
                         del f.pending[p]
                         if not f.pending:
-                            f.queue.put(CaughtUp())
+                            f.queue.put(CaughtUp(f.placed))
