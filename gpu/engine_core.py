@@ -213,6 +213,11 @@ class EngineCore:
         only failing steps and their probes ask)."""
         return tuple(self._request_ids(self._last_chunks))
 
+    def prompt_token_ids(self, request_id: str) -> tuple[int, ...]:
+        """A live request's prompt (empty once it has ended)."""
+        live = self._live.get(request_id)
+        return tuple(live.request.prompt_token_ids) if live is not None else ()
+
     def running_ids(self) -> list[str]:
         """Requests with a sample holding a seat (what `step(only=...)` takes)."""
         return self.scheduler.running_request_ids()

@@ -1,0 +1,323 @@
+"""The engine in a process of its own, behind the interface the worker drives (`inferq worker
+--engine-process`).
+
+In one process, the model's forward shares the GIL with everything else the worker runs in Python: Kafka's
+I/O threads, the persister, admission, the job log. The forward releases the GIL inside each torch op and
+takes it back after; whenever another thread holds it then, the forward waits. Measured on the 2-core CPU
+machine with the tiny model: a step of 64 one-token jobs took 40 ms of wall time for 29 ms of CPU in a
+loaded worker, 30 ms alone. Here the engine (model, scheduler, KV cache, sampler, grammars) runs in a child
+process and the worker's own threads no longer stand in its way.
+
+Each `step()` returns one engine step's outputs and launches the next before it returns, so the child
+runs step N+1 while the worker handles step N's outputs (writes, token events, admission). Requests added
+meanwhile go with the next message; a reply carries what the worker reads between steps (whether work is
+left, the running requests, stats). Aborts are a round trip of their own (cancels, deadlines: rare). A
+failed step raises StepFailed with its sequences and outputs, as in-process; `only` (the step guard's
+probe) runs one request alone with nothing launched ahead.
+
+The child is spawned (CUDA cannot be used in a forked child), dies with its parent (PR_SET_PDEATHSIG: a
+worker killed with SIGKILL leaves nothing running) and stops when its pipe closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
+from typing import Any
+
+from gpu.engine_types import EngineRequest, EngineStats, GrammarSpec, RequestOutput, StepFailed
+from gpu.grammar.constraints import Constraints
+from scheduler.types import FinishReason
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+START_TIMEOUT_S = 600.0  # loading (or converting) a model and warming it up
+
+
+class EngineProcessDied(RuntimeError):
+    """The engine's process is gone (killed, or out of memory): the worker cannot go on."""
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the worker reads from its engine besides steps: sent once, when the child is ready."""
+
+    tokenizer: Any
+    max_model_len: int
+    max_num_seqs: int
+    vocab_size: int
+    eos_token_ids: frozenset[int]
+    generation_defaults: Any
+
+
+@dataclass(frozen=True)
+class _State:
+    """The engine as the last reply left it."""
+
+    has_unfinished: bool
+    running_ids: list[str]
+    last_step: tuple[str, ...]
+    stats: EngineStats
+
+
+class EngineProcess:
+    """An Engine in a child process; `build` (picklable: a module-level function or a partial of one)
+    makes and warms up the engine there."""
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, child_conn = context.Pipe()
+        self._process = context.Process(
+            target=_serve, args=(child_conn, build), name="inferq-engine", daemon=True
+        )
+        self._process.start()
+        child_conn.close()
+        kind, payload = self._receive(START_TIMEOUT_S)
+        if kind != "ready":
+            self._process.join(5)
+            raise RuntimeError(f"the engine process could not start: {payload}")
+        facts: EngineFacts = payload
+        log.info("engine process %d ready", self._process.pid)
+        self.facts = facts
+        self.tokenizer = facts.tokenizer
+        self.eos_token_ids = facts.eos_token_ids
+        self.generation_defaults = facts.generation_defaults
+        # the attributes the worker reads on an in-process engine (intake's limits, bulk windows)
+        self.scheduler = SimpleNamespace(
+            config=SimpleNamespace(max_model_len=facts.max_model_len, max_num_seqs=facts.max_num_seqs)
+        )
+        self.model = SimpleNamespace(config=SimpleNamespace(vocab_size=facts.vocab_size))
+        # grammars are compiled here too, to refuse a bad one at intake; the child compiles its own copy
+        self._constraints = Constraints(facts.tokenizer, facts.vocab_size, tuple(facts.eos_token_ids))
+        self._adds: list[EngineRequest] = []
+        self._state = _State(False, [], (), _empty_stats())
+        self._lock = threading.Lock()  # the pipe's messages and replies stay paired
+        self._in_flight = False  # a step was launched ahead; its reply is the next one on the pipe
+        self._early: list[RequestOutput] = []  # outputs of that step, read before an abort's reply
+        self._early_failure: StepFailed | None = None  # or its failure: both come out of the next step()
+        self._dead = False  # the child is gone (EngineProcessDied was raised)
+        self.fault_hook = None  # test failpoints are set in the child (workers.cli.engine_options)
+
+    # ---- the Engine interface the worker uses ----------------------------------------------------------
+    def compile_grammar(self, spec: GrammarSpec) -> Any:
+        return self._constraints.compile(spec)
+
+    def add_request(self, request: EngineRequest) -> None:
+        """Queued until the next step or abort (a request the child refuses ends REJECTED, with why)."""
+        if request.grammar is not None and not isinstance(request.grammar, GrammarSpec):
+            request = replace(request, grammar=request.grammar.spec)  # compiled objects stay in this process
+        self._adds.append(request)
+
+    def abort_request(self, request_id: str) -> list[RequestOutput]:
+        """As Engine's; once the process is gone, nothing (it holds nothing to free)."""
+        with self._lock:
+            if self._dead:
+                return []
+            self._send("abort", request_id)
+            if self._in_flight:  # the step launched ahead comes back first: its news waits for step()
+                self._in_flight = False
+                try:
+                    self._early += self._read()
+                except StepFailed as failed:
+                    self._early_failure = failed
+            return self._read()
+
+    def step(self, only: str | None = None) -> list[RequestOutput]:
+        """The outputs of one engine step. The next step is launched before this returns (unless `only`
+        asks for a probe, or nothing is left): the child runs it while the worker handles these outputs."""
+        with self._lock:
+            early, self._early = self._early, []
+            if self._early_failure is not None:
+                failed, self._early_failure = self._early_failure, None
+                cause = failed.__cause__ or failed
+                raise StepFailed(failed.seq_ids, early + failed.outputs, cause) from cause
+            if self._in_flight and only is not None:  # a probe runs alone: finish what runs now first
+                self._in_flight = False
+                early = self._read_after(early)
+                if only not in self._state.running_ids:
+                    return early  # (it ended meanwhile: the guard asks again)
+            if not self._in_flight:
+                self._send("step", only)
+            self._in_flight = False
+            outputs = self._read_after(early)
+            if only is None and (self._state.has_unfinished or self._adds):
+                self._send("step", None)
+                self._in_flight = True
+            return outputs
+
+    def has_unfinished(self) -> bool:
+        news = self._in_flight or bool(self._adds or self._early) or self._early_failure is not None
+        return news or self._state.has_unfinished
+
+    def running_ids(self) -> list[str]:
+        return list(self._state.running_ids)
+
+    @property
+    def last_step(self) -> tuple[str, ...]:
+        return self._state.last_step
+
+    def stats(self) -> EngineStats:
+        return self._state.stats
+
+    def close(self) -> None:
+        with self._lock:
+            with contextlib.suppress(OSError):
+                self._conn.send(("close", [], None))
+            self._conn.close()
+        self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
+
+    # ---- the pipe ----------------------------------------------------------------------------------
+    def _send(self, op: str, arg: Any) -> None:
+        """A message to the child, with the requests added since the last one (added before it runs)."""
+        adds, self._adds = self._adds, []
+        try:
+            self._conn.send((op, adds, arg))
+        except OSError as exc:
+            self._dead = True
+            self._process.join(5)
+            raise EngineProcessDied(f"the engine process exited (code {self._process.exitcode})") from exc
+
+    def _read(self) -> list[RequestOutput]:
+        """The reply to the oldest message not answered yet: its outputs, or its step's failure raised."""
+        kind, payload = self._receive(None)
+        if kind == "ok":
+            outputs, self._state = payload
+            return outputs
+        if kind == "step_failed":
+            seq_ids, outputs, error, self._state = payload
+            cause = RuntimeError(error)
+            raise StepFailed(seq_ids, outputs, cause) from cause
+        raise RuntimeError(f"engine process: {payload}")
+
+    def _read_after(self, early: list[RequestOutput]) -> list[RequestOutput]:
+        """`early` and the next reply's outputs; a failed step's StepFailed carries both."""
+        try:
+            return early + self._read()
+        except StepFailed as failed:
+            if not early:
+                raise
+            cause = failed.__cause__ or failed
+            raise StepFailed(failed.seq_ids, early + failed.outputs, cause) from cause
+
+    def _receive(self, timeout_s: float | None) -> tuple[str, Any]:
+        """The child's next reply; raises EngineProcessDied once it is gone."""
+        try:
+            while not self._conn.poll(1.0 if timeout_s is None else min(timeout_s, 1.0)):
+                if not self._process.is_alive():
+                    raise EOFError
+                if timeout_s is not None:
+                    timeout_s -= 1.0
+                    if timeout_s <= 0:
+                        self._process.kill()
+                        raise EOFError
+            return self._conn.recv()
+        except (EOFError, OSError) as exc:
+            self._dead = True
+            self._process.join(5)
+            raise EngineProcessDied(f"the engine process exited (code {self._process.exitcode})") from exc
+
+
+def _empty_stats() -> EngineStats:
+    return EngineStats(
+        running=0, waiting={}, kv_blocks_used=0, kv_blocks_total=0, preemptions=0, prefix_cache_hits=0,
+        prompt_tokens_computed=0, steps=0, forward_seconds=0.0, mean_batch_size=0.0, mean_batch_tokens=0.0,
+        forward_by_batch={},
+    )  # fmt: skip
+
+
+# ---- the child -----------------------------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """SIGKILL this process when its parent dies, however it dies (Linux; elsewhere the pipe's EOF)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before the call
+        os._exit(1)
+
+
+def _serve(conn: Any, build: Callable[[], Any]) -> None:
+    _die_with_parent()
+    signal.signal(
+        signal.SIGINT, signal.SIG_IGN
+    )  # the worker decides when the engine stops (a ^C reaches both)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        engine = build()
+    except BaseException as exc:  # noqa: BLE001 - told to the parent, which raises it
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    config = engine.scheduler.config
+    conn.send(
+        (
+            "ready",
+            EngineFacts(
+                tokenizer=engine.tokenizer,
+                max_model_len=config.max_model_len,
+                max_num_seqs=config.max_num_seqs,
+                vocab_size=engine.model.config.vocab_size,
+                eos_token_ids=frozenset(engine.eos_token_ids),
+                generation_defaults=engine.generation_defaults,
+            ),
+        )
+    )
+    while True:
+        try:
+            op, adds, arg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if op == "close":
+            engine.close()
+            return
+        refused = [_refused(request, exc) for request, exc in _add_all(engine, adds)]
+        try:
+            outputs = engine.step(arg) if op == "step" else engine.abort_request(arg)
+        except StepFailed as failed:
+            cause = failed.__cause__ or failed
+            error = f"{type(cause).__name__}: {cause}"
+            conn.send(("step_failed", (failed.seq_ids, refused + failed.outputs, error, _state_of(engine))))
+            continue
+        except Exception as exc:  # noqa: BLE001 - the parent raises it; the engine goes on
+            log.exception("engine process: %s failed", op)
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            continue
+        conn.send(("ok", (refused + outputs, _state_of(engine))))
+
+
+def _add_all(engine: Any, adds: list[EngineRequest]) -> list[tuple[EngineRequest, Exception]]:
+    refused = []
+    for request in adds:
+        try:
+            engine.add_request(request)
+        except Exception as exc:  # noqa: BLE001 - this request's alone: it ends REJECTED with the reason
+            refused.append((request, exc))
+    return refused
+
+
+def _refused(request: EngineRequest, exc: Exception) -> RequestOutput:
+    return RequestOutput(
+        request_id=request.request_id,
+        new_token_ids=(),
+        text_delta="",
+        finish_reason=FinishReason.REJECTED,
+        started=False,
+        prompt_tokens=len(request.prompt_token_ids),
+        completion_tokens=0,
+        detail=f"the engine refused the request: {type(exc).__name__}: {exc}",
+    )
+
+
+def _state_of(engine: Any) -> _State:
+    return _State(engine.has_unfinished(), engine.running_ids(), engine.last_step, engine.stats())

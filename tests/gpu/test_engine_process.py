@@ -1,0 +1,163 @@
+"""The engine in a process of its own: the same outputs as in-process, a step launched ahead that aborts,
+refusals and failed steps still reach the caller as Engine's do, and the child never outlives the worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from functools import partial
+
+import pytest
+
+from gpu.engine import EngineRequest
+from gpu.engine_process import EngineProcess, EngineProcessDied
+from gpu.engine_types import StepFailed
+from scheduler.types import FinishReason
+from tests.gpu.factories import greedy, make_engine, make_prompts
+
+CONFIG = dict(max_num_batched_tokens=64, max_num_seqs=8)
+
+
+def _engine_failing_on(request_id: str):
+    """In the child: an engine whose steps raise while they run `request_id` (a poison request)."""
+    engine = make_engine(**CONFIG)
+
+    def hook(ids: tuple[str, ...]) -> None:
+        if request_id in ids:
+            raise RuntimeError(f"poison {request_id}")
+
+    engine.fault_hook = hook
+    return engine
+
+
+@pytest.fixture
+def process():
+    engine = EngineProcess(partial(make_engine, **CONFIG))
+    yield engine
+    engine.close()
+
+
+def requests(n: int = 12) -> list[EngineRequest]:
+    prompts = make_prompts(n, 3, 40, seed=5)
+    return [EngineRequest(f"r{i}", p, greedy(1 + (7 * i) % 13)) for i, p in enumerate(prompts)]
+
+
+def run(engine, batch: list[EngineRequest]) -> dict[str, list]:
+    for r in batch:
+        engine.add_request(r)
+    outs: dict[str, list] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            outs.setdefault(out.request_id, []).append(out)
+    return outs
+
+
+def summary(outs: dict[str, list]) -> dict[str, tuple]:
+    return {
+        rid: (
+            tuple(t for o in os_ for t in o.new_token_ids),
+            "".join(o.text_delta for o in os_),
+            [o.finish_reason for o in os_ if o.finish_reason is not None],
+        )
+        for rid, os_ in outs.items()
+    }
+
+
+def test_outputs_equal_the_in_process_engine(process):
+    batch = requests()
+    assert summary(run(process, batch)) == summary(run(make_engine(**CONFIG), batch))
+    assert process.stats().steps > 0 and process.tokenizer.decode(process.tokenizer.encode("AB")) == "AB"
+    assert process.scheduler.config.max_num_seqs == 8
+
+
+def test_an_abort_while_a_step_runs_ahead_ends_the_request_once(process):
+    batch = [
+        EngineRequest(f"a{i}", p, greedy(30, ignore_eos=True)) for i, p in enumerate(make_prompts(4, 5, 9))
+    ]
+    for r in batch:
+        process.add_request(r)
+    first = process.step()  # returns step 1 and launches step 2
+    assert {o.request_id for o in first} == {r.request_id for r in batch}
+    aborted = process.abort_request("a1")
+    assert [(o.request_id, o.finish_reason) for o in aborted] == [("a1", FinishReason.ABORT)]
+    outs: dict[str, list] = {}
+    while process.has_unfinished():
+        for out in process.step():
+            outs.setdefault(out.request_id, []).append(out)
+    assert not any(o.finish_reason for o in outs.get("a1", []))  # step 2's token, then nothing
+    assert len(outs.get("a1", [])) <= 1
+    for rid in ("a0", "a2", "a3"):
+        assert [o.finish_reason for o in outs[rid] if o.finish_reason] == [FinishReason.LENGTH]
+        assert sum(len(o.new_token_ids) for o in first + outs[rid] if o.request_id == rid) == 30
+
+
+def test_a_request_the_child_refuses_ends_rejected_with_why(process):
+    prompt = make_prompts(1, 4, 4)[0]
+    process.add_request(EngineRequest("twice", prompt, greedy(40, ignore_eos=True)))
+    process.step()
+    process.add_request(EngineRequest("twice", prompt, greedy(2)))
+    outs = process.step() + process.step()  # it goes with the step launched next: its news one step later
+    refused = [o for o in outs if o.finish_reason is FinishReason.REJECTED]
+    assert len(refused) == 1 and "already in the engine" in refused[0].detail
+    assert process.abort_request("twice")[0].finish_reason is FinishReason.ABORT
+
+
+def test_a_failed_step_raises_step_failed_and_a_probe_runs_one_request_alone():
+    engine = EngineProcess(partial(_engine_failing_on, "bad"))
+    try:
+        prompts = make_prompts(2, 4, 6)
+        engine.add_request(EngineRequest("good", prompts[0], greedy(5, ignore_eos=True)))
+        engine.add_request(EngineRequest("bad", prompts[1], greedy(5, ignore_eos=True)))
+        with pytest.raises(StepFailed) as failed:
+            engine.step()
+        assert set(failed.value.seq_ids) == {"good", "bad"} and "poison bad" in str(failed.value)
+        assert sorted(engine.running_ids()) == ["bad", "good"]
+        assert {o.request_id for o in engine.step(only="good")} == {"good"}
+        with pytest.raises(StepFailed):
+            engine.step(only="bad")
+        engine.abort_request("bad")
+        tokens = []
+        while engine.has_unfinished():
+            tokens += [t for o in engine.step() for t in o.new_token_ids]
+        assert len(tokens) == 4  # good's other four
+    finally:
+        engine.close()
+
+
+def test_a_dead_engine_process_is_reported_and_holds_nothing(process):
+    process.add_request(EngineRequest("x", make_prompts(1, 4, 4)[0], greedy(50, ignore_eos=True)))
+    process.step()
+    os.kill(process._process.pid, signal.SIGKILL)
+    with pytest.raises(EngineProcessDied):
+        for _ in range(3):
+            process.step()
+    assert process.abort_request("x") == []
+
+
+def test_the_engine_process_does_not_outlive_its_worker():
+    code = (
+        "import sys; from functools import partial; from gpu.engine_process import EngineProcess; "
+        "from tests.gpu.factories import make_engine; "
+        "e = EngineProcess(partial(make_engine, num_blocks=16)); print(e._process.pid, flush=True); "
+        "sys.stdin.read()"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, cwd=os.getcwd())  # fmt: skip
+    try:
+        child = int(parent.stdout.readline())
+        os.kill(child, 0)  # alive
+        parent.kill()  # SIGKILL: no atexit, no cleanup of its own
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"engine process {child} outlived its parent")
+    finally:
+        parent.kill()
