@@ -7,8 +7,8 @@ tokens; prompts of `--prompt-len` tokens): the engine alone in this process (all
 stepped to the end, the worker's engine options), then the same jobs posted at once to a private
 deployment served by one worker (`workers.cli.bench_worker`), timed from the first post until every row is
 terminal. Reported: jobs/s, tokens/s, token events/s (the tokens topic's growth), the worker's CPU ms per
-job by thread (its token-event relay process included), and database statements, round trips and
-transactions per job (counted in the worker by SQLAlchemy events). Table, JSON and PNG.
+job by thread (its token-event relay process and its engine's process included), and database statements,
+round trips and transactions per job (counted in the worker by SQLAlchemy events). Table, JSON and PNG.
 """
 
 from __future__ import annotations
@@ -152,8 +152,13 @@ class Deployment:
             children = psutil.Process(self.worker.pid).children(recursive=True)
         except psutil.Error:
             children = []
-        relay = sum(pid_cpu_s(c.pid) or 0.0 for c in children)
-        threads = {**stats["threads"], "relay process": relay}
+        threads = dict(stats["threads"])
+        for child in children:  # the token-event relay, and the engine's own process when it has one
+            try:
+                name = "engine process" if "spawn_main" in " ".join(child.cmdline()) else "relay process"
+            except psutil.Error:
+                continue
+            threads[name] = threads.get(name, 0.0) + (pid_cpu_s(child.pid) or 0.0)
         try:
             loop = self.worker.loop_seconds()
         except OSError:

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 import uuid
 
+import psutil
 import pytest
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 from sqlalchemy import create_engine
 
+from schemas.tables import TERMINAL_STATUSES
 from schemas.topics import PRIORITY_CLASSES
 from tests.workers.worker_factories import (
     job_rows,
@@ -258,3 +261,40 @@ def test_a_device_that_fails_every_step_makes_the_worker_exit_and_another_redoes
         client.close()
         db.dispose()
         broken.stop()
+
+
+def test_a_worker_whose_engine_process_dies_exits_and_another_redoes_its_jobs(settings, tmp_path):
+    """The engine runs in a child process; killed (as the kernel's OOM killer would), the worker exits 3
+    without ending any job, and a fresh worker finishes every one of them."""
+    dep = make_deployment(settings)
+    orphaned = start_worker(dep, tmp_path, "w-orphaned")
+    client, db = JobClient(dep), create_engine(dep.database_url)
+    try:
+        wait_group_members(dep, 1)
+        jobs = [
+            {"job_id": f"eng{i}-{dep.topic_prefix}", "prompt": f"job {i}", "max_tokens": 400}
+            for i in range(6)
+        ]
+        ids = [s.job_id for s in client.submit_many(jobs)]
+        deadline = time.monotonic() + 60
+        while not [r for r in job_rows(db, ids).values() if r["status"] == "running"]:
+            assert time.monotonic() < deadline, "no job started"
+            time.sleep(0.1)
+        (engine,) = [
+            c for c in psutil.Process(orphaned.proc.pid).children() if "spawn_main" in " ".join(c.cmdline())
+        ]
+        engine.kill()
+        assert orphaned.proc.wait(60) == 3, orphaned.output()[-3000:]
+        assert "the engine process exited" in orphaned.output()
+        assert not [r for r in job_rows(db, ids).values() if r["status"] in TERMINAL_STATUSES]
+        fresh = start_worker(dep, tmp_path, "w-after")
+        try:
+            rows = wait_terminal(db, ids, timeout_s=180)
+            assert {r["status"] for r in rows.values()} == {"succeeded"}, rows
+            assert {r["worker_id"] for r in rows.values()} == {"w-after"}
+        finally:
+            assert fresh.stop() == 0, fresh.output()[-3000:]
+    finally:
+        client.close()
+        db.dispose()
+        orphaned.stop()

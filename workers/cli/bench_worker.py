@@ -60,8 +60,9 @@ class StatsWriter:
 
     def write(self) -> None:
         counts = traffic()
-        if _ENGINE:
-            counts["engine_steps"] = _ENGINE[0]._steps  # a plain int: safe from this thread
+        if _ENGINE:  # plain attributes: safe to read from this thread
+            engine = _ENGINE[0]
+            counts["engine_steps"] = engine._steps if hasattr(engine, "_steps") else engine.stats().steps
         payload = {"at": time.time(), "threads": thread_cpu_s(), "db": counts}
         tmp = self._path.with_suffix(".tmp")
         tmp.write_text(json.dumps(payload))
@@ -87,6 +88,30 @@ def wrap_engine(instant: bool) -> None:
         return engine
 
     worker.build_engine = built
+    worker.build_warm_engine = build_warm_engine_for_bench  # --engine-process: built in the child
+    from gpu import engine_process
+
+    process_type = engine_process.EngineProcess
+
+    def in_process(build_in_child):  # noqa: ANN001, ANN202
+        engine = process_type(build_in_child)
+        _ENGINE.append(engine)
+        return engine
+
+    engine_process.EngineProcess = in_process
+
+
+def build_warm_engine_for_bench(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+    """In the engine's own process (so: module level): the worker's engine, its forward stubbed when the
+    bench asks for the instant engine (the child inherits the environment)."""
+    from bench.host_steps import StubForward
+    from bench.pipeline import stub_forward
+    from workers.cli.engine_options import build_warm_engine
+
+    engine = build_warm_engine(*args, **kwargs)
+    if os.environ.get("INFERQ_BENCH_INSTANT") == "1":
+        stub_forward(engine, StubForward)
+    return engine
 
 
 def profile_loop(path: Path) -> None:

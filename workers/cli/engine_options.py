@@ -145,6 +145,25 @@ def build_engine(args: argparse.Namespace, cache_dir: Path | None = None, show_p
     return engine
 
 
+def build_warm_engine(
+    args: argparse.Namespace, cache_dir: Path | None, failpoint: str = "", worker_id: str | None = None
+):
+    """The engine of `--engine-process`, made and warmed up in its own process (so: module level, its
+    arguments picklable); its logs go out as the worker's (`worker_id`), and the step failpoints are set
+    there, reading the prompts the engine holds."""
+    from workers import logs
+    from workers.serving.failpoints import step_fault
+
+    if worker_id is not None:
+        logs.configure(args.log_level, args.log_format, worker_id)
+    engine = build_engine(args, cache_dir)
+    engine.fault_hook = step_fault(
+        failpoint, lambda rid: engine.tokenizer.decode(engine.prompt_token_ids(rid))
+    )
+    warm_up(engine)
+    return engine
+
+
 def warm_up(engine) -> None:
     """Run a prefill and a few decode steps before joining the group: the first steps of a process pay
     one-off costs (allocations, kernel selection) that would otherwise land on the first real job's TTFT."""

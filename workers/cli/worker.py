@@ -14,6 +14,7 @@ import sys
 from workers.cli.engine_options import (
     add_engine_options,
     build_engine,
+    build_warm_engine,
     input_limits,
     served_model_name,
     warm_up,
@@ -63,6 +64,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default: INFERQ_TENANT_TOPICS; see `inferq tenant add`)",
     )
     p.add_argument(
+        "--engine-process",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the engine (model, scheduler, KV cache) in a process of its own, so the worker's Kafka, "
+        "PostgreSQL and logging threads never hold the GIL its forward needs (default: on)",
+    )
+    p.add_argument(
         "--grace-s",
         type=float,
         default=30.0,
@@ -87,8 +95,16 @@ def run(args: argparse.Namespace) -> int:
         settings = dataclasses.replace(settings, tenant_topics=args.tenant_topics)
     sys.setswitchinterval(settings.switch_interval_s)
     show_progress = args.log_format == "text" and progress.wanted()
-    engine = build_engine(args, settings.cache_dir, show_progress)
-    warm_up(engine)
+    if args.engine_process:
+        from functools import partial
+
+        from gpu.engine_process import EngineProcess
+
+        build = partial(build_warm_engine, args, settings.cache_dir, settings.failpoint, worker_id)
+        engine = EngineProcess(build)
+    else:
+        engine = build_engine(args, settings.cache_dir, show_progress)
+        warm_up(engine)
     # the model, tokenizer and start-up objects live as long as the process: out of the collector's
     # generations, so a full collection no longer walks them (a pause of ~0.3 s every few thousand steps)
     gc.collect()
@@ -117,7 +133,10 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    worker.run()
+    try:
+        worker.run()
+    finally:
+        engine.close()
     if worker.gave_up:
         log.critical("exiting with code 3: %s", worker.gave_up)
         return 3  # the orchestrator restarts or replaces the worker; its jobs are redone by the others

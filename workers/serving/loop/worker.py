@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from gpu.engine import Engine, EngineStats, RequestOutput
+from gpu.engine_process import EngineProcessDied
 from gpu.engine_types import StepFailed
 from schemas.job_key import JobKey
 from schemas.jobs import TokenEvent
@@ -128,7 +129,8 @@ class Worker:
         )
         self.guard = StepGuard()
         self.gave_up: str | None = None  # why the worker stopped because its steps kept failing
-        engine.fault_hook = step_fault(settings.failpoint, self.lifecycle.prompt_of)
+        if isinstance(engine, Engine):  # an engine in its own process has its hook set there
+            engine.fault_hook = step_fault(settings.failpoint, self.lifecycle.prompt_of)
         self._stop_at: float | None = None
         self._last_commit = 0.0
         self._paused: set[str] = set()
@@ -198,6 +200,9 @@ class Worker:
             except StepFailed as failed:  # one bad step must not stop the worker (or the group)
                 outputs = failed.outputs
                 self._step_failed(failed)
+            except EngineProcessDied as died:  # no engine: stop, ending nobody's job (others redo them)
+                outputs = []
+                self._give_up(str(died), "no engine")
             else:
                 if self.guard.engaged:  # the common step skips this: nothing has failed
                     self._convict(self.guard.succeeded(self.engine.last_step))
@@ -248,10 +253,10 @@ class Worker:
             log.error("job %s: its steps fail and others' do not; it ends failed", request_id)
             self.lifecycle.fail(request_id, error)
 
-    def _give_up(self, why: str) -> None:
-        """The device, not a request, is at fault: stop at once, writing no row, so the group's other
-        workers redo these jobs from their uncommitted records."""
-        log.critical("%s: the device is at fault; stopping without ending any job here", why)
+    def _give_up(self, why: str, fault: str = "the device is at fault") -> None:
+        """The device (or the engine's process), not a request, is at fault: stop at once, writing no row,
+        so the group's other workers redo these jobs from their uncommitted records."""
+        log.critical("%s: %s; stopping without ending any job here", why, fault)
         self.metrics.set_health(False, why)
         self.gave_up = why
         self.lifecycle.abort_all()
