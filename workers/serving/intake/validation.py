@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu.engine import Engine
+from gpu.engine_process import EngineProcess
 from gpu.engine_types import GrammarSpec
 from gpu.tokenizer import Tokenizer
 from schemas.job_key import JobKey, RequestId
@@ -101,7 +102,7 @@ class Intake:
         self.compile_grammar = compile_grammar
 
     @classmethod
-    def for_engine(cls, topics: Topics, limits: Limits, engine: Engine) -> Intake:
+    def for_engine(cls, topics: Topics, limits: Limits, engine: Engine | EngineProcess) -> Intake:
         """The worker's intake for `engine`, with its own tokenizer: it runs on the intake thread while the
         engine thread detokenizes; grammars are compiled there too (the engine caches them), so a slow
         schema never holds up a step."""

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from gpu.engine import Engine, EngineRequest, RequestOutput
+from gpu.engine_process import EngineProcess
 from scheduler.types import Priority
 from schemas.job_key import JobKey
 from schemas.jobs import TokenEvent
@@ -66,7 +67,7 @@ class JobLifecycle:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | EngineProcess,
         topics: Topics,
         *,
         worker_id: str,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from gpu.engine import Engine, EngineStats, RequestOutput
-from gpu.engine_process import EngineProcessDied
+from gpu.engine_process import EngineProcess, EngineProcessDied
 from gpu.engine_types import StepFailed
 from schemas.job_key import JobKey
 from schemas.jobs import TokenEvent
@@ -62,7 +62,11 @@ class WorkerOptions:
 
 class Worker:
     def __init__(
-        self, settings: Settings, engine: Engine, options: WorkerOptions, metrics: WorkerMetrics | None = None
+        self,
+        settings: Settings,
+        engine: Engine | EngineProcess,
+        options: WorkerOptions,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
