@@ -115,3 +115,14 @@ def assert_matches_hf(model: LoadedModel, prompt: tuple[int, ...], got: list[int
     assert gap < NEAR_TIE and {got[i], want[i]} == set(pair), (
         f"diverged at {i}: engine {got[i]} vs HF {want[i]}, top-2 {pair} gap {gap:.3g} is not a near-tie"
     )
+
+
+def run_to_end(engine: Any, requests: list[EngineRequest]) -> dict[str, list]:
+    """Add the requests and step to completion; every RequestOutput per request id."""
+    for r in requests:
+        engine.add_request(r)
+    outs: dict[str, list] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            outs.setdefault(out.request_id, []).append(out)
+    return outs

@@ -6,24 +6,13 @@ import time
 
 from gpu.engine import EngineRequest
 from scheduler.types import FinishReason, SamplingParams
-from tests.gpu.factories import greedy, make_engine, make_prompts
-
-
-def run(engine, requests):
-    """Step to completion; every RequestOutput per request id."""
-    for r in requests:
-        engine.add_request(r)
-    outs: dict[str, list] = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            outs.setdefault(out.request_id, []).append(out)
-    return outs
+from tests.gpu.factories import greedy, make_engine, make_prompts, run_to_end
 
 
 def test_outputs_carry_started_deltas_and_one_final():
     engine = make_engine(max_num_batched_tokens=8)
     prompt = make_prompts(1, 20, 20)[0]
-    outs = run(engine, [EngineRequest("a", prompt, greedy(5))])["a"]
+    outs = run_to_end(engine, [EngineRequest("a", prompt, greedy(5))])["a"]
     assert outs[0].started and not any(o.started for o in outs[1:])
     assert outs[0].new_token_ids == ()  # first step is a prefill chunk that samples nothing
     assert [o.finish_reason for o in outs][-1] is FinishReason.LENGTH
@@ -35,10 +24,10 @@ def test_outputs_carry_started_deltas_and_one_final():
 
 def test_stop_string_ends_request_and_is_excluded():
     prompt = make_prompts(1, 10, 10, seed=1)[0]
-    plain = run(make_engine(), [EngineRequest("a", prompt, greedy(30))])["a"]
+    plain = run_to_end(make_engine(), [EngineRequest("a", prompt, greedy(30))])["a"]
     text = "".join(o.text_delta for o in plain)
     stop = text[10:13]
-    outs = run(make_engine(), [EngineRequest("a", prompt, greedy(30), stop=(stop,))])["a"]
+    outs = run_to_end(make_engine(), [EngineRequest("a", prompt, greedy(30), stop=(stop,))])["a"]
     assert outs[-1].finish_reason is FinishReason.STOP
     assert "".join(o.text_delta for o in outs) == text[: text.index(stop)]
     assert outs[-1].completion_tokens < 30
@@ -48,7 +37,7 @@ def test_eos_stops_unless_ignored():
     prompt = make_prompts(1, 10, 10, seed=2)[0]
     tokens = make_engine().generate([EngineRequest("a", prompt, greedy(12))])["a"]
     stop_on = tokens[4]  # pretend the model's 5th token is a stop token
-    out = run(make_engine(), [EngineRequest("a", prompt, greedy(12, stop_token_ids=(stop_on,)))])["a"]
+    out = run_to_end(make_engine(), [EngineRequest("a", prompt, greedy(12, stop_token_ids=(stop_on,)))])["a"]
     assert [t for o in out for t in o.new_token_ids] == tokens[: tokens.index(stop_on) + 1]
     assert out[-1].finish_reason is FinishReason.STOP
 

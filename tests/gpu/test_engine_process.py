@@ -16,7 +16,7 @@ from gpu.engine import EngineRequest
 from gpu.engine_process import EngineProcess, EngineProcessDied
 from gpu.engine_types import StepFailed
 from scheduler.types import FinishReason
-from tests.gpu.factories import greedy, make_engine, make_prompts
+from tests.gpu.factories import greedy, make_engine, make_prompts, run_to_end
 
 CONFIG = dict(max_num_batched_tokens=64, max_num_seqs=8)
 
@@ -45,16 +45,6 @@ def requests(n: int = 12) -> list[EngineRequest]:
     return [EngineRequest(f"r{i}", p, greedy(1 + (7 * i) % 13)) for i, p in enumerate(prompts)]
 
 
-def run(engine, batch: list[EngineRequest]) -> dict[str, list]:
-    for r in batch:
-        engine.add_request(r)
-    outs: dict[str, list] = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            outs.setdefault(out.request_id, []).append(out)
-    return outs
-
-
 def summary(outs: dict[str, list]) -> dict[str, tuple]:
     return {
         rid: (
@@ -68,7 +58,7 @@ def summary(outs: dict[str, list]) -> dict[str, tuple]:
 
 def test_outputs_equal_the_in_process_engine(process):
     batch = requests()
-    assert summary(run(process, batch)) == summary(run(make_engine(**CONFIG), batch))
+    assert summary(run_to_end(process, batch)) == summary(run_to_end(make_engine(**CONFIG), batch))
     assert process.stats().steps > 0 and process.tokenizer.decode(process.tokenizer.encode("AB")) == "AB"
     assert process.scheduler.config.max_num_seqs == 8
 

@@ -230,6 +230,24 @@ def test_a_poison_request_is_found_alone_and_its_step_mates_finish(settings, tmp
         assert worker.proc.poll() is None
 
 
+def _submit_long_jobs(client: JobClient, dep, tag: str, max_tokens: int) -> list[str]:
+    jobs = [
+        {"job_id": f"{tag}{i}-{dep.topic_prefix}", "prompt": f"job {i}", "max_tokens": max_tokens}
+        for i in range(6)
+    ]
+    return [s.job_id for s in client.submit_many(jobs)]
+
+
+def _all_succeed_on_a_fresh_worker(dep, db, tmp_path, ids: list[str]) -> None:
+    fresh = start_worker(dep, tmp_path, "w-fresh")
+    try:
+        rows = wait_terminal(db, ids, timeout_s=180)
+        assert {r["status"] for r in rows.values()} == {"succeeded"}, rows
+        assert {r["worker_id"] for r in rows.values()} == {"w-fresh"}
+    finally:
+        assert fresh.stop() == 0, fresh.output()[-3000:]
+
+
 def test_a_device_that_fails_every_step_makes_the_worker_exit_and_another_redoes_its_jobs(settings, tmp_path):
     """Steps that keep failing whoever runs them are the device's fault: the worker exits non-zero within a
     few steps, writes no row for the jobs it held, and a fresh worker finishes every one of them."""
@@ -238,11 +256,7 @@ def test_a_device_that_fails_every_step_makes_the_worker_exit_and_another_redoes
     client, db = JobClient(dep), create_engine(dep.database_url)
     try:
         wait_group_members(dep, 1)
-        jobs = [
-            {"job_id": f"dev{i}-{dep.topic_prefix}", "prompt": f"job {i}", "max_tokens": 300}
-            for i in range(6)
-        ]
-        ids = [s.job_id for s in client.submit_many(jobs)]
+        ids = _submit_long_jobs(client, dep, "dev", 300)
         trigger = client.submit(
             {"job_id": f"trigger-{dep.topic_prefix}", "prompt": "device-fault now"}
         ).job_id
@@ -250,13 +264,7 @@ def test_a_device_that_fails_every_step_makes_the_worker_exit_and_another_redoes
         assert broken.proc.wait(120) == 3, broken.output()[-3000:]
         assert "engine steps in a row failed" in broken.output()
         assert not [r for r in job_rows(db, [*ids, trigger]).values() if r["status"] == "failed"]
-        fresh = start_worker(dep, tmp_path, "w-fresh")
-        try:
-            rows = wait_terminal(db, [*ids, trigger], timeout_s=180)
-            assert {r["status"] for r in rows.values()} == {"succeeded"}, rows
-            assert {r["worker_id"] for r in rows.values()} == {"w-fresh"}
-        finally:
-            assert fresh.stop() == 0, fresh.output()[-3000:]
+        _all_succeed_on_a_fresh_worker(dep, db, tmp_path, [*ids, trigger])
     finally:
         client.close()
         db.dispose()
@@ -271,11 +279,7 @@ def test_a_worker_whose_engine_process_dies_exits_and_another_redoes_its_jobs(se
     client, db = JobClient(dep), create_engine(dep.database_url)
     try:
         wait_group_members(dep, 1)
-        jobs = [
-            {"job_id": f"eng{i}-{dep.topic_prefix}", "prompt": f"job {i}", "max_tokens": 400}
-            for i in range(6)
-        ]
-        ids = [s.job_id for s in client.submit_many(jobs)]
+        ids = _submit_long_jobs(client, dep, "eng", 400)
         deadline = time.monotonic() + 60
         while not [r for r in job_rows(db, ids).values() if r["status"] == "running"]:
             assert time.monotonic() < deadline, "no job started"
@@ -287,13 +291,7 @@ def test_a_worker_whose_engine_process_dies_exits_and_another_redoes_its_jobs(se
         assert orphaned.proc.wait(60) == 3, orphaned.output()[-3000:]
         assert "the engine process exited" in orphaned.output()
         assert not [r for r in job_rows(db, ids).values() if r["status"] in TERMINAL_STATUSES]
-        fresh = start_worker(dep, tmp_path, "w-after")
-        try:
-            rows = wait_terminal(db, ids, timeout_s=180)
-            assert {r["status"] for r in rows.values()} == {"succeeded"}, rows
-            assert {r["worker_id"] for r in rows.values()} == {"w-after"}
-        finally:
-            assert fresh.stop() == 0, fresh.output()[-3000:]
+        _all_succeed_on_a_fresh_worker(dep, db, tmp_path, ids)
     finally:
         client.close()
         db.dispose()
