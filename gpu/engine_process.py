@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NoReturn
 
 from gpu.engine_types import EngineRequest, EngineStats, GrammarSpec, RequestOutput, StepFailed
 from gpu.grammar.constraints import Constraints
@@ -40,7 +40,6 @@ from scheduler.types import FinishReason
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
-START_TIMEOUT_S = 600.0  # loading (or converting) a model and warming it up
 
 
 class EngineProcessDied(RuntimeError):
@@ -76,12 +75,20 @@ class EngineProcess:
     def __init__(self, build: Callable[[], Any]) -> None:
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
+        # grammars go to the child as intake compiles them, on a pipe of their own: compiled there off the
+        # step path, they are cached before their jobs are admitted
+        grammars_in, self._grammars = context.Pipe(duplex=False)
         self._process = context.Process(
-            target=_serve, args=(child_conn, build), name="inferq-engine", daemon=True
+            target=_serve,
+            args=(child_conn, grammars_in, build, os.getpid()),
+            name="inferq-engine",
+            daemon=True,
         )
         self._process.start()
         child_conn.close()
-        kind, payload = self._receive(START_TIMEOUT_S)
+        grammars_in.close()
+        self._grammars_lock = threading.Lock()
+        kind, (_, payload) = self._receive()  # however long the model takes to load (or convert)
         if kind != "ready":
             self._process.join(5)
             raise RuntimeError(f"the engine process could not start: {payload}")
@@ -103,13 +110,18 @@ class EngineProcess:
         self._lock = threading.Lock()  # the pipe's messages and replies stay paired
         self._in_flight = False  # a step was launched ahead; its reply is the next one on the pipe
         self._early: list[RequestOutput] = []  # outputs of that step, read before an abort's reply
-        self._early_failure: StepFailed | None = None  # or its failure: both come out of the next step()
+        self._early_failure: Exception | None = None  # or its failure: both come out of the next step()
         self._dead = False  # the child is gone (EngineProcessDied was raised)
+        self._death = ""
         self.fault_hook = None  # test failpoints are set in the child (workers.cli.engine_options)
 
     # ---- the Engine interface the worker uses ----------------------------------------------------------
     def compile_grammar(self, spec: GrammarSpec) -> Any:
-        return self._constraints.compile(spec)
+        """Compiled here (a bad grammar raises now, at intake) and in the child, off its step path."""
+        compiled = self._constraints.compile(spec)
+        with self._grammars_lock, contextlib.suppress(OSError):  # a dead child is step()'s to report
+            self._grammars.send(spec)
+        return compiled
 
     def add_request(self, request: EngineRequest) -> None:
         """Queued until the next step or abort (a request the child refuses ends REJECTED, with why)."""
@@ -118,45 +130,48 @@ class EngineProcess:
         self._adds.append(request)
 
     def abort_request(self, request_id: str) -> list[RequestOutput]:
-        """As Engine's; once the process is gone, nothing (it holds nothing to free)."""
+        """As Engine's. Never raises for a dead process (it holds nothing to free): the next step() does."""
         with self._lock:
             if self._dead:
                 return []
-            self._send("abort", request_id)
-            if self._in_flight:  # the step launched ahead comes back first: its news waits for step()
-                self._in_flight = False
-                try:
-                    self._early += self._read()
-                except StepFailed as failed:
-                    self._early_failure = failed
-            return self._read()
+            try:
+                self._settle_in_flight()
+                self._send("abort", request_id)
+                aborted = self._read()
+            except EngineProcessDied:
+                return []
+            if aborted:  # it was live: what the step launched ahead made of it is not its news any more
+                self._early = [o for o in self._early if o.request_id != request_id]
+            return aborted
 
     def step(self, only: str | None = None) -> list[RequestOutput]:
         """The outputs of one engine step. The next step is launched before this returns (unless `only`
         asks for a probe, or nothing is left): the child runs it while the worker handles these outputs."""
         with self._lock:
-            early, self._early = self._early, []
-            if self._early_failure is not None:
-                failed, self._early_failure = self._early_failure, None
-                cause = failed.__cause__ or failed
-                raise StepFailed(failed.seq_ids, early + failed.outputs, cause) from cause
-            if self._in_flight and only is not None:  # a probe runs alone: finish what runs now first
-                self._in_flight = False
-                early = self._read_after(early)
-                if only not in self._state.running_ids:
-                    return early  # (it ended meanwhile: the guard asks again)
+            if self._dead:
+                raise EngineProcessDied(self._death)
+            if only is not None:  # a probe runs alone: what runs now finishes first
+                self._settle_in_flight()
+            self._raise_early_failure()
             if not self._in_flight:
                 self._send("step", only)
             self._in_flight = False
-            outputs = self._read_after(early)
+            try:
+                outputs = self._read()
+            except StepFailed as failed:
+                early, self._early = self._early, []
+                cause = failed.__cause__ or failed
+                raise StepFailed(failed.seq_ids, early + failed.outputs, cause) from cause
+            early, self._early = self._early, []
             if only is None and (self._state.has_unfinished or self._adds):
                 self._send("step", None)
                 self._in_flight = True
-            return outputs
+            return early + outputs
 
     def has_unfinished(self) -> bool:
+        """Work, or news of it, is left; also once the process is gone (so that step() says so)."""
         news = self._in_flight or bool(self._adds or self._early) or self._early_failure is not None
-        return news or self._state.has_unfinished
+        return news or self._state.has_unfinished or self._dead or not self._process.is_alive()
 
     def running_ids(self) -> list[str]:
         return list(self._state.running_ids)
@@ -184,13 +199,13 @@ class EngineProcess:
         try:
             self._conn.send((op, adds, arg))
         except OSError as exc:
-            self._dead = True
-            self._process.join(5)
-            raise EngineProcessDied(f"the engine process exited (code {self._process.exitcode})") from exc
+            self._died(exc)
 
     def _read(self) -> list[RequestOutput]:
-        """The reply to the oldest message not answered yet: its outputs, or its step's failure raised."""
-        kind, payload = self._receive(None)
+        """The reply to the oldest message not answered yet: its outputs, or its failure raised. Requests
+        the child refused end REJECTED in `_early`, delivered by the next step() whatever the message was."""
+        kind, (refused, payload) = self._receive()
+        self._early += refused
         if kind == "ok":
             outputs, self._state = payload
             return outputs
@@ -200,32 +215,44 @@ class EngineProcess:
             raise StepFailed(seq_ids, outputs, cause) from cause
         raise RuntimeError(f"engine process: {payload}")
 
-    def _read_after(self, early: list[RequestOutput]) -> list[RequestOutput]:
-        """`early` and the next reply's outputs; a failed step's StepFailed carries both."""
+    def _settle_in_flight(self) -> None:
+        """Read the reply of the step launched ahead, so the next message's reply is the next one read: its
+        outputs wait in `_early`, a failure in `_early_failure`, both for step()."""
+        if not self._in_flight:
+            return
+        self._in_flight = False
         try:
-            return early + self._read()
-        except StepFailed as failed:
-            if not early:
-                raise
+            self._early += self._read()
+        except EngineProcessDied:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the step's own failure: step() raises it
+            self._early_failure = exc
+
+    def _raise_early_failure(self) -> None:
+        if self._early_failure is None:
+            return
+        failed, self._early_failure = self._early_failure, None
+        if isinstance(failed, StepFailed):
+            early, self._early = self._early, []
             cause = failed.__cause__ or failed
             raise StepFailed(failed.seq_ids, early + failed.outputs, cause) from cause
+        raise failed
 
-    def _receive(self, timeout_s: float | None) -> tuple[str, Any]:
+    def _receive(self) -> tuple[str, Any]:
         """The child's next reply; raises EngineProcessDied once it is gone."""
         try:
-            while not self._conn.poll(1.0 if timeout_s is None else min(timeout_s, 1.0)):
+            while not self._conn.poll(1.0):
                 if not self._process.is_alive():
                     raise EOFError
-                if timeout_s is not None:
-                    timeout_s -= 1.0
-                    if timeout_s <= 0:
-                        self._process.kill()
-                        raise EOFError
             return self._conn.recv()
         except (EOFError, OSError) as exc:
-            self._dead = True
-            self._process.join(5)
-            raise EngineProcessDied(f"the engine process exited (code {self._process.exitcode})") from exc
+            self._died(exc)
+
+    def _died(self, exc: BaseException) -> NoReturn:
+        self._dead = True
+        self._process.join(5)
+        self._death = f"the engine process exited (code {self._process.exitcode})"
+        raise EngineProcessDied(self._death) from exc
 
 
 def _empty_stats() -> EngineStats:
@@ -237,42 +264,40 @@ def _empty_stats() -> EngineStats:
 
 
 # ---- the child -----------------------------------------------------------------------------------------
-def _die_with_parent() -> None:
+def _die_with_parent(parent_pid: int) -> None:
     """SIGKILL this process when its parent dies, however it dies (Linux; elsewhere the pipe's EOF)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         return
-    if os.getppid() == 1:  # the parent died before the call
+    if os.getppid() != parent_pid:  # the parent died before the call (it may be pid 1, in a container)
         os._exit(1)
 
 
-def _serve(conn: Any, build: Callable[[], Any]) -> None:
-    _die_with_parent()
-    signal.signal(
-        signal.SIGINT, signal.SIG_IGN
-    )  # the worker decides when the engine stops (a ^C reaches both)
+def _serve(conn: Any, grammars: Any, build: Callable[[], Any], parent_pid: int) -> None:
+    _die_with_parent(parent_pid)
+    # the worker decides when its engine stops (a ^C in a terminal reaches both processes)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         engine = build()
     except BaseException as exc:  # noqa: BLE001 - told to the parent, which raises it
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        conn.send(("error", ([], f"{type(exc).__name__}: {exc}")))
         return
     config = engine.scheduler.config
-    conn.send(
-        (
-            "ready",
-            EngineFacts(
-                tokenizer=engine.tokenizer,
-                max_model_len=config.max_model_len,
-                max_num_seqs=config.max_num_seqs,
-                vocab_size=engine.model.config.vocab_size,
-                eos_token_ids=frozenset(engine.eos_token_ids),
-                generation_defaults=engine.generation_defaults,
-            ),
-        )
+    facts = EngineFacts(
+        tokenizer=engine.tokenizer,
+        max_model_len=config.max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        vocab_size=engine.model.config.vocab_size,
+        eos_token_ids=frozenset(engine.eos_token_ids),
+        generation_defaults=engine.generation_defaults,
     )
+    threading.Thread(
+        target=_compile_grammars, args=(grammars, engine), name="inferq-grammars", daemon=True
+    ).start()
+    conn.send(("ready", ([], facts)))  # every reply: (kind, (refused requests, payload))
     while True:
         try:
             op, adds, arg = conn.recv()
@@ -287,13 +312,26 @@ def _serve(conn: Any, build: Callable[[], Any]) -> None:
         except StepFailed as failed:
             cause = failed.__cause__ or failed
             error = f"{type(cause).__name__}: {cause}"
-            conn.send(("step_failed", (failed.seq_ids, refused + failed.outputs, error, _state_of(engine))))
+            conn.send(("step_failed", (refused, (failed.seq_ids, failed.outputs, error, _state_of(engine)))))
             continue
         except Exception as exc:  # noqa: BLE001 - the parent raises it; the engine goes on
             log.exception("engine process: %s failed", op)
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            conn.send(("error", (refused, f"{type(exc).__name__}: {exc}")))
             continue
-        conn.send(("ok", (refused + outputs, _state_of(engine))))
+        conn.send(("ok", (refused, (outputs, _state_of(engine)))))
+
+
+def _compile_grammars(grammars: Any, engine: Any) -> None:
+    """Compile each spec intake sent into the engine's cache (a bad one was refused at intake already)."""
+    while True:
+        try:
+            spec = grammars.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            engine.compile_grammar(spec)
+        except Exception:  # noqa: BLE001 - intake refused it; nothing here depends on it
+            continue
 
 
 def _add_all(engine: Any, adds: list[EngineRequest]) -> list[tuple[EngineRequest, Exception]]:

@@ -4,6 +4,7 @@ refusals and failed steps still reach the caller as Engine's do, and the child n
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +29,21 @@ def _engine_failing_on(request_id: str):
     def hook(ids: tuple[str, ...]) -> None:
         if request_id in ids:
             raise RuntimeError(f"poison {request_id}")
+
+    engine.fault_hook = hook
+    return engine
+
+
+def _engine_failing_from_the_second_step_on(request_id: str):
+    """In the child: the steps that run `request_id` fail from its second step on."""
+    engine = make_engine(**CONFIG)
+    seen = []
+
+    def hook(ids: tuple[str, ...]) -> None:
+        if request_id in ids:
+            seen.append(ids)
+            if len(seen) >= 2:
+                raise RuntimeError(f"poison {request_id}")
 
     engine.fault_hook = hook
     return engine
@@ -117,14 +133,62 @@ def test_a_failed_step_raises_step_failed_and_a_probe_runs_one_request_alone():
         engine.close()
 
 
+def test_an_abort_reads_a_failed_step_launched_ahead_first_and_step_raises_it_next():
+    engine = EngineProcess(partial(_engine_failing_from_the_second_step_on, "bad"))
+    try:
+        prompts = make_prompts(2, 4, 6)
+        engine.add_request(EngineRequest("good", prompts[0], greedy(20, ignore_eos=True)))
+        engine.add_request(EngineRequest("bad", prompts[1], greedy(20, ignore_eos=True)))
+        assert {o.request_id for o in engine.step()} == {"good", "bad"}  # step 2 now fails in the child
+        aborted = engine.abort_request("good")
+        assert [(o.request_id, o.finish_reason) for o in aborted] == [("good", FinishReason.ABORT)]
+        with pytest.raises(StepFailed) as failed:
+            engine.step()
+        assert set(failed.value.seq_ids) == {"good", "bad"}
+        with pytest.raises(StepFailed):  # replies still pair with their messages
+            engine.step(only="bad")
+        assert [o.finish_reason for o in engine.abort_request("bad")] == [FinishReason.ABORT]
+        assert not engine.has_unfinished()
+    finally:
+        engine.close()
+
+
+def test_a_refusal_that_rides_on_an_abort_comes_out_of_the_next_step(process):
+    prompts = make_prompts(2, 4, 6)
+    process.add_request(EngineRequest("long", prompts[0], greedy(40, ignore_eos=True)))
+    process.step()
+    process.add_request(EngineRequest("long", prompts[1], greedy(2)))  # refused: the id is live
+    assert process.abort_request("never-added") == []
+    refused = [o for o in process.step() if o.finish_reason is FinishReason.REJECTED]
+    assert len(refused) == 1 and "already in the engine" in refused[0].detail
+
+
 def test_a_dead_engine_process_is_reported_and_holds_nothing(process):
     process.add_request(EngineRequest("x", make_prompts(1, 4, 4)[0], greedy(50, ignore_eos=True)))
     process.step()
     os.kill(process._process.pid, signal.SIGKILL)
-    with pytest.raises(EngineProcessDied):
-        for _ in range(3):
-            process.step()
+    process._process.join(10)
+    assert process.abort_request("x") == []  # never raises: the next step says it
+    assert process.has_unfinished()
+    with pytest.raises(EngineProcessDied, match="code -9"):
+        process.step()
     assert process.abort_request("x") == []
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
+def test_a_worker_that_is_pid_1_keeps_its_engine():
+    """In a container the worker is often pid 1: its engine's process must not take that for an orphan."""
+    code = (
+        "from functools import partial; from gpu.engine_process import EngineProcess; "
+        "from gpu.engine import EngineRequest; from tests.gpu.factories import make_engine, greedy; "
+        "import os; assert os.getpid() == 1; e = EngineProcess(partial(make_engine, num_blocks=16)); "
+        "e.add_request(EngineRequest('a', (5, 6, 7), greedy(2))); print(len(e.step())); e.close()"
+    )
+    done = subprocess.run(["unshare", "--pid", "--fork", sys.executable, "-c", code], capture_output=True,
+                          text=True, cwd=os.getcwd(), timeout=120)  # fmt: skip
+    if done.returncode != 0 and "Operation not permitted" in done.stderr:
+        pytest.skip("unshare --pid is not permitted here")
+    assert done.returncode == 0 and done.stdout.strip() == "1", done.stderr[-2000:]
 
 
 def test_the_engine_process_does_not_outlive_its_worker():

@@ -104,8 +104,9 @@ class Intake:
     @classmethod
     def for_engine(cls, topics: Topics, limits: Limits, engine: Engine | EngineProcess) -> Intake:
         """The worker's intake for `engine`, with its own tokenizer: it runs on the intake thread while the
-        engine thread detokenizes; grammars are compiled there too (the engine caches them), so a slow
-        schema never holds up a step."""
+        engine thread detokenizes; grammars are compiled there too (the engine caches them; an engine in
+        a process of its own compiles its copy on a thread beside its steps), so a slow schema never holds
+        up a step."""
         return cls(
             topics,
             limits,
