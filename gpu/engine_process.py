@@ -94,7 +94,6 @@ class EngineProcess:
             raise RuntimeError(f"the engine process could not start: {payload}")
         facts: EngineFacts = payload
         log.info("engine process %d ready", self._process.pid)
-        self.facts = facts
         self.tokenizer = facts.tokenizer
         self.eos_token_ids = facts.eos_token_ids
         self.generation_defaults = facts.generation_defaults
@@ -113,7 +112,6 @@ class EngineProcess:
         self._early_failure: Exception | None = None  # or its failure: both come out of the next step()
         self._dead = False  # the child is gone (EngineProcessDied was raised)
         self._death = ""
-        self.fault_hook = None  # test failpoints are set in the child (workers.cli.engine_options)
 
     # ---- the Engine interface the worker uses ----------------------------------------------------------
     def compile_grammar(self, spec: GrammarSpec) -> Any:
@@ -159,9 +157,7 @@ class EngineProcess:
             try:
                 outputs = self._read()
             except StepFailed as failed:
-                early, self._early = self._early, []
-                cause = failed.__cause__ or failed
-                raise StepFailed(failed.seq_ids, early + failed.outputs, cause) from cause
+                raise self._with_early(failed) from failed.__cause__
             early, self._early = self._early, []
             if only is None and (self._state.has_unfinished or self._adds):
                 self._send("step", None)
@@ -233,10 +229,13 @@ class EngineProcess:
             return
         failed, self._early_failure = self._early_failure, None
         if isinstance(failed, StepFailed):
-            early, self._early = self._early, []
-            cause = failed.__cause__ or failed
-            raise StepFailed(failed.seq_ids, early + failed.outputs, cause) from cause
+            raise self._with_early(failed) from failed.__cause__
         raise failed
+
+    def _with_early(self, failed: StepFailed) -> StepFailed:
+        """`failed` carrying the outputs read before it, which the caller must still apply."""
+        early, self._early = self._early, []
+        return StepFailed(failed.seq_ids, early + failed.outputs, failed.__cause__ or failed)
 
     def _receive(self) -> tuple[str, Any]:
         """The child's next reply; raises EngineProcessDied once it is gone."""

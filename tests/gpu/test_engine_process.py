@@ -22,31 +22,26 @@ from tests.gpu.factories import greedy, make_engine, make_prompts, run_to_end
 CONFIG = dict(max_num_batched_tokens=64, max_num_seqs=8)
 
 
-def _engine_failing_on(request_id: str):
-    """In the child: an engine whose steps raise while they run `request_id` (a poison request)."""
+def _engine_failing_on(request_id: str, from_its_step: int = 1):
+    """In the child: an engine whose steps raise while they run `request_id` (a poison request), from its
+    `from_its_step`-th step on."""
     engine = make_engine(**CONFIG)
+    steps = []
 
     def hook(ids: tuple[str, ...]) -> None:
         if request_id in ids:
-            raise RuntimeError(f"poison {request_id}")
-
-    engine.fault_hook = hook
-    return engine
-
-
-def _engine_failing_from_the_second_step_on(request_id: str):
-    """In the child: the steps that run `request_id` fail from its second step on."""
-    engine = make_engine(**CONFIG)
-    seen = []
-
-    def hook(ids: tuple[str, ...]) -> None:
-        if request_id in ids:
-            seen.append(ids)
-            if len(seen) >= 2:
+            steps.append(ids)
+            if len(steps) >= from_its_step:
                 raise RuntimeError(f"poison {request_id}")
 
     engine.fault_hook = hook
     return engine
+
+
+def _good_and_bad(engine: EngineProcess, max_tokens: int) -> None:
+    prompts = make_prompts(2, 4, 6)
+    engine.add_request(EngineRequest("good", prompts[0], greedy(max_tokens, ignore_eos=True)))
+    engine.add_request(EngineRequest("bad", prompts[1], greedy(max_tokens, ignore_eos=True)))
 
 
 @pytest.fixture
@@ -114,9 +109,7 @@ def test_a_request_the_child_refuses_ends_rejected_with_why(process):
 def test_a_failed_step_raises_step_failed_and_a_probe_runs_one_request_alone():
     engine = EngineProcess(partial(_engine_failing_on, "bad"))
     try:
-        prompts = make_prompts(2, 4, 6)
-        engine.add_request(EngineRequest("good", prompts[0], greedy(5, ignore_eos=True)))
-        engine.add_request(EngineRequest("bad", prompts[1], greedy(5, ignore_eos=True)))
+        _good_and_bad(engine, 5)
         with pytest.raises(StepFailed) as failed:
             engine.step()
         assert set(failed.value.seq_ids) == {"good", "bad"} and "poison bad" in str(failed.value)
@@ -134,11 +127,9 @@ def test_a_failed_step_raises_step_failed_and_a_probe_runs_one_request_alone():
 
 
 def test_an_abort_reads_a_failed_step_launched_ahead_first_and_step_raises_it_next():
-    engine = EngineProcess(partial(_engine_failing_from_the_second_step_on, "bad"))
+    engine = EngineProcess(partial(_engine_failing_on, "bad", from_its_step=2))
     try:
-        prompts = make_prompts(2, 4, 6)
-        engine.add_request(EngineRequest("good", prompts[0], greedy(20, ignore_eos=True)))
-        engine.add_request(EngineRequest("bad", prompts[1], greedy(20, ignore_eos=True)))
+        _good_and_bad(engine, 20)
         assert {o.request_id for o in engine.step()} == {"good", "bad"}  # step 2 now fails in the child
         aborted = engine.abort_request("good")
         assert [(o.request_id, o.finish_reason) for o in aborted] == [("good", FinishReason.ABORT)]

@@ -192,7 +192,7 @@ class Worker:
         self.lifecycle.broadcast(self.intake_thread.broadcast_records())
         for key in self.persister.cancelled():
             self.lifecycle.cancel(key)
-        if time.monotonic() >= self._in_flight_due:  # read by the persister's cancel lookups, every 2 s
+        if time.monotonic() >= self._in_flight_due:  # read by the persister's cancel lookups
             self._in_flight_due = time.monotonic() + IN_FLIGHT_REFRESH_S
             self._in_flight = tuple(j.key for j in self.lifecycle.jobs.values())
         clock.lap("control")
