@@ -259,6 +259,11 @@ class GroupConsumer:
         self._held = self._held - set(topics)
         self._apply_holds()
 
+    @property
+    def holding(self) -> bool:
+        """Some topics are held (`pause`)."""
+        return bool(self._held)
+
     def _hold_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         held = self._held
         parts = [tp for tp in assigned if tp.topic in held]

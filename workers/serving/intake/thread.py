@@ -122,7 +122,10 @@ class IntakeThread:
                     time.sleep(FULL_WAIT_S)
                     continue
                 last_poll = now
-                records = self.consumer.poll(self._poll_s, max(1, budget), self._first)
+                # while topics are held, the loop's resume runs only between polls: a poll blocked for
+                # poll_s would hold a drained worker idle that long (a burst had 1-3 such 200 ms stalls)
+                timeout_s = FULL_WAIT_S if self.consumer.holding else self._poll_s
+                records = self.consumer.poll(timeout_s, max(1, budget), self._first)
                 self.assignment = frozenset(self.consumer.assignment())
                 if records:
                     with self._queued_lock:
