@@ -105,10 +105,16 @@ class Producer:
         self._lock = threading.Lock()
 
     def send(
-        self, topic: str, key: str | bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
+        self,
+        topic: str,
+        key: str | bytes | None,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]] = (),
+        check_size: bool | None = None,
     ) -> Delivery:
+        """`check_size`: this message's size checked against its topic (None: as the producer was made)."""
         raw_key = key.encode() if isinstance(key, str) else key
-        if self._check_sizes:
+        if self._check_sizes if check_size is None else check_size:
             self._check_size(topic, raw_key, value, list(headers))
         return Delivery(self._client().send(topic, value=value, key=raw_key, headers=list(headers) or None))
 
@@ -145,12 +151,25 @@ class Producer:
             )
 
     def _limit(self, topic: str) -> int | None:
-        asked, limit = self._limits.get(topic, (None, None))
-        if asked is not None and time.monotonic() - asked < LIMIT_REFRESH_S:
-            return limit
+        """The topic's limit: asked for before its first message, then refreshed every LIMIT_REFRESH_S on a
+        thread of its own (a lookup is a new admin connection: it must not hold up the sends meanwhile)."""
+        with self._lock:
+            asked, limit = self._limits.get(topic, (None, None))
+            if asked is not None:
+                if time.monotonic() - asked >= LIMIT_REFRESH_S:
+                    self._limits[topic] = (time.monotonic(), limit)  # one refresh at a time
+                    refresh = threading.Thread(target=self._ask, args=(topic, limit), daemon=True,
+                                               name="inferq-size-limits")  # fmt: skip
+                    refresh.start()
+                return limit
+        return self._ask(topic, None)
+
+    def _ask(self, topic: str, known: int | None) -> int | None:
+        limit = known
         try:
-            limit = max_message_bytes(self._conn, topic) or limit
+            limit = max_message_bytes(self._conn, topic) or known
         except Exception as exc:  # noqa: BLE001 - e.g. no DescribeConfigs permission: keep what was known
             log.debug("could not ask for the size limit of %s: %s", topic, exc)
-        self._limits[topic] = (time.monotonic(), limit)
+        with self._lock:
+            self._limits[topic] = (time.monotonic(), limit)
         return limit
