@@ -1,4 +1,5 @@
-"""The token-event relay process: its framing, and events through it to the real broker, across its death."""
+"""The relay process: its framing, token events and results through it to the real broker, across its death,
+and the errors it answers rebuilt as the Kafka client's own."""
 
 from __future__ import annotations
 
@@ -20,14 +21,35 @@ from workers.settings import KafkaConnection
 
 def test_frames_round_trip_and_a_frame_cut_short_ends_the_stream():
     headers = [("job_id", b"job-1"), ("tenant", "accént".encode()), ("empty", b"")]
-    stream = event_relay.event_frame(7, b"job-1", b'{"x": 1}', headers)
-    stream += event_relay.event_frame(0, b"job-3", b"{}") + event_relay.reply_frame(7, 1, "broker away")
-    cut = event_relay.event_frame(0, b"job-2", b"{}")[:-1]
+    stream = event_relay.message_frame(7, b"job-1", b'{"x": 1}', headers)
+    stream += event_relay.message_frame(0, b"job-3", b"{}") + event_relay.reply_frame(7, 1, "broker away")
+    stream += event_relay.message_frame(9, b"job-4", b"{}", topic="t.results", durable=True)
+    cut = event_relay.message_frame(0, b"job-2", b"{}")[:-1]
     payloads = list(event_relay.read_frames(io.BytesIO(stream + cut)))
-    assert len(payloads) == 3
-    assert event_relay.parse_event(payloads[0]) == (7, b"job-1", b'{"x": 1}', headers)
-    assert event_relay.parse_event(payloads[1]) == (0, b"job-3", b"{}", [])
+    assert len(payloads) == 4
+    assert event_relay.parse_message(payloads[0]) == event_relay.Message(7, b"job-1", b'{"x": 1}', headers)
+    assert event_relay.parse_message(payloads[1]) == event_relay.Message(0, b"job-3", b"{}", [])
     assert event_relay.parse_reply(payloads[2]) == (7, 1, "broker away")
+    durable = event_relay.Message(9, b"job-4", b"{}", [], topic="t.results", durable=True)
+    assert event_relay.parse_message(payloads[3]) == durable
+
+
+def test_an_answered_error_is_rebuilt_as_the_client_would_raise_it():
+    """The persister tells a broker that is away (retry) from a record it refuses (replace or give up)
+    by the error's class: an answer from the relay must keep it."""
+    from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
+
+    from workers.kafka_io.errors import kafka_too_large
+    from workers.serving.errors import is_transient
+
+    too_large = event_relay.error_of(event_relay.error_text(MessageSizeTooLargeError("1 MB is too much")))
+    assert isinstance(too_large, MessageSizeTooLargeError) and kafka_too_large(too_large)
+    assert "1 MB is too much" in str(too_large)
+    away = event_relay.error_of(event_relay.error_text(KafkaTimeoutError("no answer")))
+    assert isinstance(away, KafkaTimeoutError) and is_transient(away)
+    assert is_transient(event_relay.error_of(event_relay.error_text(ConnectionError("reset"))))
+    unknown = event_relay.error_of("SomethingNew\nwhy")  # no such class: never taken for transient
+    assert isinstance(unknown, RuntimeError) and not is_transient(unknown) and "why" in str(unknown)
 
 
 def _event(job_id: str, seq: int, final: bool = False) -> TokenEvent:
@@ -59,9 +81,9 @@ def test_events_arrive_in_order_and_a_killed_relay_is_replaced(settings):
         relay = psutil.Process(sender._relay.proc.pid)
         relay.kill()
         relay.wait(10)
-        # events sent into the dead relay are dropped (counted) until a new relay takes over
+        # a write finds the relay dead and starts a new one (an event written into the dying one is dropped)
         wait_until(lambda: _confirmed(sender.send(_event(f"{job}-b", 0), track=True)), timeout_s=60)
-        assert drops
+        assert sender._relay.proc.pid != relay.pid
         for seq in range(1, 50):
             sender.send(_event(f"{job}-b", seq))
         sender.send(_event(f"{job}-b", 50, final=True), track=True).wait(30)
@@ -137,3 +159,110 @@ def test_the_relay_process_inherits_no_secrets_of_the_worker(monkeypatch):
     assert not names & {*SECRETS, "INFERQ_KAFKA"}
     assert b"7f3a" not in b"".join(environ.values())
     assert not {n for n in names if any(w in n for w in ("PASSWORD", "SECRET", "TOKEN", "DATABASE"))}
+
+
+@pytest.mark.services
+def test_results_through_the_relay_are_answered_with_the_brokers_outcome(settings):
+    """Durable messages (results): delivered ones are confirmed; one too large for its topic comes back as
+    the client's own MessageSizeTooLargeError (the persister then sends its compact form); one the relay
+    died holding comes back as a lost connection (retried), and the next send starts a new relay."""
+    from kafka.admin import KafkaAdminClient
+    from kafka.errors import MessageSizeTooLargeError
+
+    from workers.kafka_io.admin import delete_topics
+    from workers.serving.errors import is_transient
+    from workers.serving.streaming.sender import RelayLink, RelayProducer
+
+    prefix = f"relayres{uuid.uuid4().hex[:8]}"
+    topic = f"{prefix}.results"
+    with KafkaAdminClient(bootstrap_servers=settings.kafka) as admin:
+        spec = {"num_partitions": 1, "replication_factor": 1, "configs": {"max.message.bytes": "2000"}}
+        admin.create_topics({topic: spec}, wait_for_metadata=True)
+    since = now_ms()
+    link = RelayLink(settings.kafka_connection, "inferq-test-relay-results", f"{prefix}.tokens")
+    results = RelayProducer(link)
+    try:
+        fits = results.send(topic, "job-1", b"x" * 1500, [("job_id", b"job-1")])
+        too_large = results.send(topic, "job-2", b"x" * 5000)
+        assert fits.settle(30) and fits.error is None
+        assert too_large.settle(30) and isinstance(too_large.error, MessageSizeTooLargeError)
+        relay = psutil.Process(link.relay.proc.pid)
+        relay.suspend()  # it cannot answer: the next result is written to it and left unanswered
+        lost = results.send(topic, "job-3", b"again")
+        assert not lost.settle(0.5)
+        relay.kill()
+        relay.wait(10)
+        assert lost.settle(30) and isinstance(lost.error, ConnectionError) and is_transient(lost.error)
+        again = results.send(topic, "job-3", b"again")
+        assert again.settle(30) and again.error is None
+        assert link.relay.proc.pid != relay.pid
+    finally:
+        link.close(10)
+    records = read_topic(settings, topic, since, lambda rs: len(rs) >= 2)
+    assert [r.key for r in records][:1] == [b"job-1"] and b"job-3" in {r.key for r in records}
+    delete_topics(settings.kafka_connection, prefix)
+
+
+@pytest.mark.services
+@pytest.mark.slow
+def test_a_worker_whose_relay_is_killed_again_and_again_publishes_every_result_once(settings, tmp_path):
+    """Results leave through the relay: stopped and killed three times while hundreds of short jobs finish,
+    it is started again each time; every job ends once, with exactly one result (what the dead relay held is
+    sent again, and one the broker took before it died is found by the lookup, not sent twice), and the
+    worker rides it out."""
+    from sqlalchemy import create_engine
+
+    from tests.workers.worker_factories import (
+        job_rows,
+        results_by_job,
+        start_worker,
+        wait_group_members,
+        wait_terminal,
+    )
+    from workers.client import JobClient
+
+    dep = make_deployment(settings)
+    worker = start_worker(dep, tmp_path, "w-relay")
+    db = create_engine(dep.database_url)
+    try:
+        wait_group_members(dep, 1)
+        since = now_ms()
+        jobs = [
+            {"job_id": f"rk-{dep.topic_prefix}-{i}", "prompt": f"job {i}", "max_tokens": 4}
+            for i in range(600)
+        ]
+        with JobClient(dep) as client:
+            ids = [s.job_id for s in client.submit_many(jobs)]
+        wait_until(lambda: any(r["status"] == "succeeded" for r in job_rows(db, ids).values()), timeout_s=120)
+        killed = set()
+        for _ in range(3):  # each time the relay serving now: the one started after the last kill
+            deadline = time.monotonic() + 60
+            while not (relays := _relays(worker.proc.pid) - killed):
+                assert time.monotonic() < deadline, "no relay started again"
+                time.sleep(0.05)
+            for relay in relays:  # stopped first, so what is written to it meanwhile is surely unsent
+                killed.add(relay)
+                relay.suspend()
+            time.sleep(0.5)
+            for relay in relays:
+                relay.kill()
+        rows = wait_terminal(db, ids, timeout_s=180)
+        assert {r["status"] for r in rows.values()} == {"succeeded"}
+        results = results_by_job(dep, since, len(ids), settle_s=3.0)
+        assert {job_id: len(rs) for job_id, rs in results.items()} == dict.fromkeys(ids, 1)
+        assert worker.proc.poll() is None
+    finally:
+        db.dispose()
+        assert worker.stop() == 0, worker.output()[-3000:]
+
+
+def _relays(worker_pid: int) -> set[psutil.Process]:
+    """The worker's live relay processes (a killed one stays a zombie until the worker reaps it)."""
+    found = set()
+    for child in psutil.Process(worker_pid).children():
+        try:
+            if "workers.serving.streaming.relay" in " ".join(child.cmdline()):
+                found.add(child)
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            continue
+    return found

@@ -32,7 +32,7 @@ from workers.serving.loop.step_guard import StepGuard
 from workers.serving.metrics import WorkerMetrics
 from workers.serving.offsets import OffsetTracker
 from workers.serving.outbox.persister import Persister
-from workers.serving.streaming.sender import Sent, TokenEventSender
+from workers.serving.streaming.sender import RelayProducer, Sent, TokenEventSender
 from workers.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -88,8 +88,8 @@ class Worker:
         )
         self.control = until_available(lambda: BroadcastReader(conn, control_topics, cid + "-control"), where)
         self.ready = threading.Event()  # records or admission decisions are waiting for the loop
-        # a short block: while the broker is away, sends fail fast and the engine loop keeps generating;
-        # sizes checked: a result or dead letter too large for its topic must not break the producer
+        # dead letters (results leave through the relay); a short block: while the broker is away, sends
+        # fail fast and the engine loop keeps generating; sizes checked: one too large must not break it
         self.producer = until_available(lambda: Producer(conn, cid, max_block_s=0.5, check_sizes=True), where)
         drop, log_config = self.metrics.token_events_dropped.inc, (options.worker_id, *logs.current())
         self.events = TokenEventSender(conn, cid + "-events", topics.tokens_template, drop, log_config)
@@ -99,7 +99,7 @@ class Worker:
         self._in_flight_due = 0.0
         self.persister = Persister(
             self.db,
-            self.producer,
+            RelayProducer(self.events.link),  # results leave through the relay: no Kafka client work here
             topics,
             options.worker_id,
             dead_letter=self._dead_letter,
@@ -383,8 +383,9 @@ class Worker:
         self.lifecycle.admitter.close()  # records not admitted yet stay uncommitted: redelivered
         self.lifecycle.abort_all()  # past the grace period: no terminal row, the group redoes them
         self.lifecycle.flush(force=True)
-        self.events.close()
+        self.events.stop()  # the last token events reach the relay before the results that follow them
         self.persister.close()
+        self.events.close()
         self.intake_thread.stop()
         self._commit(force=True)
         self.producer.flush(10)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Protocol
 
-from workers.kafka_io import Delivery
 from workers.kafka_io.errors import kafka_refused
 from workers.serving.errors import Backoff, describe_error, is_transient
 
@@ -20,6 +19,24 @@ class Waitable(Protocol):
     """A message on its way to the broker: `wait` returns once the broker has it, else raises."""
 
     def wait(self, timeout_s: float = 30.0) -> None: ...
+
+
+class Delivery(Protocol):
+    """A message on its way to the broker: `settle` waits (bounded) for its outcome, `error` says it
+    (kafka_io.Delivery in-process, the relay's handle for a message it sends)."""
+
+    def settle(self, timeout_s: float) -> bool: ...
+
+    @property
+    def error(self) -> BaseException | None: ...
+
+
+class MessageSender(Protocol):
+    """What sends results: kafka_io.Producer, or the relay's producer (streaming.sender.RelayProducer)."""
+
+    def send(
+        self, topic: str, key: str | bytes | None, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
+    ) -> Delivery: ...
 
 
 LOOKUP_TRIES = 4  # failed lookups in a row before doubtful messages are sent anyway (at least once)

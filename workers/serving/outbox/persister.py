@@ -38,12 +38,12 @@ from workers.db.outbox import (
     renew,
     result_from_row,
 )
-from workers.kafka_io import Delivery, KeyLookup, Producer
+from workers.kafka_io import KeyLookup
 from workers.kafka_io.errors import kafka_too_large
 from workers.serving.errors import Backoff, describe_error, retry_transient
 from workers.serving.failpoints import crash_if
 from workers.serving.headers import job_headers
-from workers.serving.outbox.delivery import Deliveries, Ledger
+from workers.serving.outbox.delivery import Deliveries, Delivery, Ledger, MessageSender
 from workers.serving.outbox.result_lookup import PublishedResults, result_message
 from workers.serving.outbox.sweeper import SWEEP_S, Sweeper
 from workers.serving.outbox.writes import (
@@ -79,7 +79,7 @@ class Persister:
     def __init__(
         self,
         engine: Engine,
-        producer: Producer,
+        producer: MessageSender,  # of results
         topics: Topics,
         worker_id: str,
         dead_letter: Callable[[DeadLettered], Delivery],

@@ -1,14 +1,16 @@
-"""The token-event relay: a child process of the worker that owns the Kafka producer for token events.
+"""The Kafka relay: a child process of the worker that owns the Kafka producer for token events and results.
 
-kafka-python is pure Python: batching, framing and acknowledging thousands of events a second held the
-worker's GIL for about a second per ten seconds of generation, and the engine loop waited for it after
-torch ops. In a process of its own that work runs beside the engine instead of between its kernels.
+kafka-python is pure Python: batching, framing and acknowledging thousands of messages a second held the
+worker's GIL (a send is about 27 us of it, and its I/O thread as much again), time the engine loop waited
+for. In a process of its own that work runs beside the worker instead of between its steps.
 
-Protocol (pipes, both ways length-prefixed): the worker writes `event_frame(track, key, value, headers)`
-to stdin; the relay answers on stdout for every tracked event (delivered, failed or dropped) and with a
-count of the untracked events it dropped. It exits when stdin closes, after a bounded flush, or at once when
-the worker is gone (a thread watches the parent pid); it ignores SIGINT and SIGTERM, which are the worker's
-to act on.
+Protocol (pipes, both ways length-prefixed): the worker writes `message_frame(...)` to stdin; the relay
+answers on stdout for every tracked message (delivered, failed or dropped) and with a count of the
+untracked token events it dropped. Token events may be dropped (while the broker is away, their topic is
+paused); a durable message (a result) never is: the broker's answer comes back, a failure with its error's
+class, and the worker decides (the persister's outbox retries). It exits when stdin closes, after a bounded
+flush, or at once when the worker is gone (a thread watches the parent pid); it ignores SIGINT and SIGTERM,
+which are the worker's to act on.
 Run by the worker as `python -m workers.serving.streaming.relay`.
 """
 
@@ -23,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import BinaryIO
 
 ENV_CONNECTION = "INFERQ_RELAY_CONNECTION"  # the worker's KafkaConnection, as JSON (never on argv)
@@ -32,7 +35,7 @@ FLUSH_S = 5.0  # at exit, the longest wait for the broker to take what is buffer
 DELIVERED, FAILED, DROPPED = 0, 1, 2
 
 _LENGTH = struct.Struct(">I")
-_EVENT = struct.Struct(">QHH")  # track id (0: untracked), key length, headers length
+_MESSAGE = struct.Struct(">QBHHH")  # track id (0: untracked), durable, topic, key and headers lengths
 _HEADER = struct.Struct(">HH")  # one header's name length and value length
 _REPLY = struct.Struct(">QBH")  # track id, outcome, message length
 
@@ -43,9 +46,28 @@ def frame(payload: bytes) -> bytes:
     return _LENGTH.pack(len(payload)) + payload
 
 
-def event_frame(track: int, key: bytes, value: bytes, headers: Sequence[tuple[str, bytes]] = ()) -> bytes:
+@dataclass(frozen=True)
+class Message:
+    track: int  # 0: untracked (no answer unless dropped, and then only as a count)
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    topic: str = ""  # "": the relay's token-event topic (its tenant's, with per-tenant topics)
+    durable: bool = False  # never dropped: the broker's answer, whatever it is, goes back
+
+
+def message_frame(
+    track: int,
+    key: bytes,
+    value: bytes,
+    headers: Sequence[tuple[str, bytes]] = (),
+    topic: str = "",
+    durable: bool = False,
+) -> bytes:
     packed = b"".join(_HEADER.pack(len(n), len(v)) + n + v for n, v in ((n.encode(), v) for n, v in headers))
-    return frame(_EVENT.pack(track, len(key), len(packed)) + key + packed + value)
+    name = topic.encode()
+    head = _MESSAGE.pack(track, durable, len(name), len(key), len(packed))
+    return frame(head + name + key + packed + value)
 
 
 def _unpack_headers(data: bytes) -> list[tuple[str, bytes]]:
@@ -76,17 +98,34 @@ def read_frames(stream: BinaryIO) -> Iterator[bytes]:
         yield payload
 
 
-def parse_event(payload: bytes) -> tuple[int, bytes, bytes, list[tuple[str, bytes]]]:
-    """(track, key, value, headers) of an event frame's payload."""
-    track, key_len, headers_len = _EVENT.unpack_from(payload)
-    key_end = _EVENT.size + key_len
-    end = key_end + headers_len
-    return track, payload[_EVENT.size : key_end], payload[end:], _unpack_headers(payload[key_end:end])
+def parse_message(payload: bytes) -> Message:
+    track, durable, topic_len, key_len, headers_len = _MESSAGE.unpack_from(payload)
+    key_at = _MESSAGE.size + topic_len
+    headers_at = key_at + key_len
+    end = headers_at + headers_len
+    topic = payload[_MESSAGE.size : key_at].decode()
+    headers = _unpack_headers(payload[headers_at:end])
+    return Message(track, payload[key_at:headers_at], payload[end:], headers, topic, bool(durable))
 
 
 def parse_reply(payload: bytes) -> tuple[int, int, str]:
     track, outcome, size = _REPLY.unpack_from(payload)
     return track, outcome, payload[_REPLY.size : _REPLY.size + size].decode(errors="replace")
+
+
+def error_text(exc: BaseException) -> str:
+    """A failure as answered: its class's name (the worker rebuilds the error from it), then why."""
+    from workers.serving.errors import describe_error
+
+    return f"{type(exc).__name__}\n{describe_error(exc)}"
+
+
+def error_of(text: str) -> BaseException:
+    """The error a failure's answer names, rebuilt (see kafka_io.errors.error_named)."""
+    from workers.kafka_io.errors import error_named
+
+    name, _, why = text.partition("\n")
+    return error_named(name, why)
 
 
 def connection_json(conn) -> str:
@@ -108,6 +147,10 @@ class _Replies:
     def __init__(self, out: BinaryIO) -> None:
         self._out = out
         self._lock = threading.Lock()
+
+    def answer(self, track: int, error: BaseException | None) -> None:
+        """The broker's outcome for a tracked message."""
+        self.send(track, FAILED if error else DELIVERED, error_text(error) if error else "")
 
     def send(self, track: int, outcome: int, message: str = "") -> None:
         with self._lock:
@@ -163,30 +206,30 @@ def relay(topic: str, client_id: str, conn, source: BinaryIO, replies: _Replies)
     drops = _Drops(replies)
     paused_until: dict[str, float] = {}  # by topic: one tenant's missing topic pauses no other's events
     for payload in read_frames(source):
-        track, key, value, headers = parse_event(payload)
-        target = topic_of(topic, headers)
-        if time.monotonic() < paused_until.get(target, 0.0):
+        message = parse_message(payload)
+        track, target = message.track, message.topic or topic_of(topic, message.headers)
+        if not message.durable and time.monotonic() < paused_until.get(target, 0.0):
             drops.add(track, "the broker was away a moment ago")
             continue
         try:
-            delivery = producer.send(target, key, value, headers)
-        except Exception as exc:  # noqa: BLE001 - buffer full or no metadata: drop, keep the rest going
+            # a result's size is checked: one too large for its topic must not turn the client fatal
+            delivery = producer.send(target, message.key, message.value, message.headers, message.durable)
+        except Exception as exc:  # noqa: BLE001 - buffer full, no metadata, too large: answered, never fatal
+            if message.durable:  # the worker's outbox decides when to try again
+                replies.send(track, FAILED, error_text(exc))
+                continue
             paused_until[target] = time.monotonic() + SEND_PAUSE_S
             why = describe_error(exc)
             log.warning("token events to %s are being dropped for %.0fs: %s", target, SEND_PAUSE_S, why)
             drops.add(track, why)
             continue
         if track:
-            delivery.on_settled(
-                lambda error, t=track: replies.send(
-                    t, FAILED if error else DELIVERED, describe_error(error) if error else ""
-                )
-            )
+            delivery.on_settled(lambda error, t=track: replies.answer(t, error))
     drops.report()
     try:
         producer.flush(FLUSH_S)
-    except Exception as exc:  # noqa: BLE001 - the broker is away: what is still buffered is lost
-        log.warning("token events not flushed at exit: %s", describe_error(exc))
+    except Exception as exc:  # noqa: BLE001 - the broker is away: what is still buffered is lost (unanswered)
+        log.warning("relay: messages not flushed at exit: %s", describe_error(exc))
     producer.close(1.0)
 
 
