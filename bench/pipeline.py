@@ -167,11 +167,13 @@ class Deployment:
                 "loop": loop}  # fmt: skip
 
     def run(self, jobs: list[dict], prefix: str, timeout_s: float) -> dict[str, Any]:
+        from bench.e2e_deploy import MachineBusy
         from workers.client import JobClient
 
         time.sleep(0.6)  # the stats file catches up with the idle worker
         before = self.snapshot()
         with JobClient(self.settings) as client:
+            busy = MachineBusy()  # every process: PostgreSQL, the broker and this client share the cores
             start = time.monotonic()
             client.submit_many(jobs, "normal")
             posted_s = time.monotonic() - start
@@ -183,6 +185,7 @@ class Deployment:
                 time.sleep(0.1)
                 done = self.finished(prefix)
             wall = time.monotonic() - start
+            machine_cpu_s = busy.cpu_s()
         time.sleep(0.6)
         after = self.snapshot()
         n = len(jobs)
@@ -203,6 +206,9 @@ class Deployment:
             "token_events_s": events / wall,
             "cpu_ms_per_job": {k: v for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if v > 0.005},
             "cpu_ms_per_job_total": sum(cpu.values()),
+            # the worker's own process: what a deployment with PostgreSQL and Kafka elsewhere would see
+            "process_cpu_ms_per_job": sum(v for k, v in cpu.items() if k not in CHILD_PROCESSES),
+            "machine": machine_share(machine_cpu_s, wall, n, os.cpu_count() or 1),
             "db_per_job": db,
             # the engine loop's wall ms per job by phase (idle: waiting for records or decisions)
             "loop_ms_per_job": {k: v for k, v in loop.items() if v > 0.005},
@@ -216,6 +222,22 @@ class Deployment:
         self.worker.stop()
         self.db.dispose()
         delete_private_topics(self.settings)
+
+
+CHILD_PROCESSES = ("engine process", "relay process")  # the worker's children, counted apart in `snapshot`
+
+
+def machine_share(cpu_s: float | None, wall_s: float, jobs: int, cores: int) -> dict[str, float | None]:
+    """The whole machine over a run: CPU ms per job of every process, cores busy on average, and the jobs/s
+    the machine could not pass at that cost even with every core busy all the time (its ceiling)."""
+    if cpu_s is None or jobs <= 0 or wall_s <= 0:
+        return {"cpu_ms_per_job": None, "cores_busy": None, "ceiling_jobs_s": None}
+    per_job = 1000 * cpu_s / jobs
+    return {
+        "cpu_ms_per_job": per_job,
+        "cores_busy": cpu_s / wall_s,
+        "ceiling_jobs_s": cores * 1000 / per_job if per_job > 0 else None,
+    }
 
 
 # ---- the run --------------------------------------------------------------------------------------
@@ -286,7 +308,7 @@ def render(payload: dict) -> str:
     headers = ["engine / jobs", "alone jobs/s", "worker jobs/s", "ratio", "jobs/step alone",
                "jobs/step worker", "tokens/s", "events/s", "worker CPU ms/job", "stmts/job",
                "round trips/job", "tx/job"]  # fmt: skip
-    table = []
+    table, machine = [], []
     for r in payload["rows"]:
         w = r["worker"]
         db = w["db_per_job"]
@@ -294,7 +316,16 @@ def render(payload: dict) -> str:
                       r["alone"]["jobs_per_step"], w["jobs_per_step"], w["tokens_s"], w["token_events_s"],
                       w["cpu_ms_per_job_total"], db.get("statements"), db.get("round_trips"),
                       db.get("transactions")])  # fmt: skip
-    lines = [format_table(headers, table, digits=2), "", "worker CPU ms per job, by thread:"]
+        m = w.get("machine", {})
+        machine.append([f"{r['engine']} / {r['workload']}", w.get("process_cpu_ms_per_job"),
+                        m.get("cpu_ms_per_job"), m.get("cores_busy"), m.get("ceiling_jobs_s")])  # fmt: skip
+    cores = payload.get("machine", {}).get("cpu_count")
+    lines = [format_table(headers, table, digits=2), "",
+             f"CPU per job: the worker's own process, and every process of the machine ({cores} cores: "
+             "PostgreSQL, the broker and this client too); ceiling: jobs/s at that cost, every core busy:",
+             format_table(["engine / jobs", "worker process ms/job", "machine ms/job", "cores busy",
+                           "machine ceiling jobs/s"], machine, digits=2),
+             "", "worker CPU ms per job, by thread:"]  # fmt: skip
     names = sorted({k for r in payload["rows"] for k in r["worker"]["cpu_ms_per_job"]})
     by_thread = [[n, *(r["worker"]["cpu_ms_per_job"].get(n) for r in payload["rows"])] for n in names]
     cols = ["thread", *(f"{r['engine']}/{r['workload']}" for r in payload["rows"])]
