@@ -28,6 +28,7 @@ import multiprocessing
 import os
 import signal
 import threading
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
@@ -105,6 +106,9 @@ class EngineProcess:
         # grammars are compiled here too, to refuse a bad one at intake; the child compiles its own copy
         self._constraints = Constraints(facts.tokenizer, facts.vocab_size, tuple(facts.eos_token_ids))
         self._adds: list[EngineRequest] = []
+        # the priorities of the requests each message not answered yet carried: the last reply's stats do
+        # not count them, and the worker's caps must (a job on its way to the child is held here)
+        self._unanswered: deque[list[Any]] = deque()
         self._state = _State(False, [], (), _empty_stats())
         self._lock = threading.Lock()  # the pipe's messages and replies stay paired
         self._in_flight = False  # a step was launched ahead; its reply is the next one on the pipe
@@ -177,7 +181,17 @@ class EngineProcess:
         return self._state.last_step
 
     def stats(self) -> EngineStats:
-        return self._state.stats
+        """The last reply's stats, with the requests added since (queued here or on their way) as waiting."""
+        stats = self._state.stats
+        on_way = Counter(request.priority for request in self._adds)
+        for priorities in self._unanswered:
+            on_way.update(priorities)
+        if not on_way:
+            return stats
+        waiting = dict(stats.waiting)
+        for priority, n in on_way.items():
+            waiting[priority] = waiting.get(priority, 0) + n
+        return replace(stats, waiting=waiting)
 
     def close(self) -> None:
         with self._lock:
@@ -196,11 +210,14 @@ class EngineProcess:
             self._conn.send((op, adds, arg))
         except OSError as exc:
             self._died(exc)
+        self._unanswered.append([request.priority for request in adds])
 
     def _read(self) -> list[RequestOutput]:
         """The reply to the oldest message not answered yet: its outputs, or its failure raised. Requests
         the child refused end REJECTED in `_early`, delivered by the next step() whatever the message was."""
         kind, (refused, payload) = self._receive()
+        if self._unanswered:  # this reply's state counts the requests its message carried
+            self._unanswered.popleft()
         self._early += refused
         if kind == "ok":
             outputs, self._state = payload

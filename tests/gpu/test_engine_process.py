@@ -206,3 +206,25 @@ def test_the_engine_process_does_not_outlive_its_worker():
         raise AssertionError(f"engine process {child} outlived its parent")
     finally:
         parent.kill()
+
+
+def test_requests_on_their_way_to_the_child_count_as_waiting(process):
+    """The worker caps the jobs it holds by the engine's waiting count: a request queued here, or carried
+    by a step launched ahead whose reply has not come yet, is held all the same (the last reply's stats
+    cannot count it)."""
+    first, later = requests(12)[:8], requests(12)[8:]
+    for request in first:
+        process.add_request(request)
+    assert sum(process.stats().waiting.values()) == 8  # queued here: no message sent yet
+    process.step()  # its reply's state counts them; the next step is launched, carrying nothing
+    for request in later:
+        process.add_request(request)
+    stats = process.stats()
+    held = stats.running + sum(stats.waiting.values())
+    assert held >= 4 + 8 - len([r for r in first if r.sampling.max_tokens == 1])  # none lost from the count
+    process.step()  # the 4 ride this message (after the step launched ahead): not answered yet
+    stats = process.stats()
+    assert sum(stats.waiting.values()) >= 4
+    while process.has_unfinished():
+        process.step()
+    assert sum(process.stats().waiting.values()) == 0
