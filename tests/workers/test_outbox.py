@@ -4,6 +4,7 @@ holds its publish lease, and is looked for before a dead publisher's result is s
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -139,6 +140,49 @@ def test_a_lease_written_moments_ago_is_kept_without_asking_and_an_older_one_is_
     # later the table decides: job 1's lease is extended, job 2 is no longer this worker's to publish
     assert persister._keep(keys, claimed=time.monotonic() - LEASE_S) == {keys[0]}
     assert job_rows(db, ids)[ids[0]]["publish_lease_until"] > values["publish_lease_until"]
+
+
+def test_rows_are_stored_while_the_batch_before_them_waits_for_the_broker(env):
+    """Storing and publishing overlap: a batch whose results the broker has not taken yet does not hold up
+    the terminal rows of the next one; both results go out once it does, each once, and both records
+    are released only after."""
+    dep, db, producer = env
+    since = now_ms()
+    base = f"overlap-{uuid.uuid4().hex[:8]}"
+    first, second = (
+        _concluded(dep, db, {f"{base}-1": (70, "one")}),
+        _concluded(dep, db, {f"{base}-2": (71, "two")}),
+    )
+    gate, publishing = threading.Event(), threading.Event()
+
+    class SlowBroker:  # the first result's send waits until the test lets it go
+        def send(self, topic, key, value, headers=()):
+            if key == f"{base}-1":
+                publishing.set()
+                gate.wait(60)
+            return producer.send(topic, key, value, headers)
+
+    persister = start_persister(dep, db, SlowBroker())
+    persister.submit(list(first))
+    assert publishing.wait(60)  # the first batch is stored, its result on its way
+    persister.submit(list(second))
+    wait_until(lambda: job_rows(db, [f"{base}-2"])[f"{base}-2"]["status"] == "succeeded", timeout_s=30)
+    rows = job_rows(db, [f"{base}-1", f"{base}-2"])
+    assert rows[f"{base}-1"]["published_at"] is None and rows[f"{base}-2"]["published_at"] is None
+    assert persister.acked() == []  # nothing is released before its result is out
+    gate.set()
+    wait_until(lambda: persister.depth == 0, timeout_s=60)
+    persister.close()
+    assert {s for s in persister.acked()} == {
+        (dep.topics.jobs("normal"), 0, 70),
+        (dep.topics.jobs("normal"), 0, 71),
+    }
+    assert all(r["published_at"] is not None for r in job_rows(db, [f"{base}-1", f"{base}-2"]).values())
+    results = results_by_job(dep, since, 2)
+    assert {job_id: [r.output_text for r in rs] for job_id, rs in results.items()} == {
+        f"{base}-1": ["one"],
+        f"{base}-2": ["two"],
+    }
 
 
 @pytest.fixture

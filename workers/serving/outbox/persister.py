@@ -6,6 +6,10 @@ The engine loop never waits for PostgreSQL between steps. For each batch, in ord
   3. publish the results of the stored rows, retrying only the sends that failed;
   4. set `published_at` on those rows (the outbox: until then a redelivery or a sweeper republishes them);
   5. release the batch's source offsets for committing.
+Steps 1-2 run on one thread, 3-5 on another: a batch's rows are stored while the batch before it waits for
+the broker to take its results (at most one stored batch waits for that: a broker that is away holds the
+stores up soon after). A round of results through the relay takes longer than the store of the next batch;
+in turn, the terminal rows came in bursts, each a whole publish behind.
 Transient failures (service down, timeouts) retry with jittered exponential backoff and never drop work;
 a committed offset therefore never passes an unstored job or an unpublished result. A result the broker
 refuses for its size is published in its compact form (outbox.result_from_row); one refused even so stays
@@ -21,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from schemas.job_key import JobKey
 from schemas.jobs import JobResult
@@ -61,11 +66,22 @@ from workers.serving.outbox.writes import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CANCEL_WATCH_S = 2.0  # how often recorded cancels of this worker's in-flight jobs are looked up
 UNPUBLISHED_COUNT_S = 30.0
 STREAM_END_WAIT_S = 10.0  # at most, per batch, for the broker to confirm jobs' last token events
 REFUSED_RETRY_S = 2 * LEASE_S  # a result refused even in its compact form: tried again this much later
+
+
+@dataclass(frozen=True)
+class _StoredBatch:
+    """Batches whose rows are stored, on their way to the publishing thread."""
+
+    batches: list[list[WriteItem]]  # as submitted (each counted in the depth until it is done)
+    items: list[WriteItem]
+    stored: Stored
+    claimed: float  # when their leases were claimed (monotonic)
 
 
 @dataclass(frozen=True)
@@ -105,7 +121,10 @@ class Persister:
         self._unpublished = 0
         self._depth = 0
         self._thread = threading.Thread(target=self._run, name="inferq-persister", daemon=True)
-        self.written = 0  # items stored
+        self._stored: queue.Queue[_StoredBatch | None] = queue.Queue(maxsize=1)  # for the publishing thread
+        self._publisher = threading.Thread(target=self._run_publishing, name="inferq-publisher", daemon=True)
+        self._publishing = threading.Lock()  # held by whichever thread publishes (see _publish)
+        self.written = 0  # items stored and published
         self._later: list[tuple[float, list[WriteItem]]] = []  # deferred items: (due, items)
         self._sweeper = None
         if sweep_s is not None:
@@ -118,6 +137,7 @@ class Persister:
     # ---- engine-loop side -------------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
+        self._publisher.start()
 
     def submit(self, items: list[WriteItem]) -> None:
         if items:
@@ -147,9 +167,11 @@ class Persister:
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Write everything submitted so far, then stop."""
+        deadline = time.monotonic() + timeout_s
         self._inbox.put(None)
         self._thread.join(timeout_s)
-        if not self._thread.is_alive():
+        self._publisher.join(max(0.0, deadline - time.monotonic()))
+        if not self._thread.is_alive() and not self._publisher.is_alive():
             self._published.close()
 
     # ---- persister thread ---------------------------------------------------------------------
@@ -163,11 +185,11 @@ class Persister:
             if now >= next_count:
                 next_count = now + UNPUBLISHED_COUNT_S
                 self._count_unpublished()
-            due = [items for at, items in self._later if at <= now]
-            if due:
+            with self._lock:
+                due = [items for at, items in self._later if at <= now]
                 self._later = [(at, items) for at, items in self._later if at > now]
-                for items in due:  # back in line, counted in the depth again (they were never done)
-                    self.submit(items)
+            for items in due:  # back in line, counted in the depth again (they were never done)
+                self.submit(items)
             wait_s = CANCEL_WATCH_S
             if self._sweeper is not None:
                 self._sweeper.sweep_if_due()
@@ -177,6 +199,7 @@ class Persister:
             except queue.Empty:
                 continue
             if first is None:
+                self._stored.put(None)
                 return
             batches, stop = [first[1]], False
             while True:  # merge what queued up meanwhile: fewer round trips under load
@@ -188,29 +211,26 @@ class Persister:
                     stop = True
                     break
                 batches.append(more[1])
-            self._process_until_done([item for batch in batches for item in batch])
-            with self._lock:
-                for batch in batches:
-                    self._pending.pop(id(batch), None)
-                    self._depth -= len(batch)
+            items = [item for batch in batches for item in batch]
+            stored, claimed = _until_done("writing", len(items), self._store_batch, items)
+            self._stored.put(_StoredBatch(batches, items, stored, claimed))  # waits while one is waiting
             if stop:
+                self._stored.put(None)
                 return
 
-    def _process_until_done(self, items: list[WriteItem]) -> None:
-        """A bug must not end this thread (every later write would wait forever): log it and try again;
-        every step is idempotent, and the items' offsets stay uncommitted until they are done."""
-        backoff = Backoff(base_s=1.0, cap_s=60.0)
+    def _run_publishing(self) -> None:
         while True:
-            try:
-                return self._process(items)
-            except Exception:  # noqa: BLE001
-                delay = backoff.next_delay()
-                log.exception(
-                    "writing a batch of %d items failed unexpectedly; retrying in %.0fs", len(items), delay
-                )
-                time.sleep(delay)
+            batch = self._stored.get()
+            if batch is None:
+                return
+            _until_done("publishing", len(batch.items), self._publish_stored, batch)
+            with self._lock:
+                for submitted in batch.batches:
+                    self._pending.pop(id(submitted), None)
+                    self._depth -= len(submitted)
 
-    def _process(self, items: list[WriteItem]) -> None:
+    def _store_batch(self, items: list[WriteItem]) -> tuple[Stored, float]:
+        """Steps 1-2: dead letters out, rows stored; what was stored, and when its leases were claimed."""
         await_stream_ends(items, STREAM_END_WAIT_S)
         rejected = [i for i in items if isinstance(i, DeadLettered)]
         Deliveries("dead-lettered records").send(
@@ -219,6 +239,11 @@ class Persister:
         claimed = time.monotonic()  # every lease the store writes runs at least LEASE_S from here
         stored = self._store(items)
         self._crash_if("crash-before-publish", stored)
+        return stored, claimed
+
+    def _publish_stored(self, batch: _StoredBatch) -> None:
+        """Steps 3-5: the stored rows' results out, marked published, the records released."""
+        items, stored, claimed = batch.items, batch.stored, batch.claimed
         Deliveries("results").send(
             {JobKey(r.tenant, r.job_id): lambda r=r: self._send_result(r) for r in stored.direct}
         )
@@ -232,10 +257,11 @@ class Persister:
         acks += [s for item, later in stored.superseded for s in item.sources if s != later]
         for source in acks:
             self._done.put(source)
-        if stored.deferred:  # another live worker publishes these: look again once its lease may lapse
-            self._later.append((time.monotonic() + LEASE_S / 2, stored.deferred))
-        if refused:  # their records wait, unacked, for a publish that may work later (or a redelivery)
-            self._later.append((time.monotonic() + REFUSED_RETRY_S, _republish(items, refused)))
+        with self._lock:
+            if stored.deferred:  # another live worker publishes these: look again once its lease may lapse
+                self._later.append((time.monotonic() + LEASE_S / 2, stored.deferred))
+            if refused:  # their records wait, unacked, for a publish that may work later (or a redelivery)
+                self._later.append((time.monotonic() + REFUSED_RETRY_S, _republish(items, refused)))
 
     def _publish(
         self,
@@ -246,12 +272,14 @@ class Persister:
         until: float | None = None,
     ) -> set[JobKey]:
         """Publish outbox rows' results (their leases claimed at `claimed`) and mark them published; the
-        jobs whose result the broker refused even in its compact form."""
+        jobs whose result the broker refused even in its compact form. One publish at a time: the sweeper's
+        (on the storing thread) and a batch's share the lookup's Kafka consumer, which is not thread-safe."""
         results = {JobKey(row.tenant, row.job_id): result_from_row(row) for row in rows}
         ledger = _Publishing(self, claimed, stored, results)
         lookup = PublishedResults(self._published, self._topics.results_for, results)
         sends = {key: lambda key=key: self._send_result(results[key]) for key in results}
-        return Deliveries("results", ledger, lookup).send(sends, unsure, until)
+        with self._publishing:
+            return Deliveries("results", ledger, lookup).send(sends, unsure, until)
 
     def _publish_swept(self, rows: list[Row], claimed: float, until: float) -> None:
         # each may be out already: its publisher died, maybe after the broker took it
@@ -381,6 +409,19 @@ class _Publishing(Ledger):
 
     def replacement(self, name: JobKey, exc: BaseException) -> Callable[[], Delivery] | None:
         return self.persister._compact(name, exc, self.results)
+
+
+def _until_done(what: str, size: int, work: Callable[..., T], *args: Any) -> T:
+    """A bug must not end a persister thread (every later write would wait forever): log it and try
+    again; every step is idempotent, and the items' offsets stay uncommitted until they are done."""
+    backoff = Backoff(base_s=1.0, cap_s=60.0)
+    while True:
+        try:
+            return work(*args)
+        except Exception:  # noqa: BLE001
+            delay = backoff.next_delay()
+            log.exception("%s a batch of %d items failed unexpectedly; retrying in %.0fs", what, size, delay)
+            time.sleep(delay)
 
 
 def _drain(q: queue.Queue) -> list:

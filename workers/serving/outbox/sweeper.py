@@ -8,8 +8,9 @@ claiming and take only lapsed leases, so a live publisher (one riding out a brok
 A claimed row's result is looked for in the topic before it is sent (its dead publisher may have sent it),
 as on any take-over.
 
-It runs on the persister's thread, between batches: that keeps it off the engine loop's thread, and a row
-is never published by the sweeper and a redelivery of its record at the same time in one worker.
+It runs on the persister's storing thread, between batches, and publishes only while its publishing thread
+does not (one lock): that keeps it off the engine loop's thread, and a row is never published by the
+sweeper and a redelivery of its record at the same time in one worker.
 """
 
 from __future__ import annotations
