@@ -67,6 +67,54 @@ def _confirmed(sent) -> bool:
 
 
 @pytest.mark.services
+def test_a_topics_first_event_waits_for_its_metadata_rather_than_being_dropped(monkeypatch):
+    """A busy broker can take longer than a send's block (0.5 s, meant for a broker that is away) to give a
+    topic's metadata: a fresh worker's first token events were then dropped, its streams empty (seen once
+    under the suite's load). A topic's first send waits for its metadata, once."""
+    from kafka.errors import KafkaTimeoutError
+
+    import workers.kafka_io as kafka_io
+
+    known_at = time.monotonic() + 1.0  # the broker gives the topic's metadata a second from now
+    sent: list[tuple[str, bytes]] = []
+
+    class SlowMetadataProducer:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def await_topic(self, topic: str, timeout_s: float) -> bool:
+            time.sleep(max(0.0, min(timeout_s, known_at - time.monotonic())))
+            return time.monotonic() >= known_at
+
+        def send(self, topic, key, value, headers=(), check_size=None):
+            if time.monotonic() < known_at:
+                raise KafkaTimeoutError("Failed to update metadata after 0.5 secs.")
+            sent.append((topic, key))
+            return None
+
+        def flush(self, timeout_s=None) -> None:
+            pass
+
+        def close(self, timeout_s=10.0) -> None:
+            pass
+
+    class Replies:
+        def __init__(self) -> None:
+            self.dropped: list[tuple[int, str]] = []
+
+        def send(self, track: int, outcome: int, message: str = "") -> None:
+            if outcome == event_relay.DROPPED:
+                self.dropped.append((track, message))
+
+    monkeypatch.setattr(kafka_io, "Producer", SlowMetadataProducer)
+    frames = event_relay.message_frame(0, b"job-1", b"{}") + event_relay.message_frame(0, b"job-2", b"{}")
+    replies = Replies()
+    conn = KafkaConnection("127.0.0.1:1")
+    event_relay.relay("t.tokens", "relay-test", conn, io.BytesIO(frames), replies)
+    assert sent == [("t.tokens", b"job-1"), ("t.tokens", b"job-2")]
+    assert replies.dropped == []
+
+
 def test_events_arrive_in_order_and_a_killed_relay_is_replaced(settings):
     dep = make_deployment(settings)
     since, job = now_ms(), f"relay-{uuid.uuid4().hex[:8]}"

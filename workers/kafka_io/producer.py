@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafka import KafkaProducer
-from kafka.errors import MessageSizeTooLargeError
+from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from workers.kafka_io.admin import max_message_bytes
@@ -121,6 +121,18 @@ class Producer:
     def partitions(self, topic: str) -> int:
         """How many partitions the topic has (waits at most max_block_s for the broker to say)."""
         return len(self._client().partitions_for(topic))
+
+    def await_topic(self, topic: str, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for the topic's metadata, which its first send needs (a send waits only
+        max_block_s for it, a bound meant for a broker that is away); True once it is known."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._client().partitions_for(topic)
+                return True
+            except KafkaTimeoutError:
+                if time.monotonic() >= deadline:
+                    return False
 
     def flush(self, timeout_s: float | None = None) -> None:
         self._producer.flush(timeout=timeout_s)

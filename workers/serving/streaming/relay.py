@@ -30,6 +30,9 @@ from typing import BinaryIO
 
 ENV_CONNECTION = "INFERQ_RELAY_CONNECTION"  # the worker's KafkaConnection, as JSON (never on argv)
 SEND_PAUSE_S = 2.0  # after a send failed, drop events this long without trying
+# a topic's first send waits this long for its metadata: a busy broker (or a topic it is creating) may take
+# longer than a send's block, and its events would be dropped as if the broker were away
+FIRST_METADATA_S = 5.0
 DROP_REPORT_S = 0.5
 FLUSH_S = 5.0  # at exit, the longest wait for the broker to take what is buffered
 DELIVERED, FAILED, DROPPED = 0, 1, 2
@@ -205,9 +208,14 @@ def relay(topic: str, client_id: str, conn, source: BinaryIO, replies: _Replies)
     producer = until_available(lambda: Producer(conn, client_id, max_block_s=0.5), where)
     drops = _Drops(replies)
     paused_until: dict[str, float] = {}  # by topic: one tenant's missing topic pauses no other's events
+    seen: set[str] = set()  # topics sent to: their metadata was waited for (once, even if it never came)
     for payload in read_frames(source):
         message = parse_message(payload)
         track, target = message.track, message.topic or topic_of(topic, message.headers)
+        if target not in seen:
+            seen.add(target)
+            if not producer.await_topic(target, FIRST_METADATA_S):
+                log.warning("no metadata for %s after %.0fs", target, FIRST_METADATA_S)
         if not message.durable and time.monotonic() < paused_until.get(target, 0.0):
             drops.add(track, "the broker was away a moment ago")
             continue
