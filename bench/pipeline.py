@@ -39,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--threads", type=int, default=1, help="torch threads on both sides (default: 1)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--stream",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the jobs' `stream`: token events as they generate (default), or only their results",
+    )
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per workload, through the worker")
     parser.add_argument("--json", type=Path, default=None, help="default: bench/results/pipeline-*.json")
     parser.add_argument(
@@ -55,7 +61,9 @@ def stub_forward(engine: Any, stub_type: type) -> None:
     engine.runner.forward = stub_type(engine.model.config.vocab_size, token, rows)
 
 
-def make_jobs(count: int, prompt_len: tuple[int, int], max_tokens: int, seed: str, tag: str) -> list[dict]:
+def make_jobs(
+    count: int, prompt_len: tuple[int, int], max_tokens: int, seed: str, tag: str, stream: bool = True
+) -> list[dict]:
     """Jobs of random printable text (the byte tokenizer: n characters are n+1 tokens): no prefix hits."""
     rng = random.Random(seed)
     return [
@@ -63,6 +71,7 @@ def make_jobs(count: int, prompt_len: tuple[int, int], max_tokens: int, seed: st
             "job_id": f"{tag}-{i:05d}",
             "prompt": "".join(rng.choice(PRINTABLE) for _ in range(max(1, rng.randint(*prompt_len) - 1))),
             "max_tokens": max_tokens,
+            "stream": stream,
         }
         for i in range(count)
     ]
@@ -258,9 +267,10 @@ def run(args: argparse.Namespace) -> int:
     kinds = [k.strip() for k in args.engines.split(",") if k.strip()]
     settings = make_private_settings(Settings.from_env())
     run_id = settings.topic_prefix
-    workloads = [("1-token", args.jobs, 1)]
+    streamed = "" if args.stream else "-no-stream"  # in job ids too: a name without spaces
+    workloads = [(f"1-token{streamed}", args.jobs, 1)]
     if args.long_jobs:
-        workloads.append((f"{args.long_tokens}-token", args.long_jobs, args.long_tokens))
+        workloads.append((f"{args.long_tokens}-token{streamed}", args.long_jobs, args.long_tokens))
     rows: list[dict[str, Any]] = []
     load_before = os.getloadavg()
     for kind in kinds:
@@ -282,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
             for name, count, tokens in workloads:
                 prefix = f"{run_id}-{kind}-{name}"
                 progress(f"{kind} engine: {count} {name} jobs through the worker")
-                jobs = make_jobs(count, (lo, hi), tokens, f"{args.seed}:{name}", prefix)
+                jobs = make_jobs(count, (lo, hi), tokens, f"{args.seed}:{name}", prefix, args.stream)
                 worker = deployment.run(jobs, prefix, args.timeout_s)
                 rows.append({"engine": kind, "workload": name, "alone": alone[name], "worker": worker,
                              "vs_engine": ratio(worker["jobs_s"], alone[name]["jobs_s"])})  # fmt: skip

@@ -100,6 +100,10 @@ class JobRequest(_Message):
     )
     # n samples of the prompt; each is a choice of the result
     n: int = Field(1, ge=1, le=MAX_N)
+    # token events on the tokens topic as the job generates (its result is published either way); false
+    # for a job nobody follows token by token (a bulk or Batch API job, a non-streaming API call): Kafka, the
+    # relay and the worker then handle its result alone, half the messages of a short job
+    stream: StrictBool = True
     # Log probabilities of each generated token (and of the top_logprobs most likely at its position)
     logprobs: StrictBool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)  # None: 0 with logprobs

@@ -56,7 +56,7 @@ def test_completion_streamed_equals_the_non_streamed_greedy_text(served):
 
 
 def test_chat_streamed_equals_the_non_streamed_greedy_text(served):
-    _, api, keys = served
+    dep, api, keys = served
     client = api.client(keys["acme"])
     whole = client.chat.completions.create(**CHAT_BODY, temperature=0)
     assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
@@ -66,6 +66,15 @@ def test_chat_streamed_equals_the_non_streamed_greedy_text(served):
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
     assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
     assert all(c.usage is None for c in chunks)  # no include_usage: no usage chunk
+    # only the streamed answer's job asked the worker for token events
+    db = create_engine(dep.database_url)
+    with db.connect() as conn:
+        rows = conn.execute(
+            select(jobs.c.job_id, jobs.c.params).where(jobs.c.job_id.in_([whole.id, chunks[0].id]))
+        )
+        streamed = {job_id: params["stream"] for job_id, params in rows}
+    db.dispose()
+    assert streamed == {whole.id: False, chunks[0].id: True}
 
 
 def test_job_options_and_priority_reach_the_job(served):

@@ -30,6 +30,7 @@ def test_completion_line_becomes_a_job():
     assert (job.job_id, job.bulk_id, job.tenant) == ("bulk-x:a-1", "bulk-x", "acme")
     assert (job.prompt, job.max_tokens, job.temperature, job.stop, job.seed) == ("Say hi", 7, 0.5, ["\n"], 3)
     assert job.metadata == {"custom_id": "a-1"}
+    assert job.stream is False  # a batch's results are what is read: no token events
 
 
 def test_chat_line_with_text_parts_and_max_completion_tokens():

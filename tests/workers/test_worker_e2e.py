@@ -13,6 +13,7 @@ import pytest
 
 from gpu.engine import Engine, EngineRequest
 from scheduler.types import SamplingParams
+from tests.api.api_factories import cli
 from tests.workers.persistence_factories import admit_jobs
 from tests.workers.worker_factories import (
     job_rows,
@@ -225,6 +226,26 @@ def test_results_and_token_events_carry_the_jobs_headers(deployment):
     ours = [r for r in results + tokens if r.key == key]
     assert len(ours) >= 2
     assert {r.headers for r in ours} == {(("job_id", key), ("attempt", b"1"), ("tenant", b"acme"))}
+
+
+def test_a_job_not_streamed_has_its_result_and_no_token_events(deployment):
+    dep, client, db, _ = deployment
+    since = now_ms()
+    quiet, streamed = f"quiet-{dep.topic_prefix}", f"loud-{dep.topic_prefix}"
+    client.submit({"job_id": quiet, "prompt": "no stream", "max_tokens": 6, "stream": False})
+    client.submit({"job_id": streamed, "prompt": "a stream", "max_tokens": 6})
+    client.flush()
+    wait_terminal(db, [quiet, streamed])
+    results = results_by_job(dep, since, 2)
+    assert [r.status for r in results[quiet]] == ["succeeded"] and results[quiet][
+        0
+    ].usage.completion_tokens == 6
+    final = lambda rs: any(r.key == streamed.encode() and json.loads(r.value)["usage"] for r in rs)  # noqa: E731
+    by_job = token_events(read_topic(dep, dep.topics.tokens, since, final))
+    assert "".join(e.text for e in by_job[streamed]) == results[streamed][0].output_text
+    assert quiet not in by_job
+    told = cli(dep, "tail", quiet, "--timeout", "5")  # says so at once rather than wait for nothing
+    assert told.returncode == 1 and "not streamed" in told.stderr
 
 
 def test_a_result_nobody_publishes_goes_out_without_a_redelivery(deployment):

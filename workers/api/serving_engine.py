@@ -101,7 +101,8 @@ class ServingEngine:
             raise APIError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
         line, job = self.to_job(body, tenant)
         request.state.job_id = job.job_id
-        if live.stream:
+        if live.stream:  # only a streamed answer reads token events (a Batch line's job has none)
+            job = job.model_copy(update={"stream": True})
             sent = await run_in_threadpool(self._submit, job, live.priority)
             events = self._sse(request, sent, line, live, slot)
             weakref.finalize(events, slot.release)  # a stream never started (its client left at once)

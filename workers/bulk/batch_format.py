@@ -64,6 +64,7 @@ def to_job(line: BatchLine, *, bulk_id: str, tenant: str) -> JobRequest:
         "tenant": tenant,
         "bulk_id": bulk_id,
         "metadata": {"custom_id": line.custom_id},
+        "stream": False,  # its result is what is read: token events would only cost the broker and workers
     }
     if line.url == "/v1/completions":
         prompt = body.get("prompt")

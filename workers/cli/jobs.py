@@ -263,13 +263,17 @@ def cancel(args: argparse.Namespace) -> int:
 def tail(args: argparse.Namespace) -> int:
     from workers.client import JobClient
     from workers.db.connect import make_engine
-    from workers.db.job_queries import created_at
+    from workers.db.job_queries import posted
 
     with JobClient() as client:
         db = make_engine(client.settings.database_url)
         with db.connect() as conn:
-            posted = created_at(conn, args.job_id, args.tenant)
-        since = int(posted.timestamp() * 1000) - 1000 if posted else 0
+            row = posted(conn, args.job_id, args.tenant)
+        if row is not None and not row[1]:
+            print(f"job {args.job_id} is not streamed (`stream: false`): it has no token events; its "
+                  "result is on the results topic and in `inferq jobs`", file=sys.stderr)  # fmt: skip
+            return 1
+        since = int(row[0].timestamp() * 1000) - 1000 if row else 0
         _print_stream(client, args.job_id, args.timeout, since, args.tenant)
     return 0
 

@@ -20,9 +20,11 @@ def job_row(conn: Connection, job_id: str, tenant: str | None = None) -> Row | N
     return conn.execute(query).first()
 
 
-def created_at(conn: Connection, job_id: str, tenant: str) -> datetime | None:
-    query = select(jobs.c.created_at).where(jobs.c.job_id == job_id, jobs.c.tenant == tenant)
-    return conn.execute(query).scalar()
+def posted(conn: Connection, job_id: str, tenant: str) -> tuple[datetime, bool] | None:
+    """When a job was posted, and whether it asked for token events (its `stream`); None: no such row."""
+    query = select(jobs.c.created_at, jobs.c.params["stream"].as_boolean())
+    row = conn.execute(query.where(jobs.c.job_id == job_id, jobs.c.tenant == tenant)).first()
+    return None if row is None else (row[0], row[1] is not False)  # rows older than the field streamed
 
 
 def summaries(conn: Connection, job_ids: Sequence[str], *extra: str) -> list[dict[str, Any]]:

@@ -199,7 +199,8 @@ class JobLifecycle:
             remaining = (created_at + timedelta(seconds=a.job.timeout_s) - utcnow()).total_seconds()
             deadline = time.monotonic() + remaining
         self.jobs[a.request_id] = job
-        self.streamer.start(a.request_id, attempt, a.tenant, a.job_id)
+        if a.job.stream:  # a job that is not streamed has no token events, only its result
+            self.streamer.start(a.request_id, attempt, a.tenant, a.job_id)
         self.metrics.observe_admitted(job.prompt_tokens)
         self.engine.add_request(
             EngineRequest(
@@ -282,7 +283,8 @@ class JobLifecycle:
             first = job.first_token_mono is None and bool(out.new_token_ids)
             logprobs = out.logprobs if job.choices.with_logprobs else None
             gap_s = job.on_tokens(len(out.new_token_ids), text, out.index, out.logprobs)
-            self.streamer.add(out.request_id, text, out.new_token_ids, out.index, logprobs)
+            if job.request.stream:
+                self.streamer.add(out.request_id, text, out.new_token_ids, out.index, logprobs)
             self.metrics.observe_tokens(job.priority, len(out.new_token_ids), gap_s)
             if first:
                 job_event("first_token", job.job_id, job.priority, attempt=job.attempt,
