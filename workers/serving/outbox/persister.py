@@ -8,8 +8,8 @@ The engine loop never waits for PostgreSQL between steps. For each batch, in ord
   5. release the batch's source offsets for committing.
 Steps 1-2 run on one thread, 3-5 on another: a batch's rows are stored while the batch before it waits for
 the broker to take its results (at most one stored batch waits for that: a broker that is away holds the
-stores up soon after). A round of results through the relay takes longer than the store of the next batch;
-in turn, the terminal rows came in bursts, each a whole publish behind.
+stores up soon after). Under load a round of results through the relay takes several times as long as the
+next batch's store; in one thread, every batch's terminal rows waited for the whole round before them.
 Transient failures (service down, timeouts) retry with jittered exponential backoff and never drop work;
 a committed offset therefore never passes an unstored job or an unpublished result. A result the broker
 refuses for its size is published in its compact form (outbox.result_from_row); one refused even so stays
@@ -174,7 +174,7 @@ class Persister:
         if not self._thread.is_alive() and not self._publisher.is_alive():
             self._published.close()
 
-    # ---- persister thread ---------------------------------------------------------------------
+    # ---- storing thread -----------------------------------------------------------------------
     def _run(self) -> None:
         next_watch = next_count = 0.0
         while True:
