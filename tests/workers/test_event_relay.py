@@ -115,6 +115,46 @@ def test_a_topics_first_event_waits_for_its_metadata_rather_than_being_dropped(m
     assert replies.dropped == []
 
 
+def test_a_topic_whose_metadata_is_refused_is_answered_not_fatal(monkeypatch):
+    """Waiting for a topic's metadata can fail for good (not authorized): the relay goes on and answers
+    the message with the send's own error, as before the wait existed."""
+    from kafka.errors import TopicAuthorizationFailedError
+
+    import workers.kafka_io as kafka_io
+
+    class RefusingProducer:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def await_topic(self, topic: str, timeout_s: float) -> bool:
+            raise TopicAuthorizationFailedError(topic)
+
+        def send(self, topic, key, value, headers=(), check_size=None):
+            raise TopicAuthorizationFailedError(topic)
+
+        def flush(self, timeout_s=None) -> None:
+            pass
+
+        def close(self, timeout_s=10.0) -> None:
+            pass
+
+    answers: list[tuple[int, int, str]] = []
+
+    class Replies:
+        def send(self, track: int, outcome: int, message: str = "") -> None:
+            answers.append((track, outcome, message))
+
+    monkeypatch.setattr(kafka_io, "Producer", RefusingProducer)
+    frames = event_relay.message_frame(5, b"job-1", b"{}", topic="t.results", durable=True)
+    frames += event_relay.message_frame(6, b"job-1", b"{}", topic="t.results", durable=True)
+    event_relay.relay("t.tokens", "relay-test", KafkaConnection("127.0.0.1:1"), io.BytesIO(frames), Replies())
+    assert [(track, outcome) for track, outcome, _ in answers] == [
+        (5, event_relay.FAILED),
+        (6, event_relay.FAILED),
+    ]
+    assert all(message.startswith("TopicAuthorizationFailedError") for _, _, message in answers)
+
+
 def test_events_arrive_in_order_and_a_killed_relay_is_replaced(settings):
     dep = make_deployment(settings)
     since, job = now_ms(), f"relay-{uuid.uuid4().hex[:8]}"

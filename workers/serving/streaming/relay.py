@@ -214,8 +214,11 @@ def relay(topic: str, client_id: str, conn, source: BinaryIO, replies: _Replies)
         track, target = message.track, message.topic or topic_of(topic, message.headers)
         if target not in seen:
             seen.add(target)
-            if not producer.await_topic(target, FIRST_METADATA_S):
-                log.warning("no metadata for %s after %.0fs", target, FIRST_METADATA_S)
+            try:
+                if not producer.await_topic(target, FIRST_METADATA_S):
+                    log.warning("no metadata for %s after %.0fs", target, FIRST_METADATA_S)
+            except Exception as exc:  # noqa: BLE001 - e.g. not authorized: the send below is answered with it
+                log.warning("no metadata for %s: %s", target, describe_error(exc))
         if not message.durable and time.monotonic() < paused_until.get(target, 0.0):
             drops.add(track, "the broker was away a moment ago")
             continue
