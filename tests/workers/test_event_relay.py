@@ -4,6 +4,7 @@ and the errors it answers rebuilt as the Kafka client's own."""
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 import time
@@ -193,6 +194,21 @@ def test_close_stops_the_relay_process(settings):
     pid = sender._relay.proc.pid
     sender.close()
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.parametrize("niceness", [0, 7])
+def test_the_relay_runs_as_much_nicer_than_its_worker_as_asked(niceness):
+    """Its CPU priority below the worker's: where cores are short, the engine loop gets one first."""
+    sender = TokenEventSender(KafkaConnection("127.0.0.1:9"), "inferq-test", "nowhere", niceness=niceness)
+    try:
+        pid, ours = sender._relay.proc.pid, os.getpriority(os.PRIO_PROCESS, 0)
+        if niceness:
+            wait_until(lambda: os.getpriority(os.PRIO_PROCESS, pid) != ours, timeout_s=10)
+        time.sleep(0.5)  # and it stays there (0: never moves)
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, ours + niceness)
+        assert sender._relay.proc.poll() is None
+    finally:
+        sender.close(timeout_s=1.0)
 
 
 def test_a_relay_waiting_for_an_absent_broker_exits_when_its_worker_is_killed(tmp_path):

@@ -71,6 +71,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "PostgreSQL and logging threads never hold the GIL its forward needs (default: on)",
     )
     p.add_argument(
+        "--relay-nice",
+        type=int,
+        default=10,
+        help="run the Kafka relay process (token events and results) this much nicer than the worker, so "
+        "where cores are short the engine loop gets one first; 0: the same priority (default: 10)",
+    )
+    p.add_argument(
         "--grace-s",
         type=float,
         default=30.0,
@@ -121,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         worker_id=worker_id,
         max_waiting=args.max_waiting,
         coalesce_ms=args.coalesce_ms,
+        relay_nice=max(0, args.relay_nice),
         grace_s=args.grace_s,
         limits=input_limits(args),
     )

@@ -11,7 +11,8 @@ paused); a durable message (a result) never is: the broker's answer comes back, 
 class, and the worker decides (the persister's outbox retries). It exits when stdin closes, after a bounded
 flush, or at once when the worker is gone (a thread watches the parent pid); it ignores SIGINT and SIGTERM,
 which are the worker's to act on.
-Run by the worker as `python -m workers.serving.streaming.relay`.
+Run by the worker as `python -m workers.serving.streaming.relay TOPIC CLIENT_ID WORKER_ID LEVEL FORMAT
+[NICENESS]` (NICENESS: see `_yield_cpu`).
 """
 
 from __future__ import annotations
@@ -257,12 +258,25 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+def _yield_cpu(niceness: int) -> None:
+    """Run at a lower CPU priority than the worker (`niceness` added to its nice value): where cores are
+    short, the engine loop, which keeps the model fed, gets one first, and this process catches up in the
+    cores' idle moments (its messages go out a little later, in larger batches). Where cores are free it
+    changes nothing. Lowering one's own priority needs no privilege."""
+    if niceness > 0:
+        try:
+            os.nice(niceness)
+        except OSError as exc:
+            log.warning("relay: could not lower its CPU priority: %s", exc)
+
+
 def main() -> int:
     from workers import logs
 
     topic, client_id, worker_id, level, log_format = sys.argv[1:6]
     logs.configure(level, log_format, worker_id)
     _exit_with_parent()
+    _yield_cpu(int(sys.argv[6]) if len(sys.argv) > 6 else 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     conn = _connection(os.environ.pop(ENV_CONNECTION))

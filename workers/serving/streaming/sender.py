@@ -165,8 +165,10 @@ class RelayLink:
         topic: str,
         on_drop: Callable[[int], None] = lambda n: None,  # token events dropped (e.g. a metric's `inc`)
         log_config: tuple[str, str, str] = ("worker", "INFO", "text"),  # worker_id, level, format
+        niceness: int = 0,  # added to the relay's nice value: its CPU priority below the worker's
     ) -> None:
-        self._argv = [sys.executable, "-m", "workers.serving.streaming.relay", topic, client_id, *log_config]
+        module = "workers.serving.streaming.relay"
+        self._argv = [sys.executable, "-m", module, topic, client_id, *log_config, str(niceness)]
         self._env = relay_environment(conn)
         self._on_drop = on_drop
         self._tracks = itertools.count(1)
@@ -271,8 +273,9 @@ class TokenEventSender:
         on_drop: Callable[[int], None] = lambda n: None,  # events dropped (e.g. a metric's `inc`)
         log_config: tuple[str, str, str] = ("worker", "INFO", "text"),  # worker_id, level, format
         max_queued: int = MAX_QUEUED,
+        niceness: int = 0,  # the relay's CPU priority below the worker's (see relay._yield_cpu)
     ) -> None:
-        self.link = RelayLink(conn, client_id, topic, on_drop, log_config)  # results share it
+        self.link = RelayLink(conn, client_id, topic, on_drop, log_config, niceness)  # results share it
         self._on_drop = on_drop
         self._max_queued = max_queued
         # a SimpleQueue: its put (once per event, on the engine thread) is a C call, no Condition to notify
