@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from gpu.engine import Engine
@@ -53,12 +54,13 @@ class Accepted:
     def tenant(self) -> str:
         return self.job.tenant
 
-    @property
+    # cached: read several times a job by the admission and engine threads (the values never change)
+    @cached_property
     def key(self) -> JobKey:
         """What names this job (job ids are per tenant)."""
         return JobKey(self.tenant, self.job_id)
 
-    @property
+    @cached_property
     def request_id(self) -> RequestId:
         """The engine's request id of this job."""
         return self.key.request_id

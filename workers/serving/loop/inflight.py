@@ -114,6 +114,7 @@ class InFlightJob:
                 "queue_ms": timings.queue_ms,
             },
             attempt=self.attempt,
+            tenant=self.request.tenant,
         )
         return row, timings
 

@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -302,14 +301,15 @@ class JobLifecycle:
         request_id = job.key.request_id
         del self.jobs[request_id]
         row, timings = job.conclude(finish, self.worker_id, error=detail)
-        row = replace(row, tenant=job.request.tenant)
         reasons = {sample.index: sample.finish_reason for sample in job.choices.samples}
         stream_end = self.streamer.finish(request_id, finish, job.usage, reasons)
         self.items.append(Concluded(row, tuple(job.sources), stream_end))
         self.metrics.observe_job(row.status, finish, job.priority, timings)
-        ms = timings.model_dump(include={"queue_ms", "ttft_ms", "mean_itl_ms", "e2e_ms"})
+        # (fields by name, not model_dump: this runs once a job, on the thread every job waits on)
         job_event("finished", job.job_id, job.priority, status=row.status, finish_reason=finish,
-                  attempt=job.attempt, **job.usage.model_dump(), **ms, error=detail)  # fmt: skip
+                  attempt=job.attempt, prompt_tokens=job.prompt_tokens,
+                  completion_tokens=job.completion_tokens, queue_ms=timings.queue_ms, ttft_ms=timings.ttft_ms,
+                  mean_itl_ms=timings.mean_itl_ms, e2e_ms=timings.e2e_ms, error=detail)  # fmt: skip
 
     # below, a job is named by its engine request id (JobKey.request_id), as engine outputs name it
     def hold(self, request_id: str) -> None:
