@@ -43,30 +43,31 @@ def result_from_row(row: Row) -> JobResult:
     without bound (output_text, choices, the request's metadata) is left out, the row keeps it; and a
     result never says `succeeded` without its output, so a succeeded job's compact result is `failed`
     (finish reason `error`) with the note saying why and where the output is."""
+    r = row._mapping if isinstance(row, Row) else vars(row)  # by key: a Row's attributes cost 0.35 µs each
     usage = None
-    if row.prompt_tokens is not None or row.completion_tokens is not None:
-        usage = Usage(prompt_tokens=row.prompt_tokens or 0, completion_tokens=row.completion_tokens or 0)
-    finish = row.finish_reason if row.finish_reason in _FINISH_REASONS else None
-    params = row.params or {}
+    if r["prompt_tokens"] is not None or r["completion_tokens"] is not None:
+        usage = Usage(prompt_tokens=r["prompt_tokens"] or 0, completion_tokens=r["completion_tokens"] or 0)
+    finish = r["finish_reason"] if r["finish_reason"] in _FINISH_REASONS else None
+    params = r["params"] or {}
     fields = dict(
-        job_id=row.job_id,
-        status=row.status,
-        tenant=row.tenant,
-        priority=row.priority,
-        output_text=row.output_text,
+        job_id=r["job_id"],
+        status=r["status"],
+        tenant=r["tenant"],
+        priority=r["priority"],
+        output_text=r["output_text"],
         finish_reason=finish,
         usage=usage,
-        timings=Timings(**{name: getattr(row, name) for name in Timings.model_fields}),  # same names
-        attempt=row.attempts,
-        worker_id=row.worker_id,
-        bulk_id=row.bulk_id,
-        error=row.error,
+        timings=Timings(**{name: r[name] for name in Timings.model_fields}),  # same names
+        attempt=r["attempts"],
+        worker_id=r["worker_id"],
+        bulk_id=r["bulk_id"],
+        error=r["error"],
         metadata=params.get("metadata") or {},
-        choices=[Choice(**c) for c in choices_of(row.output_text, finish, row.choices)],
+        choices=[Choice(**c) for c in choices_of(r["output_text"], finish, r["choices"])],
     )
-    if is_compact(row.error):
-        fields.update(output_text=None, metadata={}, choices=[], error=row.error[:COMPACT_ERROR_CHARS])
-        if row.status == "succeeded":
+    if is_compact(r["error"]):
+        fields.update(output_text=None, metadata={}, choices=[], error=r["error"][:COMPACT_ERROR_CHARS])
+        if r["status"] == "succeeded":
             fields.update(status="failed", finish_reason="error")
     return JobResult(**fields)
 

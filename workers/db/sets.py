@@ -72,7 +72,17 @@ def _floats(values: list[Any]) -> Iterator[str]:
 
 
 def _timestamps(values: list[Any]) -> Iterator[str]:
-    return ("NULL" if v is None else '"' + v.isoformat() + '"' for v in values)
+    # formatted once per distinct value: isoformat is most of a literal's cost, and a flush's jobs share
+    # many (the jobs of one step start together, a batch's leases run to the same time)
+    formatted: dict[Any, str] = {}
+    for v in values:
+        if v is None:
+            yield "NULL"
+            continue
+        text = formatted.get(v)
+        if text is None:
+            text = formatted[v] = '"' + v.isoformat() + '"'
+        yield text
 
 
 # each array type's elements in a literal
