@@ -277,8 +277,7 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     lo, hi = (int(v) for v in args.prompt_len.split(":"))
     kinds = [k.strip() for k in args.engines.split(",") if k.strip()]
-    settings = make_private_settings(Settings.from_env())
-    run_id = settings.topic_prefix
+    base = Settings.from_env()
     streamed = "" if args.stream else "-no-stream"  # in job ids too: a name without spaces
     workloads = [(f"1-token{streamed}", args.jobs, 1)]
     if args.long_jobs:
@@ -286,6 +285,11 @@ def run(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     load_before = os.getloadavg()
     for kind in kinds:
+        # a deployment of its own for each engine: closing one deletes its topics, and the next worker on
+        # that prefix would run on topics the broker re-creates with one partition (that one came out 5-15%
+        # slower, whichever engine it was)
+        settings = make_private_settings(base)
+        run_id = settings.topic_prefix
         progress(f"{kind} engine: the engine alone")
         engine = Engine.from_options(args.model, cache_dir=settings.cache_dir, **ENGINE_OPTIONS)
         if kind == "instant":
