@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-from bench.e2e_deploy import WorkerProcess, make_private_settings
+from bench.e2e.deploy import WorkerProcess, make_private_settings
 from workers.client import JobClient
 from workers.settings import Settings
 

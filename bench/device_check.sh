@@ -6,14 +6,14 @@
 #     alone), kernel tests first: the Triton kernels against torch in bf16/fp16/fp32, then greedy = HF on the
 #     device for every attention path (SDPA and Triton), graphs captured and equal to eager steps;
 #  2. per model shape (random bf16 weights made on the device: SmolLM2-135M, ~1.1B Llama, Llama-3-8B),
-#     bench/device_bench.py: engine start-up (kernel choice + graph capture), inferq tok/s on 256 requests
+#     bench/device/bench.py: engine start-up (kernel choice + graph capture), inferq tok/s on 256 requests
 #     against HF continuous batching (on fewer requests: HF is slow), the decode step at batch 1/16/64/128/256,
 #     the GPU-busy share of a decode step (profiled kernel time / wall) and a short profile table;
 #  3. the summary (outside the plan, its own 20 s): the per-file test table and the benches' tables.
 # Files in $OUT (6): device_check.log, tests.txt, <shape>.json x3, summary.md (the report's tables).
 #
-# Before the device call, here in the repo root: `bash bench/device_carry.sh` downloads the wheels the image
-# lacks (bench/device_image.py's CARRIED: transformers 5.24 and regex, xgrammar, jsonschema and their needs;
+# Before the device call, here in the repo root: `bash bench/device/carry.sh` downloads the wheels the image
+# lacks (bench/device/image.py's CARRIED: transformers 5.24 and regex, xgrammar, jsonschema and their needs;
 # the image has no network) into .whl/ and checks that they and the working tree fit the call's 64 MiB.
 # Then one device call:  command "bash bench/device_check.sh", carry [".whl"], timeout_s 520
 # (QUICK=1 bash bench/device_check.sh: timeout_s 260). The plan's total is printed first.
@@ -101,8 +101,8 @@ if [[ ${SIMULATE_IMAGE:-0} != 1 ]] && compgen -G ".whl/*.whl" >/dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH=$PWD:/tmp/site
 fi
-if [[ ${SIMULATE_IMAGE:-0} == 1 ]]; then  # CI: what the GPU image lacks made unimportable (bench/device_image.py)
-    export INFERQ_SIMULATE_IMAGE=1 PYTHONPATH=$PYTHONPATH:$PWD/bench/simulated_image
+if [[ ${SIMULATE_IMAGE:-0} == 1 ]]; then  # CI: what the GPU image lacks made unimportable (bench/device/image.py)
+    export INFERQ_SIMULATE_IMAGE=1 PYTHONPATH=$PYTHONPATH:$PWD/bench/device/simulated_image
 fi
 "$PY" - <<'EOF'
 import torch, transformers
@@ -139,7 +139,7 @@ echo "$TEST_TABLE"
 for entry in "${SHAPES[@]}"; do
     shape=${entry%%:*} seconds=${entry##*:}
     stage "$shape on $DEVICE: start-up, tok/s vs HF CB (${HF[$shape]:-4} requests), decode steps, profile"
-    run_for "$seconds" "$PY" -m bench.device_bench "$shape" --device "$DEVICE" "${ARGS[@]}" \
+    run_for "$seconds" "$PY" -m bench.device.bench "$shape" --device "$DEVICE" "${ARGS[@]}" \
         --hf-requests "${HF[$shape]:-4}" --json "$OUT/$shape.json"
 done
 
@@ -150,7 +150,7 @@ stage "summary (outside the plan of ${PLAN_S} s)"
     echo "$TEST_TABLE"
     echo
     if ((${#SHAPES[@]})); then
-        timeout --signal=INT --kill-after=5 "$SUMMARY_S" "$PY" -m bench.device_bench --summarize "$OUT"/*-shape.json
+        timeout --signal=INT --kill-after=5 "$SUMMARY_S" "$PY" -m bench.device.bench --summarize "$OUT"/*-shape.json
     fi
 } | tee "$OUT/summary.md"
 

@@ -39,7 +39,7 @@ class EngineConfig:
 def resolve_async_scheduling(wanted: bool | None, device: Any) -> bool:
     """Whether the engine overlaps scheduling with the model. None: off until measured on a device. On
     the CPU the forward and the host work compete for the same cores (measured: no gain on a shared 2-core
-    machine, bench/host_overhead.py and `inferq bench engine --async-scheduling on|off`); on CUDA it is
+    machine, bench/host_overhead/ and `inferq bench engine --async-scheduling on|off`); on CUDA it is
     correct on the CPU-run CUDA-step logic but has not yet run on a GPU, so bench/device_check.sh measures
     it on and off (`inferq_async` in its tables) before it becomes the default there."""
     return bool(wanted)

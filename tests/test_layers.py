@@ -179,7 +179,7 @@ def test_the_check_refuses_edges_against_the_layers(importer, imported):
         ("workers.serving.admission.admitter", "workers.serving.admission.cancels"),  # its own stage
         ("workers.cli.worker", "gpu.engine"),
         ("workers.db.jobs", "schemas.tables"),
-        ("bench.e2e_run", "workers.client"),
+        ("bench.e2e.run", "workers.client"),
     ],
 )
 def test_the_check_allows_edges_along_the_layers(importer, imported):

@@ -1,11 +1,11 @@
-"""bench/device_bench.py's report of a run whose phases were cut short by bench/device_check.sh's timeouts.
+"""bench/device/bench.py's report of a run whose phases were cut short by bench/device_check.sh's timeouts.
 (The driver itself is dry-run on the CPU by `DEVICE=cpu TINY=1 bash bench/device_check.sh`.)"""
 
 from __future__ import annotations
 
 import json
 
-from bench import device_bench
+from bench.device import bench as device_bench
 
 
 def test_summary_tables_show_missing_phases_as_dashes(tmp_path):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.host_overhead import main
+from bench.host_overhead.command import main
 from gpu.step_clock import PHASES
 
 

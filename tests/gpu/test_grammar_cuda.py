@@ -10,12 +10,12 @@ import json
 import pytest
 import torch
 
-# Both are project dependencies the GPU image lacks (bench/device_image.py); bench/device_carry.sh carries
+# Both are project dependencies the GPU image lacks (bench/device/image.py); bench/device/carry.sh carries
 # them. Without them this file skips with the reason instead of failing the device check's collection.
 jsonschema = pytest.importorskip(
-    "jsonschema", reason="jsonschema is not installed (carry it: bench/device_carry.sh)"
+    "jsonschema", reason="jsonschema is not installed (carry it: bench/device/carry.sh)"
 )
-pytest.importorskip("xgrammar", reason="xgrammar is not installed (carry it: bench/device_carry.sh)")
+pytest.importorskip("xgrammar", reason="xgrammar is not installed (carry it: bench/device/carry.sh)")
 
 from gpu.engine import Engine, EngineConfig, EngineRequest  # noqa: E402
 from gpu.engine_types import GrammarSpec  # noqa: E402

@@ -113,7 +113,7 @@ class ServingEngine:
             )
         result, queue_s = await run_in_threadpool(self._run, job, live.priority)
         # Server-Timing: the time spent in the queue (JobClient's submit and wait); the rest of a request's
-        # latency is the API's own (bench/api_overhead.py)
+        # latency is the API's own (bench/api/overhead.py)
         headers = {"X-Job-Id": job.job_id, "Server-Timing": f"queue;dur={queue_s * 1000:.3f}"}
         return JSONResponse(self.answer(line, result), headers=headers)
 

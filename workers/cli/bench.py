@@ -12,7 +12,10 @@ import argparse
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     # light: argparse only; torch comes when the verb runs
-    from bench import e2e, engine, host_overhead, pipeline
+    from bench import pipeline
+    from bench.e2e import command as e2e
+    from bench.engine import command as engine
+    from bench.host_overhead import command as host_overhead
 
     bench = subparsers.add_parser("bench", help="run a benchmark and write its results as JSON")
     bench.set_defaults(func=lambda _args: _usage(bench))

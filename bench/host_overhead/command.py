@@ -1,0 +1,132 @@
+"""`python -m bench.host_overhead`: the engine's host time per decode step, by phase, on the CPU.
+
+The model's forward is replaced by a stub returning fixed logits (greedy always picks one printable
+token, EOS ignored), so what is timed is what the host does around a forward: schedule, build the
+inputs, sample (its argmax over the vocabulary included, shown alone as `argmax`), and turn the tokens
+into outputs. Every row decodes; prefill steps are not measured. With --device-argmax the stub returns
+each row's argmax too, as the CUDA decode graph does, and the host's time is measured without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from gpu.model_source import MODEL_HELP, TINY_MODEL
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json", type=Path, default=None, help="result file (default: bench/results/host-overhead-*.json)"
+    )
+    parser.add_argument("--batch-sizes", default="64,256", help="comma-separated decode batch sizes")
+    parser.add_argument("--prompt-len", type=int, default=64, help="prompt tokens per request")
+    parser.add_argument("--steps", type=int, default=100, help="decode steps per repetition")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions per batch size (medians reported)")
+    parser.add_argument("--warmup", type=int, default=10, help="decode steps before timing")
+    parser.add_argument("--model", default=TINY_MODEL, help=f"{MODEL_HELP} (default: %(default)s)")
+    # The host work is one Python thread; one torch thread keeps the argmax clear of OpenMP barrier stalls
+    # when other processes share the cores.
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (and OMP_NUM_THREADS)")
+    parser.add_argument("--seed", type=int, default=0, help="prompt seed")
+    parser.add_argument(
+        "--device-argmax",
+        action="store_true",
+        help="the stub stands in for the CUDA step and returns each row's argmax with the logits, as the "
+        "decode graph does: host time is then measured, not estimated by subtracting the argmax",
+    )
+    parser.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="forward and sampling on the engine's worker thread, overlapped with the host work",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    batches = tuple(int(b) for b in args.batch_sizes.split(",") if b.strip())
+    if not batches or min(batches) < 1 or min(args.steps, args.reps, args.prompt_len) < 1:
+        print("--batch-sizes, --steps, --reps and --prompt-len must be positive", file=sys.stderr)
+        return 2
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before torch is imported, or it has no effect
+    import torch
+
+    from bench.host_overhead.steps import measure_host_steps, stub_engine
+    from bench.machine import machine_info
+    from bench.report import default_json_path, write_json
+
+    torch.set_num_threads(args.threads)
+    # Early rows decode while later ones prefill (1024 prompt tokens a step): room for those steps too.
+    prefill_steps = -(-max(batches) * args.prompt_len // 1024) + 8
+    max_context = args.prompt_len + prefill_steps + args.warmup + args.steps * args.reps
+    engine, stub = stub_engine(
+        args.model, max(batches), max_context, args.async_scheduling, args.device_argmax
+    )
+    results = [
+        measure_host_steps(engine, b, args.prompt_len, args.steps, args.reps, args.warmup, args.seed)
+        for b in batches
+    ]
+    payload = {
+        "host_ms_per_step": {str(r.batch): r.host_ms for r in results},
+        "host_us_per_row": {str(r.batch): r.host_ms * 1000 / r.batch for r in results},
+        "step_ms": {str(r.batch): r.step_ms for r in results},
+        "engine_cpu_ms": {str(r.batch): r.engine_cpu_ms for r in results},
+        "phases": {str(r.batch): r.phases_ms for r in results},
+        "argmax_ms": {str(r.batch): r.argmax_ms for r in results},
+        # On CUDA the greedy argmax runs on the device (inside the step's graph): what the host is left with.
+        # Async scheduling: the argmax already runs on the worker thread, outside host_ms.
+        "host_ms_without_argmax": {
+            str(r.batch): r.host_ms - (0.0 if args.async_scheduling or args.device_argmax else r.argmax_ms)
+            for r in results
+        },
+        "decode_steps": {str(r.batch): r.decode_steps for r in results},
+        "tokens": {str(r.batch): r.tokens for r in results},
+        "forward_calls": stub.calls,
+        "machine": machine_info(),
+        "options": {k: (str(v) if v is not None else None) for k, v in vars(args).items() if k != "func"},
+    }
+    engine.close()
+    print(render(payload))
+    path = write_json(args.json or default_json_path("host-overhead"), payload)
+    print(f"\nresults: {path}")
+    return 0
+
+
+def render(payload: dict) -> str:
+    from bench.report import format_table
+    from gpu.step_clock import PHASES
+
+    headers = ["batch", "host ms", "us/row", *PHASES, "(argmax)", "host - argmax", "engine CPU ms"]
+    rows = [
+        [
+            batch,
+            host,
+            payload["host_us_per_row"][batch],
+            *(payload["phases"][batch][p] for p in PHASES),
+            payload["argmax_ms"][batch],
+            payload["host_ms_without_argmax"][batch],
+            payload["engine_cpu_ms"][batch],
+        ]
+        for batch, host in payload["host_ms_per_step"].items()
+    ]
+    note = (
+        "ms per decode step (medians); host = the step without the stub forward; argmax: inside sample\n"
+        "host - argmax: what stays on the host when the argmax runs on the device (CUDA: inside the graph);\n"
+        "--device-argmax measures that directly: the stub returns the argmax, as the decode graph does\n"
+        "async scheduling: forward and sample run on a worker thread; `forward` is the engine thread's wait "
+        "for it, host leaves it (and so the argmax) out, step ms is the real rate\n"
+        "engine CPU ms: the engine thread's own CPU time per step (thread_time, the bench's checks in it): "
+        "what it still holds, with no wait for the worker, the GIL or other processes in it"
+    )
+    return format_table(headers, rows, digits=3) + "\n" + note
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.host_overhead", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
