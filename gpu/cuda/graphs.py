@@ -6,8 +6,13 @@ per-layer kernel launches from Python and no host syncs inside; the greedy argma
 Keys: with the Triton paged decode kernel (which reads each row's blocks in place up to its own length),
 shapes depend on the batch alone, so there is one graph per batch bucket up to max_num_seqs, captured
 largest first at start (`capture_all`). The SDPA fallback gathers a fixed number of blocks per row, so
-its graphs are keyed by (batch bucket, power-of-two block bucket): too many to capture up front, they are
-captured the first time a shape appears.
+its graphs are keyed by (batch bucket, power-of-two block bucket): too many to capture up front (one per
+batch and block bucket, each holding its own gathered K/V), they are captured the first time a shape
+appears, before that step's inputs go into the static buffers: a capture pads every row first.
+
+Capture and replay go through a recorder (`CudaGraphRecorder` here; tests drive the same order with one
+that replays by running the body again), so the order of capture, input copies and replay is testable on
+the CPU.
 
 Rows past the real batch (padding up to the bucket) read one reserved "trash" block and write their K/V
 into it, so they never touch a live sequence's cache. All graphs share one memory pool: they never run at
@@ -20,6 +25,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -56,6 +62,39 @@ class DecodeOutput:
     greedy: torch.Tensor  # [rows] int64: each row's argmax, computed with the logits
 
 
+class GraphRecorder(Protocol):
+    def capture(
+        self, body: Callable[[], DecodeOutput], warm_ups: int
+    ) -> tuple[Callable[[], None], DecodeOutput]:
+        """Warm `body` up (it runs on whatever the static inputs hold), record it; returns (replay, out):
+        each replay runs the recorded work on the static inputs as they are then, into `out`'s tensors."""
+        ...
+
+
+class CudaGraphRecorder:
+    """torch.cuda graphs sharing one memory pool, warmed up on one side stream: memory the caching allocator
+    hands out on a stream stays cached for that stream, so a new stream per capture would strand each
+    capture's warm-up memory."""
+
+    def __init__(self) -> None:
+        self._pool = torch.cuda.graph_pool_handle()
+        self._side = torch.cuda.Stream()
+
+    def capture(
+        self, body: Callable[[], DecodeOutput], warm_ups: int
+    ) -> tuple[Callable[[], None], DecodeOutput]:
+        # Warm-ups first: kernels compiled, library handles and choices made outside the capture.
+        self._side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self._side):
+            for _ in range(warm_ups):
+                body()
+        torch.cuda.current_stream().wait_stream(self._side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = body()
+        return graph.replay, out
+
+
 class DecodeGraphs:
     def __init__(
         self,
@@ -66,9 +105,11 @@ class DecodeGraphs:
         trash_block: int,
         kernels: CudaKernels | None = None,
         capture: bool = True,
+        recorder: GraphRecorder | None = None,
     ) -> None:
         """capture=False runs each step's body eagerly on the same static buffers: the bucketing, padding
-        and kernels without CUDA graphs (how the CPU tests exercise it, on CPU tensors)."""
+        and kernels without CUDA graphs (how the CPU tests exercise it, on CPU tensors). recorder: how
+        graphs are captured and replayed (default: CUDA graphs where capture is on)."""
         device = cache.k.device
         kernels = kernels or CudaKernels()
         self.forward, self.cache = forward, cache
@@ -81,9 +122,9 @@ class DecodeGraphs:
         # slots, lens), contiguous, so a step's staged [4, b] goes over in one plain copy.
         self._vector_storage = torch.zeros(4 * max_batch, dtype=torch.long, device=device)
         self.tables = torch.full((max_batch, max_blocks), trash_block, dtype=torch.long, device=device)
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, DecodeOutput]] = {}
-        self.capture = capture
-        self._pool = torch.cuda.graph_pool_handle() if capture else None
+        self._graphs: dict[tuple[int, int], tuple[Callable[[], None], DecodeOutput]] = {}
+        self.recorder = recorder if recorder is not None else CudaGraphRecorder() if capture else None
+        self.capture = self.recorder is not None
 
     def covers(self, rows: int, blocks: int) -> bool:
         return rows <= self.batches[-1] and blocks <= self.blocks[-1]
@@ -103,7 +144,8 @@ class DecodeGraphs:
                     key = (b, self.blocks[-1])
                     if key not in self._graphs:
                         self._graphs[key] = self._capture(*key, warm_ups=1 if self._graphs else 2)
-            torch.cuda.synchronize()
+            if self.cache.k.is_cuda:
+                torch.cuda.synchronize()
         return time.perf_counter() - start
 
     def vectors(self, b: int) -> torch.Tensor:
@@ -111,11 +153,12 @@ class DecodeGraphs:
         return self._vector_storage[: 4 * b].view(4, b)
 
     def _pad(self, b: int) -> None:
-        """Every row a padding row (token 0 at position 0, one key, in the trash block): what warm-ups and
-        captures at start read before a step fills them."""
+        """Every row a padding row (token 0 at position 0, one key, in the trash block): what a capture's
+        warm-ups run on, at start or before the step that needs a new shape fills the buffers."""
         vectors = self.vectors(b)
         vectors[IDS:SLOTS] = 0
         vectors[SLOTS], vectors[LENS] = self._trash_slot, 1
+        self.tables[:b] = self.trash_block
 
     def _body(self, b: int, nb: int) -> DecodeOutput:
         ids, positions, slots, lens = self.vectors(b).unbind(0)
@@ -134,19 +177,11 @@ class DecodeGraphs:
             return DecodeOutput(logits, greedy_argmax(logits))
         return DecodeOutput(logits, logits.argmax(dim=-1))
 
-    def _capture(self, b: int, nb: int, warm_ups: int = 2) -> tuple[torch.cuda.CUDAGraph, DecodeOutput]:
-        # Warm-ups on a side stream first: kernels compiled, library handles and choices made outside.
+    def _capture(self, b: int, nb: int, warm_ups: int = 2) -> tuple[Callable[[], None], DecodeOutput]:
+        """Record batch b's graph over padding rows: it overwrites the static inputs of the first b rows."""
+        assert self.recorder is not None
         self._pad(b)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(warm_ups):
-                self._body(b, nb)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = self._body(b, nb)
-        return graph, out
+        return self.recorder.capture(lambda: self._body(b, nb), warm_ups)
 
     def run(
         self,
@@ -164,6 +199,10 @@ class DecodeGraphs:
         lens[i] keys, the longest `blocks` blocks. Padding and both copies are prepared on the host."""
         rows = len(ids)
         b, nb = self.key(rows, blocks)
+        key = (b, nb)
+        if self.capture and key not in self._graphs:  # only the SDPA path's lazily captured shapes
+            # Before this step's inputs are copied in: the capture pads every row of the static buffers.
+            self._graphs[key] = self._capture(b, nb)
         staged = staging.buffer("graph_vectors", (4, b), torch.long)
         vectors = staged.numpy()
         vectors[IDS, :rows], vectors[POSITIONS, :rows], vectors[SLOTS, :rows] = ids, positions, slots
@@ -185,9 +224,6 @@ class DecodeGraphs:
         if not self.capture:
             out = self._body(b, nb)
         else:
-            key = (b, nb)
-            if key not in self._graphs:  # only the SDPA path's lazily captured shapes
-                self._graphs[key] = self._capture(b, nb)
-            graph, out = self._graphs[key]
-            graph.replay()
+            replay, out = self._graphs[key]
+            replay()
         return DecodeOutput(out.logits[:rows], out.greedy[:rows])
