@@ -47,6 +47,10 @@ def bucket_of(n: int, buckets: tuple[int, ...] | list[int]) -> int:
     return next(b for b in buckets if b >= n)
 
 
+def _even(n: int) -> int:
+    return n + n % 2
+
+
 def block_buckets(max_blocks: int) -> list[int]:
     """Powers of two up to max_blocks (and max_blocks itself): at most 2x the blocks a step needs."""
     out, b = [], 1
@@ -118,9 +122,10 @@ class DecodeGraphs:
         self.blocks = [max_blocks] if self.paged else block_buckets(max_blocks)
         self.trash_block = trash_block
         self._trash_slot = trash_block * cache.shape.block_size
-        # Static inputs: a graph of batch b reads the first 4 * b elements as [4, b] (ids, positions,
-        # slots, lens), contiguous, so a step's staged [4, b] goes over in one plain copy.
-        self._vector_storage = torch.zeros(4 * max_batch, dtype=torch.long, device=device)
+        # Static inputs: a graph of batch b reads the first 4 * even(b) elements as [4, even(b)] (ids,
+        # positions, slots, lens; rows padded to an even length so each starts 16-byte aligned, as Triton
+        # specialises on alignment), so a step's staged [4, even(b)] goes over in one plain copy.
+        self._vector_storage = torch.zeros(4 * _even(max_batch), dtype=torch.long, device=device)
         self.tables = torch.full((max_batch, max_blocks), trash_block, dtype=torch.long, device=device)
         self._graphs: dict[tuple[int, int], tuple[Callable[[], None], DecodeOutput]] = {}
         self.recorder = recorder if recorder is not None else CudaGraphRecorder() if capture else None
@@ -149,8 +154,8 @@ class DecodeGraphs:
         return time.perf_counter() - start
 
     def vectors(self, b: int) -> torch.Tensor:
-        """The static [4, b] inputs of batch b's graph (a contiguous view)."""
-        return self._vector_storage[: 4 * b].view(4, b)
+        """The static [4, b] inputs of batch b's graph (a view; its rows contiguous)."""
+        return self._vector_storage[: 4 * _even(b)].view(4, _even(b))[:, :b]
 
     def _pad(self, b: int) -> None:
         """Every row a padding row (token 0 at position 0, one key, in the trash block): what a capture's
@@ -203,8 +208,8 @@ class DecodeGraphs:
         if self.capture and key not in self._graphs:  # only the SDPA path's lazily captured shapes
             # Before this step's inputs are copied in: the capture pads every row of the static buffers.
             self._graphs[key] = self._capture(b, nb)
-        staged = staging.buffer("graph_vectors", (4, b), torch.long)
-        vectors = staged.numpy()
+        staged = staging.buffer("graph_vectors", (4, _even(b)), torch.long)
+        vectors = staged.numpy()[:, :b]
         vectors[IDS, :rows], vectors[POSITIONS, :rows], vectors[SLOTS, :rows] = ids, positions, slots
         vectors[LENS, :rows] = lens
         # padding rows: token 0 at position 0, one key, in the trash block
@@ -217,7 +222,7 @@ class DecodeGraphs:
         table_rows[:rows, :blocks] = block_tables[seats, :blocks]
         table_rows[:rows, blocks:] = self.trash_block
         table_rows[rows:] = self.trash_block
-        self.vectors(b).copy_(staged, non_blocking=True)
+        self._vector_storage[: 4 * _even(b)].view(4, _even(b)).copy_(staged, non_blocking=True)
         self.tables[:b, :width].copy_(tables, non_blocking=True)
         if before_forward is not None:  # e.g. placeholder tokens filled on the device (gpu/runner.py)
             before_forward(self.vectors(b)[IDS, :rows])
