@@ -57,6 +57,7 @@ def cuda_path_engine(model, kernels=None, **config):
     given Triton kernels (None: the torch paths), all without graph capture."""
     engine = make_engine(model, **config)
     runner = engine.runner
+    runner.inputs.compact = True  # each step's own block-table rows, as on CUDA
     cache = KVCache(runner.cache.shape, runner.num_blocks + 1, torch.device("cpu"))
     runner.cache = cache
     runner.forward = LlamaForward(model, engine.runner.config.max_model_len)  # the hooks unset: as on CUDA
