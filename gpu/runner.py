@@ -97,7 +97,8 @@ class ModelRunner:
         cuda = self.device.type == "cuda"
         # On CUDA one more block, never scheduled, takes the K/V of a graph's padding rows.
         self.cache = KVCache(shape, self.num_blocks + cuda, self.device)
-        self.inputs = InputBuilder(config.block_size, config.max_model_len, config.max_num_seqs)
+        # On CUDA each step's table is copied to the device: its own rows only (gpu/inputs.py).
+        self.inputs = InputBuilder(config.block_size, config.max_model_len, config.max_num_seqs, compact=cuda)
         self.cuda_step = None
         if cuda:
             from gpu.cuda.step import build_cuda_step

@@ -14,6 +14,7 @@ Dry run on any machine (no GPU needed): `python -m bench.device.bench smollm2-13
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -21,6 +22,8 @@ import random
 import statistics
 import sys
 import time
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +218,17 @@ def _profile(engine: Any, steps: int, device: str, step_ms: float) -> dict[str, 
     return {"gpu_busy_fraction": None, "profile": rows}
 
 
+@contextlib.contextmanager
+def _phase(report: Report, name: str) -> Iterator[None]:
+    """A phase whose failure is recorded under `errors` and costs only its own row."""
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 - reported in the JSON and the log, the shape goes on
+        errors = {**report.data.get("errors", {}), name: f"{type(error).__name__}: {error}"[:500]}
+        report.put("errors", errors)
+        _log(f"{name} failed: {traceback.format_exc()}")
+
+
 def run_shape(args: argparse.Namespace) -> int:
     import torch
 
@@ -251,25 +265,29 @@ def run_shape(args: argparse.Namespace) -> int:
     requests = make_workload(WorkloadSpec(args.requests, (16, 128), (8, 256), 0), vocab)
     report.put("inferq", {"requests": len(requests), **run_inferq(engine, requests)})
     _log(f"{args.shape}: inferq {report.data['inferq']['tok_s']:,.0f} tok/s")
-    engine.set_async_scheduling(True)  # the same workload with step N+1 staged while step N runs
-    report.put("inferq_async", {"requests": len(requests), **run_inferq(engine, requests)})
-    engine.set_async_scheduling(False)
-    _log(f"{args.shape}: inferq, async scheduling {report.data['inferq_async']['tok_s']:,.0f} tok/s")
-
-    steps: dict[str, Any] = {}
-    for batch in args.batches:
-        profile = batch in args.profile
-        steps[str(batch)] = decode_steps(
-            engine, batch, args.steps, vocab, args.device, profile, args.max_model_len
-        )
-        report.put("decode_steps", steps)
-        _log(f"{args.shape}: batch {batch}: {steps[str(batch)]['step_ms']:.2f} ms a step")
-
+    # HF CB next: the reference every later phase is read against, measured before anything that may fail.
     if args.hf_requests:
         hf = run_hf_cb(loaded.model, requests[: args.hf_requests], args.max_batched_tokens)
         report.put("hf_cb", {"requests": args.hf_requests, **hf})
         report.put("x_hf_cb", report.data["inferq"]["tok_s"] / hf["tok_s"])
         _log(f"{args.shape}: HF CB {hf['tok_s']:,.0f} tok/s on {args.hf_requests} requests")
+
+    steps: dict[str, Any] = {}
+    for batch in args.batches:
+        profile = batch in args.profile
+        with _phase(report, f"decode_steps_{batch}"):
+            steps[str(batch)] = decode_steps(
+                engine, batch, args.steps, vocab, args.device, profile, args.max_model_len
+            )
+            report.put("decode_steps", steps)
+            _log(f"{args.shape}: batch {batch}: {steps[str(batch)]['step_ms']:.2f} ms a step")
+
+    # Last: never yet run on a GPU, so its failure (or a hang, cut by the script's timeout) costs its row.
+    with _phase(report, "inferq_async"):
+        engine.set_async_scheduling(True)  # the same workload with step N+1 staged while step N runs
+        report.put("inferq_async", {"requests": len(requests), **run_inferq(engine, requests)})
+        engine.set_async_scheduling(False)
+        _log(f"{args.shape}: inferq, async scheduling {report.data['inferq_async']['tok_s']:,.0f} tok/s")
     report.put("done", True)
     return 0
 
@@ -315,6 +333,8 @@ def summarize(paths: list[Path]) -> str:
                 )
     for r in results:
         lines.append(f"\n{r['shape']}: kernels {r.get('cuda_step', {}).get('kernels')}")
+        for phase, error in r.get("errors", {}).items():
+            lines.append(f"\n{r['shape']}: phase {phase} FAILED: {error}")
         trials = r.get("cuda_step", {}).get("trials", [])
         if trials:
             lines += ["| kernel | chosen | triton ms | torch ms | why |", "|---|---|---|---|---|"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.abc
 import os
 import sys
+from pathlib import Path
 
 # Each dependency in pyproject.toml (runtime and dev) -> its top-level import name, or None where the image
 # has it (KINDS.md's package list, read 2026-11-17). tests/bench/test_device_check.py fails on a dependency
@@ -69,6 +70,17 @@ CARRIED = (
     "referencing==0.37.0",
     "rpds-py==2026.9.1",
 )
+# The image's Triton (torch 2.11's): the kernels are written to its language, and tests/gpu/test_triton_aot.py
+# compiles them with this version, installed beside the venv by dev.sh (the venv's own is torch's, newer).
+TRITON = "3.6.0"
+
+
+def pinned_triton() -> Path:
+    """Where dev.sh installs the image's Triton (`pip install --target`), for the AOT compile test."""
+    default = Path.home() / ".cache" / "inferq" / f"triton-{TRITON}"
+    return Path(os.environ.get("INFERQ_DEVICE_TRITON", default))
+
+
 # The simulation is the bare image, carried wheels left out: a device test that cannot run without one of
 # them must skip with its reason (a device call made without `bash bench/device/carry.sh` still runs).
 LACKS = frozenset(name for name in DEPENDENCIES.values() if name is not None) | {"pydantic_core"}

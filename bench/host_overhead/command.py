@@ -5,11 +5,14 @@ token, EOS ignored), so what is timed is what the host does around a forward: sc
 inputs, sample (its argmax over the vocabulary included, shown alone as `argmax`), and turn the tokens
 into outputs. Every row decodes; prefill steps are not measured. With --device-argmax the stub returns
 each row's argmax too, as the CUDA decode graph does, and the host's time is measured without it.
+Then the kernel launches of the CUDA step's eager prefill and mixed steps, per layer
+(bench/host_overhead/launches.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -36,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the stub stands in for the CUDA step and returns each row's argmax with the logits, as the "
         "decode graph does: host time is then measured, not estimated by subtracting the argmax",
+    )
+    parser.add_argument(
+        "--no-launches", action="store_true", help="skip counting the eager steps' launches per layer"
     )
     parser.add_argument(
         "--async-scheduling",
@@ -88,6 +94,12 @@ def run(args: argparse.Namespace) -> int:
     }
     engine.close()
     print(render(payload))
+    if not args.no_launches:
+        from bench.host_overhead import launches as step_launches
+
+        launches = step_launches.count_launches(args.model)
+        payload["launches"] = [dataclasses.asdict(launch) for launch in launches]
+        print("\n" + step_launches.render(launches))
     path = write_json(args.json or default_json_path("host-overhead"), payload)
     print(f"\nresults: {path}")
     return 0

@@ -49,7 +49,8 @@ class CudaStep:
         self.kernels = kernels or CudaKernels()
         cuda_kernels.install(forward, self.kernels)
         self.staging = PinnedStaging(cache.k.device)
-        self.attention = CudaPagedAttention(self.kernels, self.staging)
+        group = forward.num_heads // forward.num_kv_heads
+        self.attention = CudaPagedAttention(self.kernels, self.staging, group)
         self.graphs = (
             DecodeGraphs(forward, cache, max_num_seqs, max_blocks, trash_block, self.kernels, capture_graphs)
             if trash_block is not None and forward.graph_safe

@@ -17,6 +17,12 @@ def test_host_overhead_decodes_every_row_and_writes_the_result(tmp_path, capsys)
     assert main([*argv, "--json", str(path)]) == 0
     payload = json.loads(path.read_text())
     assert set(payload["host_ms_per_step"]) == {"2", "3"}
+    # The eager steps' launches: the Triton kernels' steps launch fewer operators per layer than torch's.
+    launches = {(r["step"], r["kernels"]): r["per_layer"] for r in payload["launches"]}
+    assert set(launches) == {(s, k) for s in ("prefill", "mixed") for k in ("torch", "triton")}
+    assert launches["prefill", "triton"] < launches["prefill", "torch"]
+    assert launches["mixed", "triton"] < launches["mixed", "torch"]
+    assert launches["prefill", "triton"] == 9  # 4 matmuls, 2 add+RMSNorms, RoPE+cache, attention, SiLU*up
     assert all(ms > 0 for ms in payload["host_ms_per_step"].values())
     assert all(set(phases) == set(PHASES) for phases in payload["phases"].values())
     assert payload["decode_steps"] == {"2": 6, "3": 6}
@@ -31,7 +37,7 @@ def test_host_overhead_with_async_scheduling(tmp_path):
     # The stub runs on the engine's worker thread, a step ahead: every timed step still returns every row.
     path = tmp_path / "host.json"
     argv = ["--batch-sizes", "3", "--prompt-len", "20", "--steps", "3", "--reps", "2", "--warmup", "1"]
-    assert main([*argv, "--async-scheduling", "--json", str(path)]) == 0
+    assert main([*argv, "--async-scheduling", "--no-launches", "--json", str(path)]) == 0
     payload = json.loads(path.read_text())
     assert payload["tokens"] == {"3": 18} and payload["phases"]["3"]["sample"] == 0  # sampled on the worker
     assert payload["host_ms_without_argmax"] == payload["host_ms_per_step"]
@@ -47,7 +53,7 @@ def test_host_overhead_with_the_argmax_on_the_device(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu.sampler, "fast_argmax", counted)
     path = tmp_path / "host.json"
     argv = ["--batch-sizes", "2,3", "--prompt-len", "20", "--steps", "3", "--reps", "2", "--warmup", "1"]
-    assert main([*argv, "--device-argmax", "--json", str(path)]) == 0
+    assert main([*argv, "--device-argmax", "--no-launches", "--json", str(path)]) == 0
     payload = json.loads(path.read_text())
     assert payload["tokens"] == {"2": 12, "3": 18}
     assert payload["host_ms_without_argmax"] == payload["host_ms_per_step"]

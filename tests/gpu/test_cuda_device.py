@@ -121,6 +121,28 @@ def test_every_batch_bucket_captured_at_start_with_the_paged_kernel():
     assert len(graphs._graphs) == before  # nothing captured mid-run
 
 
+def test_sdpa_fallback_graphs_captured_mid_run_match_hf():
+    """The decode graphs of the SDPA fallback (the Triton decode kernel not chosen: it failed, disagreed or
+    was slower) are captured when a (batch, blocks) bucket first appears: the step that triggers a capture
+    must decode its own rows, not the capture's padding (tests/gpu/test_cuda_path.py drives the order on
+    the CPU)."""
+    from gpu.cuda.kernels import CudaKernels
+    from gpu.cuda.step import CudaStep
+    from gpu.forward import LlamaForward
+
+    model = on_cuda(make_model())
+    engine = Engine(model, EngineConfig(num_blocks=256, max_num_seqs=5, block_size=4))
+    runner = engine.runner
+    forward = LlamaForward(engine.model, runner.config.max_model_len)
+    step = CudaStep(
+        forward, runner.cache, 5, runner.inputs.max_blocks, runner.num_blocks, True, CudaKernels()
+    )
+    runner.cuda_step = step
+    assert step.capture_graphs() >= 0 and not step.graphs._graphs and not step.graphs.paged
+    run_and_check(engine, model, make_prompts(8, 1, 60), OUTPUT_LENS)
+    assert len(step.graphs._graphs) > 3  # several (batch, blocks) buckets, each captured by a live step
+
+
 def test_every_triton_kernel_agrees_with_torch_in_bfloat16_at_start():
     """The start-up trials in the device's default dtype, at a real model's proportions (GQA 8:2, head
     size 64): each kernel compiled, ran and agreed with its torch path; only speed decided the choice."""
