@@ -16,8 +16,31 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.topics import PRIORITY_CLASSES
 from workers.api.errors import APIError
+from workers.bulk.batch_fields import FIELDS, Kind
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+# What a live request says beyond a Batch line's body: all honoured (`priority` is inferq's extension)
+LIVE_FIELDS = ("stream", "stream_options", "priority")
+STREAM_OPTIONS = ("include_usage", "include_obfuscation")
+
+
+def field_kinds(url: str) -> dict[str, Kind]:
+    """What the endpoint does with each body field (docs/api.md's table; tests/api/test_api_fields.py)."""
+    kinds = {name: rule.kind for name, rule in FIELDS[url].items()}
+    return {**kinds, **dict.fromkeys(LIVE_FIELDS, "honoured")}
+
+
+def body_param(url: str, body: dict[str, Any], param: str | None) -> str | None:
+    """The body field a job field's error is about (`param`): the job's `max_tokens` is the body's
+    `max_completion_tokens` when it says that, the completions API's `logprobs` is the job's top_logprobs."""
+    if param is None:
+        return None
+    head, sep, rest = param.partition(".")
+    if head == "max_tokens" and "max_completion_tokens" in body:
+        head = "max_completion_tokens"
+    elif head == "top_logprobs" and url == COMPLETIONS:
+        head = "logprobs"
+    return head + sep + rest
 
 
 def unix(at: datetime | None) -> int | None:
@@ -41,12 +64,21 @@ def split_live_options(body: dict[str, Any]) -> tuple[dict[str, Any], LiveOption
         stream = False
     if not isinstance(stream, bool):
         raise APIError(400, "stream must be a boolean", param="stream", code="invalid_value")
-    stream_options = body.pop("stream_options", None) or {}
-    if not isinstance(stream_options, dict) or set(stream_options) - {"include_usage"}:
-        raise APIError(400, "stream_options supports only include_usage", param="stream_options")
+    stream_options = body.pop("stream_options", None)
+    stream_options = {} if stream_options is None else stream_options
+    if not isinstance(stream_options, dict):
+        raise APIError(400, "stream_options must be an object", param="stream_options", code="invalid_value")
+    unknown = sorted(set(stream_options) - set(STREAM_OPTIONS))
+    if unknown:
+        raise APIError(
+            400, f"stream_options supports {' and '.join(STREAM_OPTIONS)}, not {', '.join(unknown)}",
+            param=f"stream_options.{unknown[0]}", code="invalid_value",
+        )  # fmt: skip
+    for name in STREAM_OPTIONS:  # include_obfuscation: taken, and no chunk carries `obfuscation` padding
+        if not isinstance(stream_options.get(name, False), bool | None):
+            raise APIError(400, f"stream_options.{name} must be a boolean", param=f"stream_options.{name}",
+                           code="invalid_value")  # fmt: skip
     include_usage = stream_options.get("include_usage") or False
-    if not isinstance(include_usage, bool):
-        raise APIError(400, "stream_options.include_usage must be a boolean", param="stream_options")
     priority = body.pop("priority", None) or "normal"
     if priority not in PRIORITY_CLASSES:
         raise APIError(

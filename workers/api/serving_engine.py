@@ -28,7 +28,7 @@ from schemas.validation import InvalidMessage
 from workers.api.context import APIContext
 from workers.api.errors import APIError, not_found
 from workers.api.limits import Slot
-from workers.api.protocol import LiveOptions, split_live_options, usage
+from workers.api.protocol import LiveOptions, body_param, split_live_options, usage
 from workers.bulk.batch_fields import check_body
 from workers.bulk.batch_format import BatchLine, checked_job
 from workers.bulk.output import response_body
@@ -141,15 +141,16 @@ class ServingEngine:
         the output constraint): a body means here what it means as a Batch line."""
         problem = check_body(self.url, body)
         if problem is None and body.get("model") is not None and not isinstance(body["model"], str):
-            problem = "body.model must be a string"
+            problem = ("model", "body.model must be a string")
         if problem is not None:
-            raise APIError(400, problem.removeprefix("body."), code="invalid_request")
+            raise APIError(400, problem[1].removeprefix("body."), param=problem[0], code="invalid_request")
         job_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         line = BatchLine(1, job_id, self.url, body.get("model") or self.ctx.default_model, body)
         try:
             job = checked_job(line, bulk_id="api", tenant=tenant)
         except InvalidMessage as exc:
-            raise APIError(400, str(exc).removeprefix("body."), code="invalid_request") from None
+            param = body_param(self.url, body, exc.param)
+            raise APIError(400, str(exc).removeprefix("body."), param=param, code="invalid_request") from None
         return line, job.model_copy(update={"job_id": job_id, "bulk_id": None, "metadata": {}})
 
     def _run(self, job: JobRequest, priority: str) -> tuple[JobResult, float]:
