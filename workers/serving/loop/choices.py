@@ -131,9 +131,13 @@ class Choices:
     def end(self, index: int, reason: str) -> str | None:
         """Record how sample `index` ended; the job's finish reason once the job is over, else None.
 
-        That is the first reason that ends the request (abort, expired, ...), else sample 0's.
+        That is the first reason that ends the request (abort, expired, ...), else sample 0's. A sample
+        that stopped having made tool calls ends `tool_calls`, as OpenAI's do.
         """
-        self.samples[index].finish_reason = reason
+        sample = self.samples[index]
+        if reason == "stop" and sample.tools is not None and sample.tools.calls:
+            reason = "tool_calls"
+        sample.finish_reason = reason
         if reason in REQUEST_ENDS:
             return reason
         if all(s.finish_reason is not None for s in self.samples):

@@ -302,7 +302,8 @@ class JobLifecycle:
             if finish in REQUEST_ENDS:  # one sample ended the job (a grammar's dead end): stop the others
                 self.engine.abort_request(out.request_id)  # their outputs find no job: dropped
         else:  # the job goes on: this sample's last token event, with its own reason
-            self.streamer.end_sample(out.request_id, out.index, out.finish_reason.value)
+            reason = job.choices.samples[out.index].finish_reason or out.finish_reason.value
+            self.streamer.end_sample(out.request_id, out.index, reason)
 
     def _end_tool_calls(self, job: InFlightJob, out: RequestOutput) -> None:
         """What the tool-call parser held back of the sample that ended, decided now: to its text and its
