@@ -146,8 +146,11 @@ def _may_be_deep_or_unstorable(text: str, limits: Limits) -> bool:
 def _explain(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors(include_url=False):
-        where = ".".join(str(p) for p in err["loc"]) or "message"
-        parts.append(f"{where}: {err['msg']}")
+        cause = (err.get("ctx") or {}).get("error")
+        where = ".".join(
+            [*(str(p) for p in err["loc"]), *([cause.field] if isinstance(cause, FieldError) else [])]
+        )
+        parts.append(f"{where or 'message'}: {err['msg'].removeprefix('Value error, ')}")
     return "; ".join(parts)
 
 
