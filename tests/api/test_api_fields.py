@@ -179,6 +179,13 @@ def test_a_refused_value_names_its_field_never_null(body, param):
     assert caught.value.status == 400 and caught.value.param == param, caught.value.message
 
 
+def test_an_earlier_answer_sent_back_as_openai_returns_it_is_taken():
+    answer = {"role": "assistant", "content": "hi", "refusal": None, "annotations": [], "audio": None,
+              "function_call": None, "tool_calls": None}  # fmt: skip
+    turns = [{"role": "user", "content": "hi", "name": "ann"}, answer, {"role": "user", "content": "more"}]
+    live("chat.completions.create", {**BASE["chat.completions.create"], "messages": turns})
+
+
 def test_file_fields_as_the_sdk_sends_them():
     assert upload_lifetime({"purpose": "batch", "expires_after[anchor]": "created_at",
                             "expires_after[seconds]": "7200"}) == 7200  # fmt: skip

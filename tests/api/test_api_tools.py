@@ -125,7 +125,7 @@ def test_earlier_calls_and_their_results_render(served):
     conversation = [
         {"role": "developer", "content": "Be brief."},
         *ASK,
-        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        first.choices[0].message,  # the answer sent back as the SDK returned it (content null, tool_calls)
         {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "sunny", "celsius": 21}'},
     ]
     answer = client.chat.completions.create(
@@ -133,7 +133,8 @@ def test_earlier_calls_and_their_results_render(served):
     )
     assert answer.choices[0].message.tool_calls is None
     # the prompt is the default format's turns (the tiny model's template shows no tools), call and result
-    job = JobRequest.model_validate({"messages": conversation, "tools": TOOLS, "tool_choice": "none"})
+    sent = [*conversation[:2], first.choices[0].message.model_dump(exclude_unset=True), conversation[3]]
+    job = JobRequest.model_validate({"messages": sent, "tools": TOOLS, "tool_choice": "none"})
     turns, _ = chat_turns(job, native=None)
     assert '"arguments": {"city": ' in turns[2]["content"] and "sunny" in turns[3]["content"]
     assert answer.usage.prompt_tokens == len(ByteTokenizer().apply_chat_template(turns))

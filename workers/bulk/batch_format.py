@@ -111,23 +111,25 @@ def _list(value: Any, name: str) -> list[Any]:
     return value
 
 
-# What a message may carry beyond these is refused by name: `audio` (no audio), the deprecated
-# `function_call`; `name` (a participant's name) is accepted and not shown to the model, `refusal` (an
-# assistant's earlier refusal) is accepted when null.
-_MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal"}
+# A message's fields beyond role, content and the tool fields: `name` (a participant's name) and
+# `annotations` (of an earlier answer) are taken and not shown to the model; `refusal`, `audio` and the
+# deprecated `function_call`, which an earlier answer sent back as it came carries as null, only as null.
+_MESSAGE_KEYS = {"role", "content", "tool_calls", "tool_call_id", "name", "annotations"}
+_NULL_ONLY = ("refusal", "audio", "function_call")
 
 
 def _message(message: Any, index: int) -> dict[str, Any]:
     where = f"messages[{index}]"
     if not isinstance(message, dict):
         raise InvalidMessage(f"body.{where} must be an object with 'role' and 'content'", where)
-    unknown = sorted(set(message) - _MESSAGE_KEYS)
+    unknown = sorted(set(message) - _MESSAGE_KEYS - set(_NULL_ONLY))
     if unknown:
         raise InvalidMessage(
             f"body.{where}: unsupported fields {', '.join(unknown)}", f"{where}.{unknown[0]}"
         )
-    if message.get("refusal") is not None:
-        raise InvalidMessage(f"body.{where}.refusal must be null", f"{where}.refusal")
+    for key in _NULL_ONLY:
+        if message.get(key) is not None:
+            raise InvalidMessage(f"body.{where}.{key} is not supported (only null)", f"{where}.{key}")
     content = message.get("content")
     if isinstance(content, list):  # content parts: only text is supported
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
