@@ -95,6 +95,16 @@ def test_a_call_the_model_writes_streams_as_deltas_and_is_stored_in_the_choice()
     assert [e.seq for e in sent] == list(range(len(sent)))
 
 
+def test_calls_coalesced_into_one_event_stay_apart():
+    second = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    sent, row = run(f"{CALL_TEXT}\n{second}", pieces=1)  # the whole text in one step: one event
+    ids = [call_id("acme/j", 0, k) for k in (0, 1)]
+    assert [c["id"] for c in row["choices"][0]["tool_calls"]] == ids
+    (event,) = [e for e in sent if e.tool_calls]
+    assert [(d.index, d.id) for d in event.tool_calls] == [(0, ids[0]), (1, ids[1])]
+    assert [d.function.arguments for d in event.tool_calls] == ['{"city": "Paris"}', '{"city": "Rome"}']
+
+
 def test_text_without_a_call_is_plain_content():
     sent, row = run("It is sunny in Paris <tool but no call.")
     assert (row["finish_reason"], row["output_text"]) == ("stop", "It is sunny in Paris <tool but no call.")
