@@ -8,6 +8,7 @@ import json
 import threading
 from types import SimpleNamespace
 
+import jsonschema
 import pytest
 from sqlalchemy import create_engine
 
@@ -20,11 +21,12 @@ from schemas.tables import jobs as jobs_table
 from schemas.tool_calls import HERMES, call_id
 from schemas.topics import Topics
 from schemas.validation import Limits
-from tests.gpu.factories import make_engine
+from tests.gpu.factories import make_engine, make_model
 from tests.workers.bulk_factories import CHAT, batch_line
 from tests.workers.worker_factories import now_ms, read_topic, serving_worker, token_events, wait_terminal
 from workers.bulk.batch_format import parse_line
 from workers.bulk.output import response_body
+from workers.bulk.run_batch import BatchRunner
 from workers.db.outbox import result_from_row
 from workers.kafka_io import Record
 from workers.serving.intake.validation import Accepted
@@ -171,3 +173,23 @@ def test_smollm2_called_through_kafka_fills_in_the_arguments_itself(settings, tm
         assert answer.finish_reason in ("stop", "length") and answer.choices[0].tool_calls is None
         assert answer.output_text
         wait_terminal(db, [forced.job_id, free.job_id])
+
+
+def test_run_batch_lines_call_tools_as_the_worker_does():
+    """`inferq run-batch` (the engine in-process): a forced call per line, in OpenAI's message shape."""
+    params = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["n"]}  # fmt: skip
+    tools = [{"type": "function", "function": {"name": "pick", "parameters": params}}]
+    named = {"type": "function", "function": {"name": "pick"}}
+    body = {"tools": tools, "tool_choice": named, "max_tokens": 80, "temperature": 1.0}
+    items = [parse_line(json.dumps(batch_line(f"l{i}", CHAT, seed=i, **body)), i + 1) for i in range(3)]
+    runner = BatchRunner(
+        make_engine(make_model(max_position_embeddings=2048), max_model_len=2048), "served-x"
+    )
+    for answer, ok in runner.run(items):
+        assert ok, answer
+        choice = answer["response"]["body"]["choices"][0]
+        assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+        (call,) = choice["message"]["tool_calls"]
+        assert call["function"]["name"] == "pick" and call["id"].startswith("call_")
+        jsonschema.validate(json.loads(call["function"]["arguments"]), params)
