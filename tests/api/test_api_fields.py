@@ -10,7 +10,6 @@ import json
 import re
 from datetime import timedelta
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import openai
@@ -22,6 +21,7 @@ from sqlalchemy import create_engine, func, select, update
 
 from schemas.tables import api_files
 from tests.api.api_factories import MODEL, wait_batch
+from workers.api.bodies import job_of_body
 from workers.api.errors import APIError
 from workers.api.protocol import (
     BATCH_FIELDS,
@@ -32,8 +32,6 @@ from workers.api.protocol import (
     split_live_options,
     upload_lifetime,
 )
-from workers.api.serving_chat import ServingChat
-from workers.api.serving_completion import ServingCompletion
 from workers.bulk.batch_fields import EXTENSIONS
 from workers.db.api_files import purge_expired
 
@@ -127,9 +125,9 @@ NOT_NEUTRAL = {"modalities": ["text", "audio"], "best_of": 3, "echo": True, "suf
 
 def live(call: str, body: dict[str, Any]) -> None:
     """What the route does with a body before posting its job: raises APIError when it refuses it."""
-    serving = ServingChat if call == "chat.completions.create" else ServingCompletion
+    url = "/v1/chat/completions" if call == "chat.completions.create" else "/v1/completions"
     rest, _ = split_live_options(body)
-    serving(SimpleNamespace(default_model=MODEL)).to_job(rest, "acme")
+    job_of_body(url, rest, "acme", MODEL, "chatcmpl-1")
 
 
 def request_cases() -> list[tuple[str, str, str]]:
