@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,12 +62,23 @@ def call_id(seed: str, index: int, position: int) -> str:
     return f"call_{digest}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Parsed:
     """What one piece of text (or the end) adds: content, and pieces of calls in OpenAI's delta shape."""
 
     content: str = ""
+    tool_calls: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass
+class _Out:
+    """A Parsed as it is being made."""
+
+    content: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def done(self) -> Parsed:
+        return Parsed(self.content, tuple(self.tool_calls))
 
 
 class _JsonDepth:
@@ -137,7 +149,7 @@ class ToolCallParser:
 
     `ids(position)` names the sample's call at that position (`call_id`)."""
 
-    def __init__(self, dialect: ToolDialect, ids: Any) -> None:
+    def __init__(self, dialect: ToolDialect, ids: Callable[[int], str]) -> None:
         self.dialect = dialect
         self._ids = ids
         self._open = dialect.open.strip()
@@ -150,21 +162,21 @@ class ToolCallParser:
 
     def feed(self, text: str) -> Parsed:
         self._pending += text
-        out = Parsed()
+        out = _Out()
         self._run(out, final=False)
-        return out
+        return out.done()
 
     def finish(self) -> Parsed:
-        out = Parsed()
+        out = _Out()
         self._run(out, final=True)
         if self._call is not None:
             self._end_call(out)
         out.content += self._pending
         self._pending = ""
-        return out
+        return out.done()
 
     # ---- the states --------------------------------------------------------------------------------
-    def _run(self, out: Parsed, final: bool) -> None:
+    def _run(self, out: _Out, final: bool) -> None:
         while self._pending:
             if self._call is not None:
                 if not self._in_call(out, final):
@@ -172,7 +184,7 @@ class ToolCallParser:
             elif not self._outside(out, final):
                 return
 
-    def _outside(self, out: Parsed, final: bool) -> bool:
+    def _outside(self, out: _Out, final: bool) -> bool:
         """Text between calls; False when the rest must wait for more text. Whitespace that only separates
         content from a call, or calls from each other, is no content: it waits until text follows."""
         if self._open:
@@ -208,7 +220,7 @@ class ToolCallParser:
         self._call = _Call("")
         return True
 
-    def _in_call(self, out: Parsed, final: bool) -> bool:
+    def _in_call(self, out: _Out, final: bool) -> bool:
         """Inside a call block: read its object; end it at the close marker (or, without markers, at the
         object's end). False when the rest must wait for more text."""
         call = self._call
@@ -253,7 +265,7 @@ class ToolCallParser:
         self._pending = text[i:]
         return False
 
-    def _stream_arguments(self, call: _Call, char: str, out: Parsed) -> None:
+    def _stream_arguments(self, call: _Call, char: str, out: _Out) -> None:
         if call.arguments is not None:
             if call.arguments.take(char):
                 self._delta(out, call, arguments=char)
@@ -277,7 +289,7 @@ class ToolCallParser:
         )  # fmt: skip
         call.arguments = _Arguments()
 
-    def _delta(self, out: Parsed, call: _Call, arguments: str) -> None:
+    def _delta(self, out: _Out, call: _Call, arguments: str) -> None:
         assert call.position is not None
         self.calls[call.position]["function"]["arguments"] += arguments
         last = out.tool_calls[-1] if out.tool_calls else None
@@ -286,7 +298,7 @@ class ToolCallParser:
         else:
             out.tool_calls.append({"index": call.position, "function": {"arguments": arguments}})
 
-    def _end_call(self, out: Parsed) -> None:
+    def _end_call(self, out: _Out) -> None:
         """The block ended (its marker, its object, or the text): a call, or content after all."""
         call, self._call = self._call, None
         assert call is not None

@@ -88,14 +88,14 @@ def test_ids_are_openais_shape_and_the_same_for_the_same_job_sample_and_position
 def test_the_first_delta_names_the_call_and_later_ones_append_arguments():
     parser = ToolCallParser(HERMES, lambda k: f"call_{k}")
     first = parser.feed('<tool_call>\n{"name": "get_weather", "arguments": ')
-    assert first.tool_calls == [
+    assert list(first.tool_calls) == [
         {"index": 0, "id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": ""}}
     ]
     more = parser.feed('{"city": "Pa')
-    assert more.tool_calls == [{"index": 0, "function": {"arguments": '{"city": "Pa'}}]
+    assert list(more.tool_calls) == [{"index": 0, "function": {"arguments": '{"city": "Pa'}}]
     rest = parser.feed('ris"}}\n</tool_call>')
-    assert rest.tool_calls == [{"index": 0, "function": {"arguments": 'ris"}'}}]
-    assert parser.finish().tool_calls == []
+    assert list(rest.tool_calls) == [{"index": 0, "function": {"arguments": 'ris"}'}}]
+    assert parser.finish().tool_calls == ()
 
 
 def _split(text: str, cuts: list[int]) -> list[str]:

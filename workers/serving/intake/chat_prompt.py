@@ -65,9 +65,7 @@ def tools_section(tools: list[Tool], parallel: bool) -> str:
         f"<tools>\n{lines}\n</tools>\n\n"
         f"To call a function, answer with a JSON object of its name and arguments in <tool_call></tool_call>"
         f" tags, {how_many}:\n"
-        + DEFAULT_DIALECT.call_prefix("<function name>").replace('"<function name>"', "<function name>")
-        + "<arguments object>"
-        + DEFAULT_DIALECT.call_suffix
+        '<tool_call>\n{"name": <function name>, "arguments": <arguments object>}\n</tool_call>'
     )
 
 
