@@ -134,7 +134,9 @@ api_files = Table(
     Column("bytes", BigInteger, nullable=False),
     Column("content", LargeBinary, nullable=False),  # in PostgreSQL, so any API process serves any file
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("expires_at", DateTime(timezone=True)),  # no longer served from then on, and deleted; NULL: never
     Index("ix_api_files_tenant_created_at", "tenant", "created_at"),
+    Index("ix_api_files_expires_at", "expires_at", postgresql_where=text("expires_at IS NOT NULL")),
 )
 
 api_batches = Table(
@@ -166,6 +168,7 @@ api_batches = Table(
     Column("cancelled_at", DateTime(timezone=True)),
     Column("cancels_sent_at", DateTime(timezone=True)),  # its unfinished jobs were sent a cancel
     Column("event_published_at", DateTime(timezone=True)),  # its terminal event is on the batches topic
+    Column("output_expires_after", Integer),  # seconds its output and error files live; NULL: no end
     Index("ix_api_batches_tenant_created_at", "tenant", "created_at"),
     Index("ix_api_batches_open", "topic_prefix", "status"),
 )

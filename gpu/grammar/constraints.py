@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpu.engine_types import GrammarSpec
-from gpu.grammar.closing import JSON_KINDS, Closing
+from gpu.grammar.closing import CLOSING_KINDS, Closing
 from scheduler.output import TokenUpdate
 from scheduler.types import FinishReason
 
@@ -29,7 +29,7 @@ class Constraints:
         self._lock = threading.Lock()
         # sequence id -> its grammar's matcher, for as long as it is live (what the runner masks with)
         self.matchers: dict[str, Any] = {}
-        self.closing = Closing()  # the JSON ones among them, closed before their budget runs out
+        self.closing = Closing()  # the JSON ones and tool calls among them, closed before their budget ends
 
     def compile(self, spec: GrammarSpec) -> Any:
         """The spec compiled for this vocabulary. Any thread may call it (the worker's intake thread does,
@@ -39,7 +39,7 @@ class Constraints:
                 from gpu.grammar.compiler import GrammarCompiler  # xgrammar loads only once a grammar is used
 
                 self._compiler = GrammarCompiler(self._tokenizer, self._vocab_size, self._eos)
-                self.closing.set_vocabulary(self._compiler.info.decoded_vocab)
+                self.closing.set_vocabulary(self._compiler.info.decoded_vocab, self._eos)
             compiler = self._compiler
         return compiler.compile(spec)
 
@@ -55,7 +55,7 @@ class Constraints:
         """Constrain a live sequence with a matcher of `grammar` (a GrammarSpec or what `compile` made)."""
         self.matchers[seq_id] = matcher
         spec = grammar if isinstance(grammar, GrammarSpec) else grammar.spec
-        if spec.kind in JSON_KINDS:
+        if spec.kind in CLOSING_KINDS:
             self.closing.add(seq_id)
 
     def drop(self, seq_id: str) -> None:

@@ -15,6 +15,7 @@ import os
 import signal
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from itertools import islice
@@ -38,6 +39,7 @@ CANCEL_GRACE_S = 30.0  # after a cancel, how long jobs already running may finis
 # tests only (INFERQ_FAILPOINT): kill -9 this API process after a batch's first checkpoint short of its end
 KILL_AFTER_CHECKPOINT = "api-kill-after-checkpoint"
 MAX_ERRORS = 100  # errors.data entries kept of a batch that failed validation
+PURGE_EVERY_S = 60.0  # how often a driver deletes expired files (reads leave them out at once)
 
 
 def request_counts(conn: Any, row: Row) -> dict[str, int]:
@@ -61,6 +63,7 @@ class BatchDriver:
         self.tick_s = tick_s
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._next_purge = 0.0
         self._thread = threading.Thread(target=self._run, name="inferq-batch-driver", daemon=True)
 
     def start(self) -> None:
@@ -85,7 +88,10 @@ class BatchDriver:
             self._wake.clear()
 
     def tick(self) -> None:
-        with self.ctx.db.connect() as conn:
+        with self.ctx.db.begin() as conn:
+            if time.monotonic() >= self._next_purge:  # files past their expires_at
+                self._next_purge = time.monotonic() + PURGE_EVERY_S
+                api_files.purge_expired(conn)
             found = api_batches.open_batches(conn, self.ctx.settings.topic_prefix)
         for batch in found:
             if self._stop.is_set():
@@ -263,8 +269,9 @@ class BatchDriver:
             "completed": final["succeeded"],
             "failed": final["failed"] + final["invalid"] + final["unfinished"],
         }
+        lifetime = row.get("output_expires_after")  # the files live that long from their creation
         try:
-            self._commit_files(batch_id, tenant, from_statuses, to, request, output, errors)
+            self._commit_files(batch_id, tenant, from_statuses, to, request, output, errors, lifetime)
         except _Overtaken:
             return
         log.info("batch %s: %s, %s", batch_id, to, request)
@@ -272,17 +279,17 @@ class BatchDriver:
 
     def _commit_files(
         self, batch_id: str, tenant: str, from_statuses: tuple[str, ...], to: str, request: dict[str, int],
-        output: bytes, errors: bytes,
+        output: bytes, errors: bytes, lifetime_s: int | None = None,
     ) -> None:  # fmt: skip
         with self.ctx.db.begin() as conn:
             files: dict[str, Any] = {"output_file_id": None, "error_file_id": None}
             if output or not errors:
                 files["output_file_id"] = api_files.create(
-                    conn, tenant, "batch_output", f"{batch_id}_output.jsonl", output
+                    conn, tenant, "batch_output", f"{batch_id}_output.jsonl", output, lifetime_s
                 )["file_id"]
             if errors:
                 files["error_file_id"] = api_files.create(
-                    conn, tenant, "batch_output", f"{batch_id}_error.jsonl", errors
+                    conn, tenant, "batch_output", f"{batch_id}_error.jsonl", errors, lifetime_s
                 )["file_id"]
             moved = api_batches.transition(
                 conn, batch_id, from_statuses, to, final_counts=request, **files, **{f"{to}_at": utcnow()}

@@ -24,13 +24,12 @@ from starlette.concurrency import run_in_threadpool
 
 from schemas.jobs import JobRequest, JobResult, TokenEvent
 from schemas.statuses import TERMINAL_STATUSES
-from schemas.validation import InvalidMessage
+from workers.api.bodies import job_of_body
 from workers.api.context import APIContext
 from workers.api.errors import APIError, not_found
 from workers.api.limits import Slot
 from workers.api.protocol import LiveOptions, split_live_options, usage
-from workers.bulk.batch_fields import check_body
-from workers.bulk.batch_format import BatchLine, checked_job
+from workers.bulk.batch_format import BatchLine
 from workers.bulk.output import response_body
 from workers.client import DeliveryFailed, JobTimeout, Submitted
 from workers.db.job_queries import job_row
@@ -139,18 +138,8 @@ class ServingEngine:
     def to_job(self, body: dict[str, Any], tenant: str) -> tuple[BatchLine, JobRequest]:
         """The job of a body, checked by the Batch path's rules (fields refused by name, the job's limits,
         the output constraint): a body means here what it means as a Batch line."""
-        problem = check_body(self.url, body)
-        if problem is None and body.get("model") is not None and not isinstance(body["model"], str):
-            problem = "body.model must be a string"
-        if problem is not None:
-            raise APIError(400, problem.removeprefix("body."), code="invalid_request")
         job_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
-        line = BatchLine(1, job_id, self.url, body.get("model") or self.ctx.default_model, body)
-        try:
-            job = checked_job(line, bulk_id="api", tenant=tenant)
-        except InvalidMessage as exc:
-            raise APIError(400, str(exc).removeprefix("body."), code="invalid_request") from None
-        return line, job.model_copy(update={"job_id": job_id, "bulk_id": None, "metadata": {}})
+        return job_of_body(self.url, body, tenant, self.ctx.default_model, job_id)
 
     def _run(self, job: JobRequest, priority: str) -> tuple[JobResult, float]:
         """Submit and wait, in one trip to a worker thread; and the seconds that took."""

@@ -101,19 +101,24 @@ class BatchRunner:
         self.engine.add_request(
             EngineRequest(job_id, ids, sampling, stop=tuple(job.stop), n=job.n, grammar=grammar)
         )
-        running[job_id] = (
-            index,
-            _Running(item, job_id, len(ids), Choices(job.n, self.logprob_format if job.logprobs else None)),
-        )
+        dialect = self.intake.tool_dialect(job)
+        tools = (dialect, f"default/{job_id}") if dialect is not None else None
+        choices = Choices(job.n, self.logprob_format if job.logprobs else None, tools)
+        running[job_id] = (index, _Running(item, job_id, len(ids), choices))
         return None
 
     def _on_output(self, out: RequestOutput, running: dict) -> tuple[int, Answer] | None:
         if out.request_id not in running:  # a sample's output after its request ended (aborted, expired)
             return None
         index, job = running[out.request_id]
-        job.choices.add(out.index, len(out.new_token_ids), out.text_delta, out.logprobs)
+        text = out.text_delta
+        if job.choices.parses_tools:
+            text = job.choices.parse(out.index, text).content
+        job.choices.add(out.index, len(out.new_token_ids), text, out.logprobs)
         if out.finish_reason is None:
             return None
+        if job.choices.parses_tools:
+            job.choices.add(out.index, 0, job.choices.parse_end(out.index).content)
         finish = job.choices.end(out.index, out.finish_reason.value)
         if finish is None:
             return None

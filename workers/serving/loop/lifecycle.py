@@ -192,6 +192,7 @@ class JobLifecycle:
             sources=[a.record.coordinates],
             prompt_tokens=len(a.prompt_token_ids),
             logprob_format=self.logprob_format,
+            tool_dialect=a.tool_dialect,
         )
         deadline = None
         if a.job.timeout_s is not None:
@@ -281,21 +282,38 @@ class JobLifecycle:
             text = storable(out.text_delta)  # a model can emit U+0000; stream and row carry the same text
             first = job.first_token_mono is None and bool(out.new_token_ids)
             logprobs = out.logprobs if job.choices.with_logprobs else None
+            calls = None
+            if job.choices.parses_tools:  # the text outside calls, and pieces of calls
+                parsed = job.choices.parse(out.index, text)
+                text, calls = parsed.content, parsed.tool_calls
             gap_s = job.on_tokens(len(out.new_token_ids), text, out.index, out.logprobs)
             if job.request.stream:
-                self.streamer.add(out.request_id, text, out.new_token_ids, out.index, logprobs)
+                self.streamer.add(out.request_id, text, out.new_token_ids, out.index, logprobs, calls)
             self.metrics.observe_tokens(job.priority, len(out.new_token_ids), gap_s)
             if first:
                 job_event("first_token", job.job_id, job.priority, attempt=job.attempt,
                           ttft_ms=_ms_between(job.created_at, job.first_token_at))  # fmt: skip
         if out.finish_reason is None:
             return
+        if job.choices.parses_tools:
+            self._end_tool_calls(job, out)
         if finish := job.on_end(out.index, out.finish_reason.value):
             self._conclude(job, finish, out.detail or None)
             if finish in REQUEST_ENDS:  # one sample ended the job (a grammar's dead end): stop the others
                 self.engine.abort_request(out.request_id)  # their outputs find no job: dropped
         else:  # the job goes on: this sample's last token event, with its own reason
-            self.streamer.end_sample(out.request_id, out.index, out.finish_reason.value)
+            reason = job.choices.samples[out.index].finish_reason or out.finish_reason.value
+            self.streamer.end_sample(out.request_id, out.index, reason)
+
+    def _end_tool_calls(self, job: InFlightJob, out: RequestOutput) -> None:
+        """What the tool-call parser held back of the sample that ended, decided now: to its text and its
+        stream, before its last event."""
+        rest = job.choices.parse_end(out.index)
+        if rest.content or rest.tool_calls:
+            job.on_tokens(0, rest.content, out.index)
+            if job.request.stream:
+                logprobs = [] if job.choices.with_logprobs else None
+                self.streamer.add(out.request_id, rest.content, (), out.index, logprobs, rest.tool_calls)
 
     def _conclude(self, job: InFlightJob, finish: str, detail: str | None) -> None:
         request_id = job.key.request_id

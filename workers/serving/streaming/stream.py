@@ -20,6 +20,7 @@ class _Delta:
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the job asked for them
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's deltas (a job with tools)
 
 
 @dataclass
@@ -71,8 +72,10 @@ class TokenStreamer:
         token_ids: tuple[int, ...],
         index: int = 0,
         logprobs: Sequence[TokenLogprob] | None = None,
+        tool_calls: Sequence[dict[str, Any]] | None = None,
     ) -> None:
-        """`logprobs`: None when the job asked for none (its events carry none), else one per token id."""
+        """`logprobs`: None when the job asked for none (its events carry none), else one per token id.
+        `tool_calls`: pieces of the sample's calls (`text` is then what is not a call)."""
         p = self._jobs[request_id]
         if p.since is None:
             # the first delta of a job is due at once: coalescing must not add to time to first token
@@ -87,6 +90,8 @@ class TokenStreamer:
             if delta.logprobs is None:
                 delta.logprobs = []
             delta.logprobs.extend(logprobs)
+        if tool_calls:
+            _merge_calls(delta.tool_calls, tool_calls)
 
     def end_sample(self, request_id: str, index: int, finish_reason: str) -> None:
         """Sample `index` ended and the job goes on (its other samples run): its last event, now."""
@@ -127,7 +132,7 @@ class TokenStreamer:
         """One event per sample with unsent output, in index order."""
         sent = None
         for index, delta in sorted(p.deltas.items()):
-            if delta.text or delta.token_ids:
+            if delta.text or delta.token_ids or delta.tool_calls:
                 sent = self._send_sample(p, index, delta, finish_reason, usage)
         p.tokens = 0
         p.since = None
@@ -149,6 +154,7 @@ class TokenStreamer:
             usage=usage,
             index=index,
             logprobs=logprobs,
+            tool_calls=delta.tool_calls or None,
         )
         sent = self._emit(event, p.tenant)
         p.seq += 1
@@ -156,6 +162,21 @@ class TokenStreamer:
         delta.text.clear()
         delta.token_ids.clear()
         delta.logprobs = None
+        delta.tool_calls.clear()
         if not p.tokens:
             p.since = None
         return sent
+
+
+def _merge_calls(pending: list[dict[str, Any]], new: Sequence[dict[str, Any]]) -> None:
+    """Add call deltas to those not sent yet: arguments of the call the last one belongs to are appended
+    to it (one delta a call per event, as OpenAI's chunks have them)."""
+    for delta in new:
+        last = pending[-1] if pending else None
+        if last is not None and last["index"] == delta["index"] and "id" not in delta:
+            last["function"] = {
+                **last["function"],
+                "arguments": last["function"]["arguments"] + delta["function"]["arguments"],
+            }
+        else:
+            pending.append(delta)
