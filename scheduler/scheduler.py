@@ -107,6 +107,12 @@ class Scheduler:
                 group.unforked.append(seq)
             self._enter(seq)
 
+    def refuse(self, request: SequenceRequest, reason: str) -> None:
+        """End a request the caller cannot run (e.g. its LoRA adapter does not load) as REJECTED, every
+        sample of it, by the next schedule()."""
+        seq_ids = [sample_seq_id(request.seq_id, i) for i in range(max(request.n, 1))]
+        self._rejected += [FinishedSequence(i, FinishReason.REJECTED, reason) for i in seq_ids]
+
     def _enter(self, seq: Sequence) -> None:
         self._seqs[seq.seq_id] = seq
         self._ledger.join(seq.tenant)
