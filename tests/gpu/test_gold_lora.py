@@ -62,7 +62,9 @@ def test_rows_of_one_adapter_scattered_through_the_batch_match_peft(tmp_path):
 def test_every_architecture_matches_peft(arch, tmp_path):
     model = make_model(seed=11, **ARCHITECTURES[arch])
     fused = ARCHITECTURES[arch]["arch"] == "phi3"  # Phi-3's checkpoint has q|k|v and gate|up fused
-    targets = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj") if fused else ("q_proj", "v_proj", "down_proj")
+    targets = ("q_proj", "v_proj", "down_proj")
+    if fused:
+        targets = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
     (a0, a1), references = adapters(model, tmp_path, targets=targets)
     loras = [a0, None, a1, a0, a1, None]
     requests = lora_requests(make_prompts(6, 1, 30, seed=5), LENS[:6], loras)
@@ -136,7 +138,8 @@ def test_a_bad_adapter_rejects_its_request_and_nothing_else(tmp_path):
 @pytest.mark.slow
 def test_smollm2_under_two_adapters_matches_peft(smollm2, tmp_path):
     (a0, a1), references = adapters(smollm2, tmp_path, r=16, alpha=32)
-    prompts = [tuple(smollm2.tokenizer.encode(t)) for t in ("The three primary colours are", "def add(a, b):")]
+    texts = ("The three primary colours are", "def add(a, b):")
+    prompts = [tuple(smollm2.tokenizer.encode(t)) for t in texts]
     loras = [None, a0, a1, a1]
     requests = lora_requests([prompts[0], prompts[0], prompts[1], prompts[0]], [8, 8, 8, 8], loras)
     check(make_engine(smollm2, max_loras=2), references, requests)
