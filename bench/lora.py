@@ -110,19 +110,15 @@ def run(args: argparse.Namespace) -> int:
     folder = Path(tempfile.mkdtemp(prefix="inferq-lora-bench-"))
     runs: dict[str, list[Any]] = {"base": base}
     for rank in ranks:
+        names = [f"r{rank}-{i}" for i in range(16)]
         adapters = [
-            LoraRequest(f"r{rank}-{i}", str(write_adapter(folder / f"r{rank}-{i}", model, rank, 99 * rank + i)))
-            for i in range(16)
-        ]  # fmt: skip
+            LoraRequest(name, str(write_adapter(folder / name, model, rank, 99 * rank + i)))
+            for i, name in enumerate(names)
+        ]
         for count in (4, 16):
             runs[f"{count} adapters, rank {rank}"] = [
                 dataclasses.replace(r, lora=adapters[i % count]) for i, r in enumerate(base)
             ]
-    off = (
-        None
-        if args.no_off
-        else Engine.from_options(args.model, device=args.device, **{**options, "max_loras": 0})
-    )
     # warm-up, untimed: the base and the LoRA paths once each (thread tuning, first allocations)
     warm = base[:4] + runs[f"4 adapters, rank {ranks[0]}"][4:8]
     _timed(engine, [dataclasses.replace(r, request_id=f"warm-{r.request_id}") for r in warm])
@@ -136,12 +132,6 @@ def run(args: argparse.Namespace) -> int:
             timed = [dataclasses.replace(r, request_id=prefix + r.request_id) for r in requests]
             results[name].append(_timed(engine, timed))
             print(f"  rep {rep} {name}: {results[name][-1]['tok_s']:.1f} tok/s", flush=True)
-        if off is not None:
-            timed = [dataclasses.replace(r, request_id=f"{rep}-off-{r.request_id}") for r in base]
-            results["base, LoRA off"].append(_timed(off, timed))
-            print(
-                f"  rep {rep} base, LoRA off: {results['base, LoRA off'][-1]['tok_s']:.1f} tok/s", flush=True
-            )
     summary = {name: statistics.median(r["tok_s"] for r in reps) for name, reps in results.items()}
     base_tok_s = summary["base"]
     rows = [
