@@ -103,6 +103,9 @@ class LoraAdapter:
     path: str
     rank: int  # the largest rank among its modules
     weights: dict[tuple[int, str], LoraWeights]  # (layer, target) -> weights; absent: not adapted
+    # CPU: the native kernel's table of its products (gpu/lora/native.py), pointers into `weights`, which
+    # this object keeps alive; None: the torch path applies it.
+    table: Any = None
 
     @property
     def key(self) -> tuple[str, str]:

@@ -11,6 +11,7 @@ registered again with another directory is another adapter to it as well (its ow
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ import torch
 from gpu.engine_types import LoraRequest
 from gpu.lora.adapter import LoraAdapter, LoraError, load_adapter, model_targets
 from gpu.lora.host_cache import HostCache
+from gpu.lora.native import NativeLora, adapter_table
 from gpu.lora.rows import CpuLora, LoraRows, lora_rows
 from gpu.lora.slots import SlotLora, StackedSlots
 from scheduler.output import SchedulerOutput
@@ -57,12 +59,19 @@ class LoraManager:
         self.slots: StackedSlots | None = None
         if stacked if stacked is not None else cuda:
             self.slots = StackedSlots(self.targets, max_loras, max_rank, self.dtype, self.device)
+        # CPU, float32: the C kernel (None: the torch path, two matmuls per adapter and product)
+        self.native = None
+        if self.slots is None and NativeLora.supports(self.dtype, self.device):
+            self.native = NativeLora.load()
         self._held: dict[str, LoraAdapter] = {}  # lora_id -> the adapter live requests run under
         self._holds: dict[str, int] = {}
 
     def _load(self, lora: LoraRequest) -> LoraAdapter:
         pin = self.device.type == "cuda"
-        return load_adapter(lora, self.targets, self.max_rank, self.dtype, pin)
+        adapter = load_adapter(lora, self.targets, self.max_rank, self.dtype, pin)
+        if self.native is not None:
+            adapter = dataclasses.replace(adapter, table=adapter_table(adapter, self.targets))
+        return adapter
 
     def load(self, lora: LoraRequest) -> LoraAdapter:
         """Into the host cache now (raises LoraError naming the adapter and the cause)."""
@@ -108,7 +117,7 @@ class LoraManager:
     def host_step(self, rows: LoraRows) -> Any:
         """The step's LoRA on the CPU: the host copies, or (stacked) the slots with the torch reference."""
         if self.slots is None:
-            return CpuLora(rows)
+            return CpuLora(rows, self.native)
         meta = torch.from_numpy(self.assign(rows))
         return SlotLora(self.slots, meta, len(rows.rows), kernels=False)
 

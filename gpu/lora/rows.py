@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
-from gpu.lora.adapter import LoraAdapter
+from gpu.lora.adapter import TARGETS, LoraAdapter
+
+TARGET_INDEX = {target: i for i, target in enumerate(TARGETS)}
 
 
 @dataclass(frozen=True)
@@ -56,9 +59,20 @@ def lora_rows(
 
 class CpuLora:
     """The step's LoRA on host tensors: `lora(layer, target, x, out)` adds each adapter row's delta to
-    `out` (the product's output for x) in place."""
+    `out` (the product's output for x) in place; through the native kernel (one call per product, every
+    adapter) where given and every adapter has its table, else two matmuls per adapter."""
 
-    def __init__(self, rows: LoraRows) -> None:
+    def __init__(self, rows: LoraRows, native: Any = None) -> None:
+        self.native = None
+        if native is not None and all(a.table is not None for a in rows.adapters):
+            self.native = native
+            self.groups = len(rows.adapters)
+            # [products, adapters, fields]: one product's rows are contiguous, one pointer per call
+            self.tables = np.ascontiguousarray(np.stack([a.table for a in rows.adapters], axis=1))
+            self.row_bytes = self.groups * self.tables.shape[2] * 8
+            self.rows = np.ascontiguousarray(rows.rows)
+            self.starts = np.array(rows.starts, dtype=np.int64)
+            return
         self.adapters = [a.weights for a in rows.adapters]
         self.bounds = list(zip(rows.starts, rows.starts[1:], strict=False))
         if rows.runs:  # each adapter's rows are one run of the step's rows: slices, nothing gathered
@@ -67,6 +81,11 @@ class CpuLora:
         self.index = None if rows.runs else torch.from_numpy(rows.rows)
 
     def __call__(self, layer: int, target: str, x: torch.Tensor, out: torch.Tensor) -> None:
+        if self.native is not None:
+            product = layer * len(TARGET_INDEX) + TARGET_INDEX[target]
+            table = self.tables.ctypes.data + product * self.row_bytes
+            self.native(self.groups, self.starts, self.rows, table, x, out)
+            return
         key = (layer, target)
         if self.index is None:
             for weights, (s, e) in zip(self.adapters, self.bounds, strict=True):
