@@ -26,9 +26,9 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"{MODEL_HELP} (default: %(default)s)")
-    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=256, help="16 per adapter in the 16-adapter run")
     parser.add_argument("--prompt-len", default="16:128", metavar="MIN:MAX", help="prompt tokens, uniform")
-    parser.add_argument("--output-len", default="8:128", metavar="MIN:MAX", help="generated tokens, uniform")
+    parser.add_argument("--output-len", default="8:64", metavar="MIN:MAX", help="generated tokens, uniform")
     parser.add_argument("--ranks", default="8,16", help="adapter ranks, comma-separated")
     parser.add_argument("--reps", type=int, default=2, help="alternating repetitions of each run")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (and OMP_NUM_THREADS)")

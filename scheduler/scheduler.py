@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections import Counter
 from collections.abc import Mapping
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
@@ -439,7 +440,7 @@ class Scheduler:
 
         LoRA: a sequence whose adapter cannot enter (max_loras adapters running already) is looked past,
         keeping its place, and so are, behind it, the sequences of one running adapter chosen to drain
-        (the fewest running): that adapter leaves once its sequences end, and the first waiting sequence
+        (`_adapter_to_drain`): that adapter leaves once its sequences end, and the first waiting sequence
         that needs a slot takes it. Others behind it are admitted meanwhile (base sequences, other running
         adapters'), so the batch stays full and no sequence waits for ever."""
         chunks: list[ScheduledChunk] = []
@@ -459,7 +460,7 @@ class Scheduler:
                     self._needs_slot(seq) or (blocked and seq.lora == self._draining)
                 ):
                     if not blocked and self._draining is None and self._loras:
-                        self._draining = min(self._loras, key=lambda lora: (self._loras[lora], lora))
+                        self._draining = self._adapter_to_drain()
                     blocked = True
                     skipped += 1
                     if skipped > LORA_LOOKAHEAD:  # bounded work per step; the head keeps its turn
@@ -471,6 +472,12 @@ class Scheduler:
         finally:
             waiting.restore()
         return chunks
+
+    def _adapter_to_drain(self) -> str:
+        """The running adapter whose leaving holds back the least work: the fewest sequences waiting for
+        it (none: draining it delays nobody), then the fewest running (it leaves soonest)."""
+        waiting = Counter(seq.lora for seq in self._waiting if seq.lora in self._loras)
+        return min(self._loras, key=lambda lora: (waiting[lora], self._loras[lora], lora))
 
     def _needs_slot(self, seq: Sequence) -> bool:
         """Its adapter is not running and every slot is taken."""
