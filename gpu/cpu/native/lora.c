@@ -57,6 +57,15 @@ static void shrink(const float *const *xs, const float *a_t, int64_t k, int64_t 
         store8(&y[0][j0], a0), store8(&y[0][j0 + 8], b0), store8(&y[1][j0], a1), store8(&y[1][j0 + 8], b1);
         store8(&y[2][j0], a2), store8(&y[2][j0 + 8], b2), store8(&y[3][j0], a3), store8(&y[3][j0 + 8], b3);
     }
+    for (; j0 + 8 <= r; j0 += 8) { /* rank 8 and the like: one register a row */
+        v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        const float *a = a_t + j0;
+        for (int64_t kk = 0; kk < k; ++kk, a += r) {
+            const v8 w = load8(a);
+            a0 += x0[kk] * w, a1 += x1[kk] * w, a2 += x2[kk] * w, a3 += x3[kk] * w;
+        }
+        store8(&y[0][j0], a0), store8(&y[1][j0], a1), store8(&y[2][j0], a2), store8(&y[3][j0], a3);
+    }
     for (; j0 < r; ++j0) { /* the tail columns of r, one at a time */
         for (int b = 0; b < RB; ++b) {
             float sum = 0.0f;
@@ -81,6 +90,16 @@ static void expand(float *const *outs, int m, float y[RB][MAX_R], const float *b
             store8(outs[b] + c, load8(outs[b] + c) + lows[b]);
             store8(outs[b] + c + 8, load8(outs[b] + c + 8) + highs[b]);
         }
+    }
+    for (; c + 8 <= end; c += 8) {
+        v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        const float *w_row = b_t + r0 * n + c;
+        for (int64_t j = r0; j < r0 + rank; ++j, w_row += n) {
+            const v8 w = load8(w_row);
+            a0 += y0[j] * w, a1 += y1[j] * w, a2 += y2[j] * w, a3 += y3[j] * w;
+        }
+        const v8 accs[RB] = {a0, a1, a2, a3};
+        for (int b = 0; b < m; ++b) store8(outs[b] + c, load8(outs[b] + c) + accs[b]);
     }
     for (; c < end; ++c) {
         for (int b = 0; b < m; ++b) {
