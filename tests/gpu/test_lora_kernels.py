@@ -63,8 +63,6 @@ def test_kernels_match_references(max_rows):
     meta = _meta(groups)
     want = out.clone()
     expand_reference(shrink_reference(x, a, meta, max_rows), b, want, meta, max_rows)
-    dev = {t: t.to(DEVICE) for t in ()}
-    del dev
     y = lora_k.lora_shrink(x.to(DEVICE), a.to(DEVICE), meta.to(DEVICE), max_rows)
     torch.testing.assert_close(
         y[:23].cpu(), shrink_reference(x, a, meta, max_rows)[:23], rtol=1e-5, atol=1e-4
