@@ -65,12 +65,14 @@ run_for() {
 #    choice: ~35 compiles ~ 45 s, HF generate and graph captures ~20 s: 75 s.
 #  - test_cuda_device.py: engines in fp32 and one in bf16, the SDPA fallback's lazy captures: ~20 compiles
 #    (most of the fp32 ones cached by the file before) ~ 25 s, HF and captures ~25 s: 60 s.
+#  - test_lora_kernels.py: shrink and expand in fp32/fp16/bf16 at a few ranks and widths: ~8 compiles
+#    ~ 10 s, imports 5 s: 20 s; the LoRA cases of the two files below add ~10 s and ~15 s (their graphs).
 #  - the rest start one engine each (its kernel choice compiles ~8 variants, mostly cached): 30/25/20 s.
 # Shapes: random weights (SmolLM2 shape 16.7 s measured, 1.1B 3.1 s), the engine's start (its kernel
 # choice and graph capture: ~10 compiles ~15 s), inferq 256 requests (<5 s), HF CB (~1,000 tok/s: 64
 # requests ~8 s), decode steps at 5 batch sizes ~10 s, the async phase ~5 s.
-TESTS_ALL=(tests/gpu/test_triton_kernels.py:90 tests/gpu/test_cuda_triton_step.py:75
-    tests/gpu/test_cuda_device.py:60 tests/gpu/test_grammar_cuda.py:30
+TESTS_ALL=(tests/gpu/test_triton_kernels.py:90 tests/gpu/test_lora_kernels.py:20
+    tests/gpu/test_cuda_triton_step.py:85 tests/gpu/test_cuda_device.py:75 tests/gpu/test_grammar_cuda.py:30
     tests/gpu/test_n_samples.py::test_samples_on_cuda_are_reproducible_and_greedy_ones_match_hf:25
     tests/gpu/test_logits_processors.py::test_processing_on_cuda_equals_the_cpu:20)
 SETUP_S=25    # machine, packages (the carried wheels' install)

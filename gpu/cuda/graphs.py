@@ -14,6 +14,10 @@ Capture and replay go through a recorder (`CudaGraphRecorder` here; tests drive 
 that replays by running the body again), so the order of capture, input copies and replay is testable on
 the CPU.
 
+A step with LoRA rows replays a graph of its own per batch bucket (captured the first time one is needed:
+base-only steps never run a LoRA kernel): the same body with the shrink/expand kernels over the adapters'
+stacked slots, reading which rows use which slot from a static vector the step copies in first.
+
 Rows past the real batch (padding up to the bucket) read one reserved "trash" block and write their K/V
 into it, so they never touch a live sequence's cache. All graphs share one memory pool: they never run at
 the same time, and a step's outputs are read back before the next replay.
@@ -30,11 +34,13 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from gpu import triton_kernels
 from gpu.cuda.attention import decode_attention, paged_decode
 from gpu.cuda.kernels import CudaKernels
 from gpu.cuda.staging import PinnedStaging
 from gpu.forward import LlamaForward
 from gpu.kv_cache import KVCache
+from gpu.lora.slots import SlotLora, StackedSlots
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +116,7 @@ class DecodeGraphs:
         kernels: CudaKernels | None = None,
         capture: bool = True,
         recorder: GraphRecorder | None = None,
+        lora_slots: StackedSlots | None = None,
     ) -> None:
         """capture=False runs each step's body eagerly on the same static buffers: the bucketing, padding
         and kernels without CUDA graphs (how the CPU tests exercise it, on CPU tensors). recorder: how
@@ -130,6 +137,14 @@ class DecodeGraphs:
         self._graphs: dict[tuple[int, int], tuple[Callable[[], None], DecodeOutput]] = {}
         self.recorder = recorder if recorder is not None else CudaGraphRecorder() if capture else None
         self.capture = self.recorder is not None
+        # LoRA: the slots, the static vector of rows by slot (gpu/lora/slots.py) and graphs by batch bucket
+        self.lora_slots = lora_slots
+        self._lora_meta: torch.Tensor | None = None
+        if lora_slots is not None:
+            size = 2 * lora_slots.max_loras + max_batch
+            self._lora_meta = torch.zeros(size, dtype=torch.long, device=device)
+        self._lora_kernels = triton_kernels.available(device.type)
+        self._lora_graphs: dict[tuple[int, int], tuple[Callable[[], None], DecodeOutput]] = {}
 
     def covers(self, rows: int, blocks: int) -> bool:
         return rows <= self.batches[-1] and blocks <= self.blocks[-1]
@@ -164,8 +179,10 @@ class DecodeGraphs:
         vectors[IDS:SLOTS] = 0
         vectors[SLOTS], vectors[LENS] = self._trash_slot, 1
         self.tables[:b] = self.trash_block
+        if self._lora_meta is not None:  # no row under any adapter slot
+            self._lora_meta.zero_()
 
-    def _body(self, b: int, nb: int) -> DecodeOutput:
+    def _body(self, b: int, nb: int, lora: bool = False) -> DecodeOutput:
         ids, positions, slots, lens = self.vectors(b).unbind(0)
         tables, scale = self.tables[:b, :nb], self.forward.scale
         attention = paged_decode if self.paged else decode_attention
@@ -175,18 +192,24 @@ class DecodeGraphs:
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
             return attention(q, self.cache, layer, tables, lens, scale, **options[layer])
 
-        logits = self.forward.run(ids, positions, slots, self.cache, attend, None)
+        apply = None
+        if lora:
+            assert self.lora_slots is not None and self._lora_meta is not None
+            apply = SlotLora(self.lora_slots, self._lora_meta, b, self._lora_kernels)
+        logits = self.forward.run(ids, positions, slots, self.cache, attend, None, apply)
         if self.argmax:
             from gpu.triton_kernels.argmax import greedy_argmax
 
             return DecodeOutput(logits, greedy_argmax(logits))
         return DecodeOutput(logits, logits.argmax(dim=-1))
 
-    def _capture(self, b: int, nb: int, warm_ups: int = 2) -> tuple[Callable[[], None], DecodeOutput]:
+    def _capture(
+        self, b: int, nb: int, warm_ups: int = 2, lora: bool = False
+    ) -> tuple[Callable[[], None], DecodeOutput]:
         """Record batch b's graph over padding rows: it overwrites the static inputs of the first b rows."""
         assert self.recorder is not None
         self._pad(b)
-        return self.recorder.capture(lambda: self._body(b, nb), warm_ups)
+        return self.recorder.capture(lambda: self._body(b, nb, lora), warm_ups)
 
     def run(
         self,
@@ -199,15 +222,18 @@ class DecodeGraphs:
         seats: np.ndarray,
         blocks: int,
         before_forward: Callable[[torch.Tensor], None] | None = None,
+        lora_meta: np.ndarray | None = None,
     ) -> DecodeOutput:
         """A decode-only step of `rows` real rows (host arrays), each reading block_tables[seats[i]] up to
-        lens[i] keys, the longest `blocks` blocks. Padding and both copies are prepared on the host."""
+        lens[i] keys, the longest `blocks` blocks. Padding and both copies are prepared on the host.
+        `lora_meta`: the rows under each adapter slot (padding rows are in none); None: no adapter rows."""
         rows = len(ids)
         b, nb = self.key(rows, blocks)
-        key = (b, nb)
-        if self.capture and key not in self._graphs:  # only the SDPA path's lazily captured shapes
+        key, lora = (b, nb), lora_meta is not None
+        graphs = self._lora_graphs if lora else self._graphs
+        if self.capture and key not in graphs:  # LoRA graphs and the SDPA path's shapes come lazily
             # Before this step's inputs are copied in: the capture pads every row of the static buffers.
-            self._graphs[key] = self._capture(b, nb)
+            graphs[key] = self._capture(b, nb, lora=lora)
         staged = staging.buffer("graph_vectors", (4, _even(b)), torch.long)
         vectors = staged.numpy()[:, :b]
         vectors[IDS, :rows], vectors[POSITIONS, :rows], vectors[SLOTS, :rows] = ids, positions, slots
@@ -226,9 +252,18 @@ class DecodeGraphs:
         self.tables[:b, :width].copy_(tables, non_blocking=True)
         if before_forward is not None:  # e.g. placeholder tokens filled on the device (gpu/runner.py)
             before_forward(self.vectors(b)[IDS, :rows])
+        if lora_meta is not None:
+            self._stage_lora_meta(staging, lora_meta)
         if not self.capture:
-            out = self._body(b, nb)
+            out = self._body(b, nb, lora)
         else:
-            replay, out = self._graphs[key]
+            replay, out = graphs[key]
             replay()
         return DecodeOutput(out.logits[:rows], out.greedy[:rows])
+
+    def _stage_lora_meta(self, staging: PinnedStaging, meta: np.ndarray) -> None:
+        """The step's rows by adapter slot into the static vector the LoRA graphs read."""
+        assert self._lora_meta is not None
+        staged = staging.buffer("graph_lora_meta", (len(meta),), torch.long)
+        staged.numpy()[:] = meta
+        self._lora_meta[: len(meta)].copy_(staged, non_blocking=True)

@@ -183,7 +183,7 @@ def launch_all(
     from gpu.cuda.attention import CudaPagedAttention
     from gpu.cuda.kernels import CudaKernels
     from gpu.kv_cache import KVCache, KVShape
-    from gpu.triton_kernels import argmax, decode, rms_norm, rope_cache, silu_mul
+    from gpu.triton_kernels import argmax, decode, lora, rms_norm, rope_cache, silu_mul
 
     dtype = getattr(torch, dtype_name)
     long = torch.int64
@@ -253,6 +253,20 @@ def launch_all(
         if shape.silu:
             silu_mul.silu_mul(_meta(tokens, 2 * shape.intermediate, dtype=dtype))
     argmax.greedy_argmax(_meta(MAX_SEQS, shape.vocab, dtype=torch.float32))
+    # LoRA (gpu/lora/slots.py's SlotLora): shrink and expand of each adapted product, at the default slots and
+    # rank (EngineConfig.max_loras, max_lora_rank); a step's row count sizes the grid alone
+    slots_n, rank = 4, 16
+    products = (
+        (shape.hidden, (h + 2 * kv) * d),  # qkv
+        (h * d, shape.hidden),  # o
+        (shape.hidden, 2 * shape.intermediate),  # gate_up
+        (shape.intermediate, shape.hidden),  # down
+    )
+    lora_meta = _meta(2 * slots_n + MAX_SEQS, dtype=long)
+    for width_in, width_out in products:
+        x, out = _meta(MAX_SEQS, width_in, dtype=dtype), _meta(MAX_SEQS, width_out, dtype=dtype)
+        y = lora.lora_shrink(x, _meta(slots_n, rank, width_in, dtype=dtype), lora_meta, MAX_SEQS)
+        lora.lora_expand(y, _meta(slots_n, width_out, rank, dtype=dtype), out, lora_meta, MAX_SEQS)
 
 
 def _to_meta(meta: Any) -> Any:
