@@ -22,6 +22,7 @@ from gpu.engine_types import (
     EngineRequest,
     EngineStats,
     GrammarSpec,
+    LoraRequest,
     RequestOutput,
     StepFailed,
     TokenLogprob,
@@ -31,6 +32,7 @@ from gpu.generation_config import GenerationDefaults, eos_token_ids
 from gpu.grammar import DEAD_END
 from gpu.grammar.constraints import DEAD_END_REASON, Constraints
 from gpu.logits_processors import LogitsState
+from gpu.lora import check_lora
 from gpu.model import LoadedModel, load_model
 from gpu.runner import ModelRunner, RunnerConfig
 from gpu.samples import sample_seed
@@ -159,6 +161,10 @@ class EngineCore:
         """The spec compiled for this engine's vocabulary, for EngineRequest.grammar. Any thread may call it
         (the worker's intake thread does, off the engine thread); raises gpu.grammar.GrammarError."""
         return self._constraints.compile(spec)
+
+    def load_lora(self, lora: LoraRequest) -> None:
+        """Load and check an adapter now (raises gpu.lora.LoraError naming it and the cause)."""
+        check_lora(lora)
 
     def _fresh_seed(self) -> int:
         """A random 63-bit seed; one OS call draws SEED_BANK of them (a call per request is a syscall each,

@@ -34,6 +34,9 @@ class EngineConfig:
     # Schedule step N+1 and build its inputs while step N runs (forward and sampling on a worker thread),
     # its outputs returned one step() call later. None: on for CUDA, off on the CPU (see below).
     async_scheduling: bool | None = None
+    max_loras: int = 4
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
 
 def resolve_async_scheduling(wanted: bool | None, device: Any) -> bool:
@@ -54,6 +57,12 @@ class GrammarSpec:
 
 
 @dataclass(frozen=True)
+class LoraRequest:
+    name: str  # the adapter's served name (what a job puts in `model`)
+    path: str  # a PEFT directory every worker can read
+
+
+@dataclass(frozen=True)
 class EngineRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
@@ -65,6 +74,7 @@ class EngineRequest:
     n: int = 1  # samples of the prompt, prefilled once; their outputs carry `index` 0..n-1
     # A GrammarSpec, or what Engine.compile_grammar made of one (compiled off the engine thread); None: free
     grammar: Any = None
+    lora: LoraRequest | None = None
 
 
 @dataclass(frozen=True, slots=True)
