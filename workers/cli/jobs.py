@@ -72,6 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     j.add_argument("--priority", default=None, choices=PRIORITY_CLASSES)
     j.add_argument("--tenant", default=None)
     j.add_argument("--bulk-id", default=None)
+    j.add_argument("--model", default=None, help="only jobs of this model (the base's name or an adapter's)")
     j.add_argument("--limit", type=int, default=20, help="(default: 20)")
     j.add_argument("--json", action="store_true", help="one JSON object per line")
     j.set_defaults(func=list_jobs)
@@ -288,9 +289,10 @@ def list_jobs(args: argparse.Namespace) -> int:
         "priority": args.priority,
         "tenant": args.tenant,
         "bulk_id": args.bulk_id,
+        "model": args.model,
     }
     with make_engine(Settings.from_env().database_url).connect() as conn:
-        rows = recent(conn, args.limit, ("created_at", "output_text", "error"), **filters)
+        rows = recent(conn, args.limit, ("model", "created_at", "output_text", "error"), **filters)
     if args.json:
         for r in rows:
             print(json.dumps(r, default=str))

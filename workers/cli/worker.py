@@ -16,9 +16,10 @@ from workers.cli.engine_options import (
     build_engine,
     build_warm_engine,
     input_limits,
-    served_model_name,
+    served_model_names,
     warm_up,
 )
+from workers.cli.lora_options import served_models
 from workers.cli.options import add_log_options
 
 log = logging.getLogger(__name__)
@@ -120,7 +121,14 @@ def run(args: argparse.Namespace) -> int:
     # default (a young collection every 700 allocations) the collector took 6-8% of a loaded worker's
     # wall time, all of it holding the GIL; every 20,000: 2-3%, and 12% less CPU per one-token job.
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
-    metrics = WorkerMetrics(served_model_name(args, settings))
+    base_names = served_model_names(args, settings)
+    try:  # a bad --lora-modules adapter stops the worker here, before it joins the group
+        models = served_models(args, base_names, engine)
+    except ValueError as exc:  # gpu.lora.LoraError too
+        print(f"inferq worker: {exc}", file=sys.stderr)
+        engine.close()
+        return 2
+    metrics = WorkerMetrics(base_names[0], args.max_loras)
     metrics_port = args.metrics_port if args.metrics_port is not None else settings.metrics_port
     if metrics_port:
         metrics.serve(metrics_port)
@@ -131,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         relay_nice=max(0, args.relay_nice),
         grace_s=args.grace_s,
         limits=input_limits(args),
+        models=models,
     )
     worker = Worker(settings, engine, options, metrics)
 

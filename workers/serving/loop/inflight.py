@@ -33,6 +33,7 @@ class InFlightJob:
     first_token_mono: float | None = None
     last_token_mono: float | None = None
     logprob_format: LogprobFormatter | None = None  # turns the job's logprobs into OpenAI's, if it asked
+    lora_name: str = ""  # the adapter it runs with ("": the base), as metrics label it
     choices: Choices = field(init=False)
 
     @property
