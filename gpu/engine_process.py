@@ -34,9 +34,8 @@ from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any, NoReturn
 
-from gpu.engine_types import EngineRequest, EngineStats, GrammarSpec, LoraRequest, RequestOutput, StepFailed
+from gpu.engine_types import EngineRequest, EngineStats, GrammarSpec, RequestOutput, StepFailed
 from gpu.grammar.constraints import Constraints
-from gpu.lora import check_lora
 from scheduler.types import FinishReason
 
 log = logging.getLogger(__name__)
@@ -125,10 +124,6 @@ class EngineProcess:
         with self._grammars_lock, contextlib.suppress(OSError):  # a dead child is step()'s to report
             self._grammars.send(spec)
         return compiled
-
-    def load_lora(self, lora: LoraRequest) -> None:
-        """As Engine's (raises gpu.lora.LoraError naming the adapter and the cause)."""
-        check_lora(lora)
 
     def add_request(self, request: EngineRequest) -> None:
         """Queued until the next step or abort (a request the child refuses ends REJECTED, with why)."""

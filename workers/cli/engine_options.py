@@ -9,7 +9,7 @@ import re
 import time
 from pathlib import Path
 
-from workers.cli.lora_options import add_lora_options, lora_engine_options
+from workers.cli.lora_options import add_lora_options, load_lora_modules, lora_engine_options
 from workers.cli.options import HIDDEN
 
 log = logging.getLogger(__name__)
@@ -152,6 +152,7 @@ def build_engine(args: argparse.Namespace, cache_dir: Path | None = None, show_p
         model=args.model, dtype=args.dtype, device=args.device, cache_dir=cache_dir, **options
     )
     log.info("model %s ready in %.1f s", args.model, time.perf_counter() - start)
+    load_lora_modules(engine, args)  # in the engine's own process: a bad adapter stops it from starting
     return engine
 
 

@@ -73,9 +73,18 @@ def lora_engine_options(args: argparse.Namespace) -> dict:
     return {name: getattr(args, name) for name in ("max_loras", "max_lora_rank", "max_cpu_loras")}
 
 
-def served_models(args: argparse.Namespace, base_names: tuple[str, ...], engine):
-    """What jobs may name on this engine: the base's names and the --lora-modules adapters, each loaded and
-    checked now. Raises gpu.lora.LoraError (or ValueError) naming the adapter and the cause."""
+def load_lora_modules(engine, args: argparse.Namespace) -> None:
+    """Load and check each --lora-modules adapter in the engine now; raises gpu.lora.LoraError naming the
+    adapter and the cause (the command stops at start)."""
+    from gpu.engine_types import LoraRequest
+
+    for name, path in getattr(args, "lora_modules", ()):
+        engine.load_lora(LoraRequest(name, str(path)))
+
+
+def served_models(args: argparse.Namespace, base_names: tuple[str, ...]):
+    """What jobs may name: the base's names and the --lora-modules adapters. Raises ValueError for an
+    adapter named twice or by a name of the base (checked before the model loads)."""
     from gpu.engine_types import LoraRequest
     from workers.serving.admission.models import ServedModels
 
@@ -87,5 +96,4 @@ def served_models(args: argparse.Namespace, base_names: tuple[str, ...], engine)
         if problem is not None:
             raise ValueError(f"--lora-modules {name}={path}: {problem}")
         own[name] = LoraRequest(name, str(path))
-        engine.load_lora(own[name])
     return ServedModels(base_names, own)

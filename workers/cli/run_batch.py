@@ -59,11 +59,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     settings = Settings.from_env()
     show = args.log_format == "text" and progress.wanted()
-    engine = build_engine(args, settings.cache_dir, show)
     base_names = served_model_names(args, settings)
     try:
-        models = served_models(args, base_names, engine)
-    except ValueError as exc:  # a bad --lora-modules adapter (gpu.lora.LoraError)
+        models = served_models(args, base_names)
+        engine = build_engine(args, settings.cache_dir, show)
+    except ValueError as exc:  # a bad --lora-modules adapter (gpu.lora.LoraError is a ValueError)
         print(f"inferq run-batch: {exc}", file=sys.stderr)
         return 2
     runner = BatchRunner(engine, base_names[0], input_limits(args), models=models)
