@@ -32,7 +32,7 @@ from gpu.generation_config import GenerationDefaults, eos_token_ids
 from gpu.grammar import DEAD_END
 from gpu.grammar.constraints import DEAD_END_REASON, Constraints
 from gpu.logits_processors import LogitsState
-from gpu.lora import check_lora
+from gpu.lora import LoraError
 from gpu.model import LoadedModel, load_model
 from gpu.runner import ModelRunner, RunnerConfig
 from gpu.samples import sample_seed
@@ -60,6 +60,7 @@ class LiveSequence:
     index: int = 0  # which of the request's samples
     num_tokens: int = 0  # tokens generated so far
     started: bool = False
+    lora: str | None = None  # the adapter it holds (gpu.lora.manager.lora_id), released when it ends
 
 
 class EngineCore:
@@ -85,6 +86,7 @@ class EngineCore:
             share_prefix_cache_across_tenants=config.share_prefix_cache_across_tenants,
             aging_s=config.aging_s,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
+            max_loras=config.max_loras,
         )
         check_config(scheduler_config)
         self.clock = StepClock()
@@ -104,6 +106,9 @@ class EngineCore:
                 decode_kernel=config.decode_kernel,
                 fused_rope=config.fused_rope,
                 tune_linears=config.tune_linears,
+                max_loras=config.max_loras,
+                max_lora_rank=config.max_lora_rank,
+                max_cpu_loras=config.max_cpu_loras,
             ),
             self.clock,
         )
@@ -162,10 +167,6 @@ class EngineCore:
         (the worker's intake thread does, off the engine thread); raises gpu.grammar.GrammarError."""
         return self._constraints.compile(spec)
 
-    def load_lora(self, lora: LoraRequest) -> None:
-        """Load and check an adapter now (raises gpu.lora.LoraError naming it and the cause)."""
-        check_lora(lora)
-
     def _fresh_seed(self) -> int:
         """A random 63-bit seed; one OS call draws SEED_BANK of them (a call per request is a syscall each,
         visible in a profile of many short jobs)."""
@@ -174,32 +175,44 @@ class EngineCore:
             self._seed_bank = [int.from_bytes(raw[i : i + 8], "little") >> 1 for i in range(0, len(raw), 8)]
         return self._seed_bank.pop()
 
+    def load_lora(self, lora: LoraRequest) -> None:
+        """Load and check an adapter into the host cache now (raises LoraError naming it and the cause)."""
+        if self.runner.lora is None:
+            raise LoraError(f"adapter {lora.name!r}: this engine serves no adapters (max_loras 0)")
+        self.runner.lora.load(lora)
+
     def add_request(self, request: EngineRequest) -> None:
-        """Queue a request; n > 1: n samples of its prompt, prefilled once (outputs carry `index`)."""
+        """Queue a request; n > 1: n samples of its prompt, prefilled once (outputs carry `index`). A
+        request whose adapter cannot be loaded ends REJECTED (its detail the LoraError's message) at the
+        next step."""
         seq_ids = [sample_seq_id(request.request_id, i) for i in range(max(request.n, 1))]
         if any(seq_id in self._live for seq_id in seq_ids):
             raise ValueError(f"request {request.request_id!r} is already in the engine")
         # Compiled before anything is added, so a grammar error leaves the engine as it was.
         matcher = None if request.grammar is None else self._constraints.matcher(request.grammar)
         eos = frozenset() if request.sampling.ignore_eos else self.eos_token_ids
-        self.scheduler.add(
-            SequenceRequest(
-                seq_id=request.request_id,
-                prompt_token_ids=tuple(request.prompt_token_ids),
-                sampling=request.sampling,
-                priority=request.priority,
-                tenant=request.tenant,
-                arrival=time.monotonic(),
-                deadline=request.deadline,
-                eos_token_ids=eos,
-                n=request.n,
-            )
+        lora, refusal = self._hold_lora(request.lora, len(seq_ids))
+        sequence = SequenceRequest(
+            seq_id=request.request_id,
+            prompt_token_ids=tuple(request.prompt_token_ids),
+            sampling=request.sampling,
+            priority=request.priority,
+            tenant=request.tenant,
+            arrival=time.monotonic(),
+            deadline=request.deadline,
+            eos_token_ids=eos,
+            n=request.n,
+            lora=lora,
         )
+        if refusal:
+            self.scheduler.refuse(sequence, refusal)
+        else:
+            self.scheduler.add(sequence)
         seed = request.sampling.seed if request.sampling.seed is not None else self._fresh_seed()
         for index, seq_id in enumerate(seq_ids):
             detokenizer = Detokenizer(self.tokenizer, request.prompt_token_ids, request.stop)
             self._live[seq_id] = LiveSequence(
-                request, detokenizer, len(request.prompt_token_ids), index=index
+                request, detokenizer, len(request.prompt_token_ids), index=index, lora=lora
             )
             self._seeds[seq_id] = sample_seed(seed, index)
             self._logits.add(seq_id, request.prompt_token_ids, request.sampling)
@@ -208,6 +221,19 @@ class EngineCore:
             if matcher is not None:  # every sample follows the grammar on its own
                 own = matcher if index == 0 else self._constraints.matcher(request.grammar)
                 self._constraints.add(seq_id, request.grammar, own)
+
+    def _hold_lora(self, lora: LoraRequest | None, samples: int) -> tuple[str | None, str]:
+        """The adapter's scheduler id, held once per sample; or why the request cannot run under it."""
+        if lora is None:
+            return None, ""
+        manager = self.runner.lora
+        if manager is None:
+            return None, f"adapter {lora.name!r}: this engine serves no adapters (max_loras 0)"
+        try:
+            ids = [manager.hold(lora) for _ in range(samples)]
+        except LoraError as exc:
+            return None, str(exc)
+        return ids[0], ""
 
     def abort_request(self, request_id: str) -> list[RequestOutput]:
         """End every live sample of the request: one ABORT output each, by index (none if none is live)."""
@@ -344,6 +370,8 @@ class EngineCore:
     ) -> RequestOutput:
         self.runner.release(ended.seq_id)
         live = self._live.pop(ended.seq_id, None)
+        if live is not None and live.lora is not None and self.runner.lora is not None:
+            self.runner.lora.release(live.lora)
         self._seeds.pop(ended.seq_id, None)
         self._logits.drop(ended.seq_id)
         if ended.seq_id in self._request_of:

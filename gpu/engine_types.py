@@ -34,6 +34,9 @@ class EngineConfig:
     # Schedule step N+1 and build its inputs while step N runs (forward and sampling on a worker thread),
     # its outputs returned one step() call later. None: on for CUDA, off on the CPU (see below).
     async_scheduling: bool | None = None
+    # LoRA (gpu/lora/): distinct adapters resident in the engine, and so the most one step may mix; the
+    # largest rank an adapter may have (device slots are padded to it: one static layout for the kernels
+    # and CUDA graphs); adapters kept loaded in host memory (None: 4 * max_loras, at least 16).
     max_loras: int = 4
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
@@ -58,8 +61,11 @@ class GrammarSpec:
 
 @dataclass(frozen=True)
 class LoraRequest:
+    """A LoRA adapter a request runs under. The host cache keys it by (name, path): the same name
+    registered again with another directory is another adapter (loaded anew), never the old weights."""
+
     name: str  # the adapter's served name (what a job puts in `model`)
-    path: str  # a PEFT directory every worker can read
+    path: str  # a PEFT directory (adapter_config.json + adapter_model.safetensors) every worker can read
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,7 @@ class EngineRequest:
     n: int = 1  # samples of the prompt, prefilled once; their outputs carry `index` 0..n-1
     # A GrammarSpec, or what Engine.compile_grammar made of one (compiled off the engine thread); None: free
     grammar: Any = None
-    lora: LoraRequest | None = None
+    lora: LoraRequest | None = None  # the adapter to run under; None: the base model
 
 
 @dataclass(frozen=True, slots=True)

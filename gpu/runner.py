@@ -25,6 +25,8 @@ from gpu.inputs import InputBuilder, StepInputs
 from gpu.kv_cache import KVCache, KVShape
 from gpu.kv_sizing import KVPlan, activation_estimate, plan_kv
 from gpu.logits_processors import LogitsState, token_logprobs
+from gpu.lora.manager import LoraManager
+from gpu.lora.rows import LoraRows
 from gpu.model import LoadedModel
 from gpu.sampler import SamplingBatch, sample
 from gpu.step_clock import FORWARD, INPUTS, SAMPLE, StepClock
@@ -47,6 +49,9 @@ class RunnerConfig:
     decode_kernel: str | None = None  # "native" or "torch" on CPU; None = measured at start
     fused_rope: bool | None = None  # the native RoPE + cache write on CPU; None = measured at start
     tune_linears: bool = True  # measure the linear kernels (plain, oneDNN, panel) per shape at start (CPU)
+    max_loras: int = 0  # LoRA adapters resident at once (gpu/lora); 0: no adapters served
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # None: gpu.lora.manager.default_max_cpu_loras
 
 
 class ModelRunner:
@@ -55,6 +60,10 @@ class ModelRunner:
         self.clock = clock or StepClock()  # the engine's, so the runner's phases add to its step
         self.device, self.dtype = loaded.device, loaded.dtype
         self.forward = LlamaForward(loaded, max_positions=config.max_model_len)
+        # LoRA adapters: made before the KV cache is sized, so the device slots are counted in
+        self.lora: LoraManager | None = None
+        if config.max_loras > 0:
+            self.lora = LoraManager(loaded, config.max_loras, config.max_lora_rank, config.max_cpu_loras)
         shape = self.forward.kv_shape(config.block_size)
         model_config = loaded.config
         element = torch.empty((), dtype=self.dtype).element_size()
@@ -110,6 +119,7 @@ class ModelRunner:
                 self.inputs.max_blocks,
                 self.num_blocks,
                 kernels,
+                lora_slots=self.lora.slots if self.lora is not None else None,
             )
             self.cuda_step.trials = trials
             self.cuda_step.start_seconds += chose_s
@@ -198,8 +208,9 @@ class ModelRunner:
                 [c.num_generated for c in picked],
             )
         work = len(inputs.input_ids) + self.lm_head_weight * len(chunks)  # token-equivalents, for threads
+        lora = self.lora.rows(output) if self.lora is not None and self.lora.active else None
         self.clock.lap(INPUTS)
-        return PreparedStep(inputs, batch, work)
+        return PreparedStep(inputs, batch, work, lora)
 
     def run(
         self,
@@ -255,22 +266,26 @@ class ModelRunner:
         inputs = step.inputs
         greedy = None  # each row's argmax, when the device computed it inside the step's graph
         if self.cuda_step is not None:
+            # Adapters come into their slots here, in step order on the stream: a step in flight before
+            # this one has read the slots it used by the time the copies run.
+            meta = self.lora.assign(step.lora) if step.lora is not None and self.lora is not None else None
             # the pinned staging buffers rotate under per-slot events (gpu/cuda/staging.py): no wait here
-            result = self.cuda_step.run(inputs, fill)
+            result = self.cuda_step.run(inputs, fill, meta)
             logits, greedy = result.logits, result.greedy
         else:
             if self.device.type != "cpu":
                 inputs = to_device(inputs, self.device)
             if fill is not None:
                 fill(inputs.input_ids)
+            lora = self.lora.host_step(step.lora) if step.lora is not None and self.lora is not None else None
             if self.threads is not None:
                 logits = self.threads.forward(
-                    lambda: self.forward(inputs, self.cache, self.attention),
+                    lambda: self.forward(inputs, self.cache, self.attention, lora),
                     len(inputs.input_ids),
                     step.work,
                 )
             else:
-                logits = self.forward(inputs, self.cache, self.attention)
+                logits = self.forward(inputs, self.cache, self.attention, lora)
         if clock:
             self.clock.lap(FORWARD)
         chunks = inputs.sample_chunks
@@ -368,6 +383,7 @@ class PreparedStep:
     inputs: StepInputs
     batch: SamplingBatch | None  # the rows that draw at random; None: every row is greedy
     work: float  # the step's compute in token-equivalents (attention left out): the thread tuner's measure
+    lora: LoraRows | None = None  # the rows that run under an adapter; None: every row is the base model's
 
 
 def decode_gather_bytes(

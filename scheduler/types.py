@@ -62,6 +62,9 @@ class SequenceRequest:
     # Samples of the prompt: one sequence each (ids from sample_seq_id), the prompt
     # prefilled once and its KV blocks shared.
     n: int = 1
+    # The LoRA adapter it runs under, as the engine identifies its weights (None: the base model). Its
+    # prefix-cache keys are salted with it; a step mixes at most SchedulerConfig.max_loras adapters.
+    lora: str | None = None
 
 
 def sample_seq_id(request_id: str, index: int) -> str:

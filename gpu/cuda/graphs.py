@@ -9,6 +9,10 @@ largest first at start (`capture_all`). The SDPA fallback gathers a fixed number
 its graphs are keyed by (batch bucket, power-of-two block bucket): too many to capture up front, they are
 captured the first time a shape appears.
 
+A step with LoRA rows replays a graph of its own per batch bucket (captured the first time one is needed:
+base-only steps never run a LoRA kernel): the same body with the shrink/expand kernels over the adapters'
+stacked slots, reading which rows use which slot from a static vector the step copies in first.
+
 Rows past the real batch (padding up to the bucket) read one reserved "trash" block and write their K/V
 into it, so they never touch a live sequence's cache. All graphs share one memory pool: they never run at
 the same time, and a step's outputs are read back before the next replay.
@@ -24,11 +28,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gpu import triton_kernels
 from gpu.cuda.attention import decode_attention, paged_decode
 from gpu.cuda.kernels import CudaKernels
 from gpu.cuda.staging import PinnedStaging
 from gpu.forward import LlamaForward
 from gpu.kv_cache import KVCache
+from gpu.lora.slots import SlotLora, StackedSlots
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +72,7 @@ class DecodeGraphs:
         trash_block: int,
         kernels: CudaKernels | None = None,
         capture: bool = True,
+        lora_slots: StackedSlots | None = None,
     ) -> None:
         """capture=False runs each step's body eagerly on the same static buffers: the bucketing, padding
         and kernels without CUDA graphs (how the CPU tests exercise it, on CPU tensors)."""
@@ -84,6 +91,14 @@ class DecodeGraphs:
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, DecodeOutput]] = {}
         self.capture = capture
         self._pool = torch.cuda.graph_pool_handle() if capture else None
+        # LoRA: the slots, the static vector of rows by slot (gpu/lora/slots.py) and graphs by batch bucket
+        self.lora_slots = lora_slots
+        self._lora_meta: torch.Tensor | None = None
+        if lora_slots is not None:
+            size = 2 * lora_slots.max_loras + max_batch
+            self._lora_meta = torch.zeros(size, dtype=torch.long, device=device)
+        self._lora_kernels = triton_kernels.available(device.type)
+        self._lora_graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, DecodeOutput]] = {}
 
     def covers(self, rows: int, blocks: int) -> bool:
         return rows <= self.batches[-1] and blocks <= self.blocks[-1]
@@ -117,7 +132,7 @@ class DecodeGraphs:
         vectors[IDS:SLOTS] = 0
         vectors[SLOTS], vectors[LENS] = self._trash_slot, 1
 
-    def _body(self, b: int, nb: int) -> DecodeOutput:
+    def _body(self, b: int, nb: int, lora: bool = False) -> DecodeOutput:
         ids, positions, slots, lens = self.vectors(b).unbind(0)
         tables, scale = self.tables[:b, :nb], self.forward.scale
         attention = paged_decode if self.paged else decode_attention
@@ -127,25 +142,31 @@ class DecodeGraphs:
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
             return attention(q, self.cache, layer, tables, lens, scale, **options[layer])
 
-        logits = self.forward.run(ids, positions, slots, self.cache, attend, None)
+        apply = None
+        if lora:
+            assert self.lora_slots is not None and self._lora_meta is not None
+            apply = SlotLora(self.lora_slots, self._lora_meta, b, self._lora_kernels)
+        logits = self.forward.run(ids, positions, slots, self.cache, attend, None, apply)
         if self.argmax:
             from gpu.triton_kernels.argmax import greedy_argmax
 
             return DecodeOutput(logits, greedy_argmax(logits))
         return DecodeOutput(logits, logits.argmax(dim=-1))
 
-    def _capture(self, b: int, nb: int, warm_ups: int = 2) -> tuple[torch.cuda.CUDAGraph, DecodeOutput]:
+    def _capture(
+        self, b: int, nb: int, warm_ups: int = 2, lora: bool = False
+    ) -> tuple[torch.cuda.CUDAGraph, DecodeOutput]:
         # Warm-ups on a side stream first: kernels compiled, library handles and choices made outside.
         self._pad(b)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(warm_ups):
-                self._body(b, nb)
+                self._body(b, nb, lora)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self._body(b, nb)
+            out = self._body(b, nb, lora)
         return graph, out
 
     def run(
@@ -159,9 +180,11 @@ class DecodeGraphs:
         seats: np.ndarray,
         blocks: int,
         before_forward: Callable[[torch.Tensor], None] | None = None,
+        lora_meta: np.ndarray | None = None,
     ) -> DecodeOutput:
         """A decode-only step of `rows` real rows (host arrays), each reading block_tables[seats[i]] up to
-        lens[i] keys, the longest `blocks` blocks. Padding and both copies are prepared on the host."""
+        lens[i] keys, the longest `blocks` blocks. Padding and both copies are prepared on the host.
+        `lora_meta`: the rows under each adapter slot (padding rows are in none); None: no adapter rows."""
         rows = len(ids)
         b, nb = self.key(rows, blocks)
         staged = staging.buffer("graph_vectors", (4, b), torch.long)
@@ -182,6 +205,8 @@ class DecodeGraphs:
         self.tables[:b, :width].copy_(tables, non_blocking=True)
         if before_forward is not None:  # e.g. placeholder tokens filled on the device (gpu/runner.py)
             before_forward(self.vectors(b)[IDS, :rows])
+        if lora_meta is not None:
+            return self._run_lora(staging, b, nb, rows, lora_meta)
         if not self.capture:
             out = self._body(b, nb)
         else:
@@ -189,5 +214,27 @@ class DecodeGraphs:
             if key not in self._graphs:  # only the SDPA path's lazily captured shapes
                 self._graphs[key] = self._capture(b, nb)
             graph, out = self._graphs[key]
+            graph.replay()
+        return DecodeOutput(out.logits[:rows], out.greedy[:rows])
+
+    def _run_lora(self, staging: PinnedStaging, b: int, nb: int, rows: int, meta: np.ndarray) -> DecodeOutput:
+        """The step's rows by slot into the static vector, then the LoRA graph of its bucket (captured now
+        the first time it is needed)."""
+        assert self._lora_meta is not None
+        staged = staging.buffer("graph_lora_meta", (len(meta),), torch.long)
+        staged.numpy()[:] = meta
+        self._lora_meta[: len(meta)].copy_(staged, non_blocking=True)
+        if not self.capture:
+            out = self._body(b, nb, lora=True)
+        else:
+            key = (b, nb)
+            if key not in self._lora_graphs:
+                # the capture's padding would overwrite the step's inputs: they go in again after it
+                saved = (self.vectors(b).clone(), self.tables[:b].clone(), self._lora_meta.clone())
+                self._lora_graphs[key] = self._capture(b, nb, lora=True)
+                self.vectors(b).copy_(saved[0])
+                self.tables[:b].copy_(saved[1])
+                self._lora_meta.copy_(saved[2])
+            graph, out = self._lora_graphs[key]
             graph.replay()
         return DecodeOutput(out.logits[:rows], out.greedy[:rows])
