@@ -60,7 +60,7 @@ def fleet(settings, tmp_path_factory):
     client = JobClient(dep)
     db = create_engine(dep.database_url)
     try:
-        wait_group_members(dep, 2)
+        wait_group_members(dep, 2, timeout_s=600)  # two models loading at once on a shared machine
         yield dep, client, db, workers
     finally:
         client.close()
