@@ -25,6 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--file", type=Path, help="JSONL file, one JobRequest per line")
     p.add_argument("--priority", default="normal", choices=PRIORITY_CLASSES, help="(default: normal)")
     p.add_argument("--tenant", default=None, help="(default: the job's, else default)")
+    p.add_argument(
+        "--model", default=None, help="the base model or a LoRA adapter (default: the job's, else the base)"
+    )
     p.add_argument("--job-id", default=None, help="idempotency key (default: a new UUID)")
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--temperature", type=float, default=None)
@@ -146,6 +149,7 @@ def _jobs_from_args(args: argparse.Namespace) -> list:
         for k, v in {
             **_generation_fields(args),
             "tenant": args.tenant,
+            "model": args.model,
             "max_tokens": args.max_tokens,
             "temperature": args.temperature,
             "top_p": args.top_p,
