@@ -73,3 +73,30 @@ def test_the_command_writes_the_output_and_errors_files(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
     missing = run_cli("run-batch", "-i", str(tmp_path / "nope.jsonl"), "-o", str(out), check=False)
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_lines_name_the_base_or_a_lora_module_and_another_model_is_an_invalid_line(tmp_path):
+    from gpu.model import load_model
+    from tests.gpu.lora_factories import make_adapter
+
+    tiny = load_model("tiny", "float32", "cpu", 0)
+    adapter, _ = make_adapter(tiny, tmp_path, "extract", seed=1)
+    same = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}
+    path = write_batch(tmp_path / "in.jsonl", [
+        batch_line("base", model="tiny", **same), batch_line("adapter", model="acme/extract", **same),
+        batch_line("other", model="gpt-4o", **same),
+    ])  # fmt: skip
+    out = tmp_path / "out.jsonl"
+    done = run_cli("run-batch", "-i", str(path), "-o", str(out), "--model", "tiny",
+                   "--lora-modules", f"acme/extract={adapter.path}")  # fmt: skip
+    assert "2 succeeded, 0 failed, 1 invalid lines" in done.stderr
+    by_id = {line["custom_id"]: line for line in map(json.loads, out.read_text().splitlines())}
+    base, tuned = by_id["base"]["response"]["body"], by_id["adapter"]["response"]["body"]
+    assert (base["model"], tuned["model"]) == ("tiny", "acme/extract")
+    assert base["choices"][0]["text"] != tuned["choices"][0]["text"]  # the adapter's weights ran
+    assert by_id["other"]["error"]["message"] == (
+        "line 3: the model 'gpt-4o' does not exist: this run serves tiny, acme/extract"
+    )
+    bad = run_cli("run-batch", "-i", str(path), "-o", str(out), "--model", "tiny",
+                  "--lora-modules", f"tiny={adapter.path}", check=False)  # fmt: skip
+    assert bad.returncode == 2 and "'tiny' is a name of the served base model" in bad.stderr
