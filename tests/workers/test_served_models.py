@@ -61,14 +61,14 @@ def test_each_model_resolves_to_the_base_an_own_adapter_or_the_tenants_registere
     assert not rejected and [d.outcome.kind for d in decisions] == ["start"] * 5
     got = {d.accepted.job_id: (d.accepted.model, d.accepted.lora) for d in decisions}
     assert got == {
-        f"m-{tag}-none": ("base-m", None),  # the base's first name is the one rows keep
-        f"m-{tag}-alias": ("base-m", None),
+        f"m-{tag}-none": (None, None),  # the base
+        f"m-{tag}-alias": (None, None),
         f"m-{tag}-own": ("own-ad", own),
         f"m-{tag}-shared": (shared, LoraRequest(shared, registered_path(db, shared))),
         f"m-{tag}-private": (private, LoraRequest(private, registered_path(db, private))),
     }
-    rows = job_rows(db, jobs)
-    assert {j: r["model"] for j, r in rows.items()} == {j: m for j, (m, _) in got.items()}
+    rows = job_rows(db, jobs)  # the base's first name is the one rows keep
+    assert {j: r["model"] for j, r in rows.items()} == {j: m or "base-m" for j, (m, _) in got.items()}
 
 
 def registered_path(db, name: str) -> str:

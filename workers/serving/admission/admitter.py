@@ -133,7 +133,7 @@ class Admitter:
             worker_id=self._worker_id,
             source=a.record.coordinates,
             generation=a.record.generation,
-            model=a.model,
+            model=a.model or self._models.base.name,  # an adapter's name, or the base's
         )
 
 

@@ -77,11 +77,14 @@ class ServedModels:
         )
 
     def resolve(self, db: Engine, batch: list[Accepted]) -> tuple[list[Accepted], list[Rejected]]:
-        """Each job with its model resolved (Accepted.model, .lora), or its rejection. The registry is read
-        once, for the names this worker does not know itself; a transient failure of that read is raised
-        (admission tries the batch again later), any other refuses those jobs with the cause."""
-        known = [self.local(a.job) for a in batch]
-        wanted = {a.job.model for a, served in zip(batch, known, strict=True) if served is None}
+        """Each job with its adapter resolved (Accepted.model and .lora; a job on the base is left as it is,
+        its model None), or its rejection. The registry is read once, for the names this worker does not
+        know itself; a transient failure of that read is raised (admission tries the batch again later),
+        any other refuses those jobs with the cause. A batch of base jobs costs a look at each `model`."""
+        base = self.base_names
+        if all(a.job.model is None or a.job.model in base for a in batch):
+            return batch, []
+        wanted = {a.job.model for a in batch if self.local(a.job) is None}
         found: dict[str, registry.Adapter] = {}
         failure = None
         if wanted:
@@ -95,7 +98,11 @@ class ServedModels:
                 failure = f"the adapter registry could not be read: {describe_error(exc)}"
         resolved: list[Accepted] = []
         refused: list[Rejected] = []
-        for a, served in zip(batch, known, strict=True):
+        for a in batch:
+            served = self.local(a.job)
+            if served is self.base:
+                resolved.append(a)
+                continue
             try:
                 if served is None and failure is not None:
                     raise ModelRefused(failure, "error")

@@ -49,8 +49,8 @@ class Accepted:
     prompt_token_ids: tuple[int, ...]
     max_tokens: int  # the request's, clamped to what the context has room for
     grammar: Any = None  # the job's output constraint, compiled here (None: free text)
-    # the model it runs on, as admission resolved it (admission/models.py): the name its row keeps, and
-    # the adapter (None: the base)
+    # the adapter it runs on, as admission resolved it (admission/models.py): its name and where it is;
+    # None: the base
     model: str | None = None
     lora: LoraRequest | None = None
 
