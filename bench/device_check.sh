@@ -53,8 +53,8 @@ run_for() {
 
 # Test files, each with its seconds (its process's imports and first Triton compiles included), kernel
 # tests first; then shapes with their seconds. The CPU-only gold and CUDA-step-logic tests run in CI.
-TESTS_ALL=(tests/gpu/test_triton_kernels.py:45 tests/gpu/test_cuda_triton_step.py:50
-    tests/gpu/test_cuda_device.py:40 tests/gpu/test_grammar_cuda.py:35
+TESTS_ALL=(tests/gpu/test_triton_kernels.py:45 tests/gpu/test_lora_kernels.py:20 tests/gpu/test_cuda_triton_step.py:60
+    tests/gpu/test_cuda_device.py:55 tests/gpu/test_grammar_cuda.py:35
     tests/gpu/test_n_samples.py::test_samples_on_cuda_are_reproducible_and_greedy_ones_match_hf:20
     tests/gpu/test_logits_processors.py::test_processing_on_cuda_equals_the_cpu:15)
 SETUP_S=25    # machine, packages (the carried wheels' install)

@@ -50,6 +50,7 @@ DEPENDENCIES: dict[str, str | None] = {
     "matplotlib": None,
     "confluent-kafka": "confluent_kafka",
     "openai": "openai",
+    "peft": None,
     "cupy-cuda13x": None,
 }
 # Carried as wheels (bench/device_carry.sh downloads exactly these into .whl; device_check.sh installs them):

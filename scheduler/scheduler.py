@@ -300,16 +300,17 @@ class Scheduler:
         waiting for a LoRA adapter slot first gets one from worse-class work, or nothing is preempted
         (seats and blocks made now would only go to others)."""
         head = self._waiting.peek()
-        victims = []
+        freed: list[Sequence] = []  # an adapter's sequences, preempted for the head's slot
         if head is not None and self._needs_slot(head):
-            victims = lora_victims(head, self._running)
-            if not victims:
+            freed = lora_victims(head, self._running)
+            if not freed:
                 return []
-            for victim in victims:
+            for victim in freed:
                 self._preempt(victim, now)
-        victims += seat_victims(self._running, self._waiting, self.config.max_num_seqs)
+        victims = seat_victims(self._running, self._waiting, self.config.max_num_seqs)
         for victim in victims:
             self._preempt(victim, now)
+        victims = freed + victims
         head = self._waiting.peek()
         if head is not None and len(self._running) < self.config.max_num_seqs:
             cached = self._cached_prefix(head)

@@ -72,7 +72,7 @@ class CpuLora:
             for weights, (s, e) in zip(self.adapters, self.bounds, strict=True):
                 w = weights.get(key)
                 if w is not None:
-                    out[s:e].addmm_(torch.mm(x[s:e], w.a.t()), w.b.t())
+                    out[s:e].addmm_(torch.mm(x[s:e], w.a_t), w.b_t)
             return
         gathered = x.index_select(0, self.index)
         delta = out.new_empty(len(self.index), out.shape[1])
@@ -81,5 +81,5 @@ class CpuLora:
             if w is None:
                 delta[s:e].zero_()
             else:
-                torch.mm(torch.mm(gathered[s:e], w.a.t()), w.b.t(), out=delta[s:e])
+                torch.mm(torch.mm(gathered[s:e], w.a_t), w.b_t, out=delta[s:e])
         out.index_add_(0, self.index, delta)

@@ -77,10 +77,10 @@ class StackedSlots:
             self.b[key][slot].zero_()
         for key, w in adapter.weights.items():
             a, b = self.a[key][slot], self.b[key][slot]
-            for part, column, rank in w.parts:
+            for part, row, rank in w.parts:
                 block = part * self.max_rank
-                a[block : block + rank].copy_(w.a[column : column + rank], non_blocking=True)
-                b[:, block : block + rank].copy_(w.b[:, column : column + rank], non_blocking=True)
+                a[block : block + rank].copy_(w.a_t[:, row : row + rank].t(), non_blocking=True)
+                b[:, block : block + rank].copy_(w.b_t[row : row + rank].t(), non_blocking=True)
         self.swaps += 1
         log.debug("LoRA adapter %r into slot %d", adapter.name, slot)
 

@@ -12,6 +12,7 @@ from gpu.cuda.graphs import block_buckets, bucket_of
 from gpu.cuda.step import CudaStep
 from gpu.forward import LlamaForward
 from gpu.kv_cache import KVCache, KVShape
+from gpu.lora.manager import LoraManager
 from tests.gpu.factories import make_engine, make_model, make_prompts
 from tests.gpu.test_attention import BLOCK, DIM, HEADS, KV_HEADS, dense_reference, run_step
 from tests.gpu.test_gold import OUTPUT_LENS, run_and_check
@@ -53,14 +54,20 @@ def test_eager_cuda_backend_matches_dense_on_a_mixed_step(monkeypatch):
 
 def cuda_path_engine(model, kernels=None, **config):
     """An engine on the CPU whose runner takes the CUDA step: a trash block, static decode buffers, and the
-    given Triton kernels (None: the torch paths), all without graph capture."""
+    given Triton kernels (None: the torch paths), all without graph capture; LoRA adapters in stacked
+    device slots as on CUDA (applied with the torch reference: LoraKernels on CPU tensors are off)."""
     engine = make_engine(model, **config)
     runner = engine.runner
     cache = KVCache(runner.cache.shape, runner.num_blocks + 1, torch.device("cpu"))
     runner.cache = cache
     runner.forward = LlamaForward(model, engine.runner.config.max_model_len)  # the hooks unset: as on CUDA
     seqs, blocks = engine.config.max_num_seqs, runner.inputs.max_blocks
-    runner.cuda_step = CudaStep(runner.forward, cache, seqs, blocks, runner.num_blocks, False, kernels)
+    slots = None
+    if runner.lora is not None:
+        c = engine.config
+        runner.lora = LoraManager(model, c.max_loras, c.max_lora_rank, c.max_cpu_loras, stacked=True)
+        slots = runner.lora.slots
+    runner.cuda_step = CudaStep(runner.forward, cache, seqs, blocks, runner.num_blocks, False, kernels, slots)
     return engine
 
 

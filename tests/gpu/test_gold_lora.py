@@ -7,10 +7,8 @@ per-module ranks, the prefix cache, adapters swapped out of their slots and back
 from __future__ import annotations
 
 import pytest
-import torch
 
 from gpu.engine_types import EngineRequest
-from gpu.lora.manager import LoraManager
 from gpu.model import LoadedModel
 from tests.gpu.factories import assert_matches_hf, greedy, hf_greedy, make_engine, make_model, make_prompts
 from tests.gpu.lora_factories import lora_requests, make_adapter
@@ -102,13 +100,14 @@ def test_adapters_swapped_out_of_their_slots_and_back_match_peft(tmp_path):
     (a0, a1, a2), references = adapters(model, tmp_path, count=3, r=4)
     engine = cuda_path_engine(model, max_loras=2, max_num_seqs=4)
     runner = engine.runner
-    runner.lora = LoraManager(model, 2, 16, stacked=True)
-    runner.cuda_step.lora_slots = runner.cuda_step.graphs.lora_slots = runner.lora.slots
-    runner.cuda_step.graphs._lora_meta = torch.zeros(2 * 2 + 4, dtype=torch.long)
+    graph_steps = []
+    run_lora = runner.cuda_step.graphs._run_lora
+    runner.cuda_step.graphs._run_lora = lambda *args: graph_steps.append(args) or run_lora(*args)
     loras = [a0, a1, a2, None, a2, a0, a1, a0]
     requests = lora_requests(make_prompts(8, 1, 30, seed=8), LENS, loras)
     check(engine, references, requests)
     assert runner.lora.slots.swaps >= 4  # every adapter came in, and at least one came back
+    assert len(graph_steps) > 5  # decode steps with adapter rows went through the LoRA graphs' buffers
 
 
 def test_a_bad_adapter_rejects_its_request_and_nothing_else(tmp_path):
