@@ -94,6 +94,9 @@ class JobRequest(_Message):
 
     job_id: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/+=-]+$")
     tenant: str = Field("default", min_length=1, max_length=128)
+    # The served base model (one of its names), or a LoRA adapter on it: one of the worker's
+    # `--lora-modules`, or of the fleet's registry that this tenant may use. None: the base.
+    model: str | None = Field(None, min_length=1, max_length=256)
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
     # None: the worker's default (Limits.default_max_tokens)

@@ -1,4 +1,4 @@
-"""`inferq bench lora` / `python -m bench.lora`: one workload on the base model, spread over 4 LoRA
+"""`inferq bench lora` / `python -m bench.engine.lora`: one workload on the base model, spread over 4 LoRA
 adapters, and over 16 adapters with max_loras 4 (slots swapped as the scheduler drains and admits), at
 each rank asked for; tok/s side by side in one run, in alternating repetitions, with the ratio to the base.
 
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.lora", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.engine.lora", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

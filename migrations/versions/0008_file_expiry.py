@@ -1,8 +1,8 @@
 """Files that expire: OpenAI's `expires_after` on uploads and `output_expires_after` on batches.
 
-Revision ID: 0008_file_expiry
+Revision ID: 0008
 Revises: 0007
-Create Date: 2026-12-20
+Create Date: 2026-12-07
 
 `api_files.expires_at` (NULL: never) is when a file stops being served and is deleted: an upload's
 `created_at` + its `expires_after.seconds`, a batch's output and error files' creation + the batch's
@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0008_file_expiry"
+revision = "0008"
 down_revision = "0007"
 branch_labels = None
 depends_on = None

@@ -22,9 +22,11 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from schemas.jobs import JobRequest
 from schemas.statuses import TERMINAL_STATUSES
 from workers.api.context import APIContext
 from workers.api.events import BatchEvents
+from workers.api.models import ModelNames, job_model
 from workers.api.protocol import batch_object
 from workers.bulk.batch_format import BatchLine, LineError, job_id_for, read_lines, to_job
 from workers.bulk.finalize import write_results
@@ -141,8 +143,9 @@ class BatchDriver:
         if content is None:
             errors.append(_error("missing_file", f"input file {row['input_file_id']} no longer exists", None))
         else:
+            names = ModelNames(self.ctx.db, self.ctx.models, row["tenant"])
             for item in _items(content):
-                problem = self._line_problem(row, item)
+                problem = self._line_problem(row, item, names)
                 if problem is not None and len(errors) < MAX_ERRORS:
                     errors.append(_error(*problem))
                 total += 1
@@ -165,7 +168,9 @@ class BatchDriver:
         log.info("batch %s: %s (%d lines)", row["batch_id"], "failed" if errors else "in_progress", total)
         self.wake()
 
-    def _line_problem(self, row: Row, item: BatchLine | LineError) -> tuple[str, str, int | None] | None:
+    def _line_problem(
+        self, row: Row, item: BatchLine | LineError, names: ModelNames
+    ) -> tuple[str, str, int | None] | None:
         if isinstance(item, LineError):
             return "invalid_request", item.message, item.line_no
         if item.url != row["endpoint"]:
@@ -174,10 +179,10 @@ class BatchDriver:
                 f"line {item.line_no}: url {item.url} is not the batch's endpoint",
                 item.line_no,
             )
-        if item.model is not None and item.model not in self.ctx.models:
+        if not names.allows(item.model):  # the base, or an adapter of the batch's tenant
             return (
                 "model_not_found",
-                f"line {item.line_no}: the model '{item.model}' does not exist",
+                f"line {item.line_no}: the model '{item.model}' does not exist or you have no access to it",
                 item.line_no,
             )
         return None
@@ -193,7 +198,7 @@ class BatchDriver:
         lines = islice((i for i in _items(content) if isinstance(i, BatchLine)), row["submitted"], None)
         done = row["submitted"]
         while chunk := list(islice(lines, CHECKPOINT_LINES)):
-            jobs = [to_job(line, bulk_id=row["batch_id"], tenant=row["tenant"]) for line in chunk]
+            jobs = [self._job(line, row) for line in chunk]
             self.ctx.client.submit_many(jobs, "low")
             for job in jobs:
                 self.ctx.client.forget(job.job_id)
@@ -206,6 +211,12 @@ class BatchDriver:
                 os.kill(os.getpid(), signal.SIGKILL)  # tests: mid-production, its advisory lock held
             if status != "in_progress":
                 return
+
+    def _job(self, line: BatchLine, row: Row) -> JobRequest:
+        """A line's job: the base unnamed, an adapter by its name (validated; if it was removed since,
+        the worker refuses the job and the line is an error in the output)."""
+        job = to_job(line, bulk_id=row["batch_id"], tenant=row["tenant"])
+        return job.model_copy(update={"model": job_model(line.model, self.ctx.models)})
 
     def _job_ids(self, row: Row, content: bytes) -> Iterator[list[str]]:
         lines = (i for i in _items(content) if isinstance(i, BatchLine))

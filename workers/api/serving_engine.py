@@ -28,6 +28,7 @@ from workers.api.bodies import job_of_body
 from workers.api.context import APIContext
 from workers.api.errors import APIError, not_found
 from workers.api.limits import Slot
+from workers.api.models import ModelNames, job_model
 from workers.api.protocol import LiveOptions, split_live_options, usage
 from workers.bulk.batch_format import BatchLine
 from workers.bulk.output import response_body
@@ -96,9 +97,11 @@ class ServingEngine:
         """The response; a stream releases `slot` when it ends (or its generator is collected unstarted)."""
         body, live = split_live_options(await json_body(request))
         model = body.get("model")
-        if model is not None and model not in self.ctx.models:
-            raise APIError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
+        if isinstance(model, str) and model not in self.ctx.models:  # an adapter, or 404: the registry says
+            names = ModelNames(self.ctx.db, self.ctx.models, tenant)
+            await run_in_threadpool(names.job_model, model)
         line, job = self.to_job(body, tenant)
+        job = job.model_copy(update={"model": job_model(job.model, self.ctx.models)})
         request.state.job_id = job.job_id
         if live.stream:  # only a streamed answer reads token events (a Batch line's job has none)
             job = job.model_copy(update={"stream": True})

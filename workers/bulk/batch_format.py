@@ -66,6 +66,8 @@ def to_job(line: BatchLine, *, bulk_id: str, tenant: str) -> JobRequest:
         "metadata": {"custom_id": line.custom_id},
         "stream": False,  # its result is what is read: token events would only cost the broker and workers
     }
+    if line.model is not None:  # the base (one of its names) or an adapter: the worker decides which
+        fields["model"] = line.model
     if line.url == "/v1/completions":
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1:

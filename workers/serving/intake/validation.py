@@ -15,7 +15,7 @@ from typing import Any
 
 from gpu.engine import Engine
 from gpu.engine_process import EngineProcess
-from gpu.engine_types import GrammarSpec
+from gpu.engine_types import GrammarSpec, LoraRequest
 from gpu.tokenizer import Tokenizer
 from schemas.job_key import JobKey, RequestId
 from schemas.jobs import JobRequest
@@ -52,6 +52,10 @@ class Accepted:
     max_tokens: int  # the request's, clamped to what the context has room for
     grammar: Any = None  # the job's output constraint, compiled here (None: free text)
     tool_dialect: ToolDialect | None = None  # how its output's tool calls are written (None: no tools)
+    # the adapter it runs on, as admission resolved it (admission/models.py): its name and where it is;
+    # None: the base
+    model: str | None = None
+    lora: LoraRequest | None = None
 
     @property
     def tenant(self) -> str:

@@ -35,6 +35,7 @@ class InFlightJob:
     last_token_mono: float | None = None
     logprob_format: LogprobFormatter | None = None  # turns the job's logprobs into OpenAI's, if it asked
     tool_dialect: ToolDialect | None = None  # how its output writes tool calls (None: it has no tools)
+    lora_name: str = ""  # the adapter it runs with ("": the base), as metrics label it
     choices: Choices = field(init=False)
 
     @property

@@ -27,6 +27,7 @@ from workers.db.jobs import Admitted, Terminal
 from workers.kafka_io import Partition, Record
 from workers.serving.admission import cancels
 from workers.serving.admission.admitter import Admitter, Decision
+from workers.serving.admission.models import ServedModels
 from workers.serving.admission.thread import AdmissionThread
 from workers.serving.errors import describe_error
 from workers.serving.intake.rejected import Rejected
@@ -79,6 +80,7 @@ class JobLifecycle:
         metrics: WorkerMetrics,
         write: Callable[[list[WriteItem]], None],
         send_event: Callable[[TokenEvent, str], Waitable | None],
+        models: ServedModels | None = None,
     ) -> None:
         self.engine, self.topics, self.worker_id, self.limits = engine, topics, worker_id, limits
         self.offsets, self.metrics = offsets, metrics
@@ -86,7 +88,7 @@ class JobLifecycle:
         self.write = write  # hands row writes to the persister
         self.jobs: dict[str, InFlightJob] = {}  # by the engine's request id (JobKey.request_id)
         self.logprob_format = LogprobFormatter(engine.tokenizer)  # the engine thread's tokenizer
-        self.admitter = AdmissionThread(Admitter(database, worker_id), self._is_held, ready)
+        self.admitter = AdmissionThread(Admitter(database, worker_id, models), self._is_held, ready)
         self.recent_cancels = cancels.RecentCancels()
         self.streamer = TokenStreamer(send_event, coalesce_s, self.logprob_format.entries)
         self.items: list[WriteItem] = []
@@ -193,6 +195,7 @@ class JobLifecycle:
             prompt_tokens=len(a.prompt_token_ids),
             logprob_format=self.logprob_format,
             tool_dialect=a.tool_dialect,
+            lora_name=a.lora.name if a.lora is not None else "",
         )
         deadline = None
         if a.job.timeout_s is not None:
@@ -213,6 +216,7 @@ class JobLifecycle:
                 deadline=deadline,
                 n=a.job.n,
                 grammar=a.grammar,
+                lora=a.lora,
             )
         )
         job_event("admitted", a.job_id, a.priority, tenant=a.tenant, attempt=attempt,
@@ -322,7 +326,7 @@ class JobLifecycle:
         reasons = {sample.index: sample.finish_reason for sample in job.choices.samples}
         stream_end = self.streamer.finish(request_id, finish, job.usage, reasons)
         self.items.append(Concluded(row, tuple(job.sources), stream_end))
-        self.metrics.observe_job(row.status, finish, job.priority, timings)
+        self.metrics.observe_job(row.status, finish, job.priority, timings, job.lora_name)
         # (fields by name, not model_dump: this runs once a job, on the thread every job waits on)
         job_event("finished", job.job_id, job.priority, status=row.status, finish_reason=finish,
                   attempt=job.attempt, prompt_tokens=job.prompt_tokens,
