@@ -29,9 +29,10 @@ from gpu.engine_types import (
 )
 from gpu.generation_config import GenerationDefaults, eos_token_ids
 from gpu.grammar import DEAD_END
-from gpu.grammar.constraints import DEAD_END_REASON, Constraints
+from gpu.grammar.constraints import DEAD_END_REASON, Constraints, is_json
 from gpu.logits_processors import LogitsState
 from gpu.model import LoadedModel, load_model
+from gpu.resume import ResumedSample, SavedLogprobs, replay, saved_tokens, stop_token_ids
 from gpu.runner import ModelRunner, RunnerConfig
 from gpu.samples import sample_seed
 from gpu.step_clock import OUTPUTS, SCHEDULE, StepClock
@@ -58,6 +59,16 @@ class LiveSequence:
     index: int = 0  # which of the request's samples
     num_tokens: int = 0  # tokens generated so far
     started: bool = False
+
+
+@dataclass(slots=True)
+class SampleStart:
+    """Where one sample of a request being added starts: afresh, or past the tokens it resumes from."""
+
+    detokenizer: Detokenizer
+    matcher: Any = None  # its grammar's matcher (None: unconstrained)
+    resumed: ResumedSample | None = None
+    closing_state: list[bool] | None = None  # a JSON grammar's, past the resumed tokens
 
 
 class EngineCore:
@@ -118,6 +129,9 @@ class EngineCore:
             )
         )
         self._live: dict[str, LiveSequence] = {}
+        # resumed samples whose saved tokens are not out yet (gpu/resume.py), and this step's outputs of them
+        self._resumes: dict[str, ResumedSample] = {}
+        self._resumed_outputs: list[tuple[RequestOutput, ResumedSample]] = []
         self._seeds: dict[str, int] = {}  # sequence id -> its sampling seed, for as long as it is live
         self._seed_bank: list[int] = []  # unseeded requests' seeds, drawn from the OS in bulk
         # Sample i > 0 of an n > 1 request: its sequence id -> the request id, kept one step past its end
@@ -169,13 +183,15 @@ class EngineCore:
         return self._seed_bank.pop()
 
     def add_request(self, request: EngineRequest) -> None:
-        """Queue a request; n > 1: n samples of its prompt, prefilled once (outputs carry `index`)."""
+        """Queue a request; n > 1: n samples of its prompt, prefilled once (outputs carry `index`).
+        `request.resume`: see gpu/resume.py; raises ResumeRefused (nothing added) when it cannot be used."""
         seq_ids = [sample_seq_id(request.request_id, i) for i in range(max(request.n, 1))]
         if any(seq_id in self._live for seq_id in seq_ids):
             raise ValueError(f"request {request.request_id!r} is already in the engine")
-        # Compiled before anything is added, so a grammar error leaves the engine as it was.
-        matcher = None if request.grammar is None else self._constraints.matcher(request.grammar)
+        # Compiled and replayed before anything is added, so an error leaves the engine as it was.
+        starts = self._starts(request, len(seq_ids))
         eos = frozenset() if request.sampling.ignore_eos else self.eos_token_ids
+        resumed = tuple(s.resumed.tokens[:-1] if s.resumed else () for s in starts)
         self.scheduler.add(
             SequenceRequest(
                 seq_id=request.request_id,
@@ -187,21 +203,71 @@ class EngineCore:
                 deadline=request.deadline,
                 eos_token_ids=eos,
                 n=request.n,
+                resumed=resumed if any(resumed) else (),
+                resumed_logits=request.sampling.logprobs is not None,
             )
         )
         seed = request.sampling.seed if request.sampling.seed is not None else self._fresh_seed()
-        for index, seq_id in enumerate(seq_ids):
-            detokenizer = Detokenizer(self.tokenizer, request.prompt_token_ids, request.stop)
+        for index, (seq_id, start) in enumerate(zip(seq_ids, starts, strict=True)):
             self._live[seq_id] = LiveSequence(
-                request, detokenizer, len(request.prompt_token_ids), index=index
+                request,
+                start.detokenizer,
+                len(request.prompt_token_ids),
+                index=index,
+                num_tokens=len(resumed[index]),
             )
             self._seeds[seq_id] = sample_seed(seed, index)
-            self._logits.add(seq_id, request.prompt_token_ids, request.sampling)
+            self._logits.add(seq_id, request.prompt_token_ids, request.sampling, resumed[index])
             if index:
                 self._request_of[seq_id] = request.request_id
-            if matcher is not None:  # every sample follows the grammar on its own
-                own = matcher if index == 0 else self._constraints.matcher(request.grammar)
-                self._constraints.add(seq_id, request.grammar, own)
+            if start.matcher is not None:  # every sample follows the grammar on its own
+                self._constraints.add(seq_id, request.grammar, start.matcher, start.closing_state)
+            if start.resumed is not None:
+                self._resumes[seq_id] = start.resumed
+
+    def _starts(self, request: EngineRequest, n: int) -> list[SampleStart]:
+        """Each sample's detokenizer and matcher, past its resumed tokens (raises GrammarError or
+        ResumeRefused before the engine holds anything of the request)."""
+        grammar = request.grammar
+        starts = [
+            SampleStart(
+                Detokenizer(self.tokenizer, request.prompt_token_ids, request.stop),
+                None if grammar is None else self._constraints.matcher(grammar),
+            )
+            for _ in range(n)
+        ]
+        if not request.resume:
+            return starts
+        max_model_len = self.scheduler.config.max_model_len
+        saved = saved_tokens(request, self.model.config.vocab_size, max_model_len)
+        sampling = request.sampling
+        stop_ids = stop_token_ids(sampling, self.eos_token_ids)
+        json = grammar is not None and is_json(grammar)
+        closing = self._constraints.closing
+        for start, tokens in zip(starts, saved, strict=True):
+            if not tokens:
+                continue
+            logprobs = None
+            if sampling.logprobs is not None:
+                logprobs = SavedLogprobs(
+                    tuple(request.prompt_token_ids), tokens[:-1], sampling, self.model.config.vocab_size
+                )
+                if grammar is not None and len(tokens) > 1:
+                    from gpu.grammar.mask import position_masks
+
+                    logprobs.masks = position_masks(len(tokens) - 1, self.model.config.vocab_size)
+            state = [False, False] if json else None
+            text = replay(
+                tokens,
+                start.detokenizer,
+                start.matcher,
+                stop_ids,
+                logprobs.observe(closing, state) if logprobs is not None else None,
+                (lambda token, s=state: closing.follow(s, token)) if state is not None else None,
+            )
+            start.resumed = ResumedSample(tokens, len(request.prompt_token_ids), text, logprobs)
+            start.closing_state = state
+        return starts
 
     def abort_request(self, request_id: str) -> list[RequestOutput]:
         """End every live sample of the request: one ABORT output each, by index (none if none is live)."""
@@ -247,7 +313,9 @@ class EngineCore:
             try:
                 if self.fault_hook is not None:
                     self.fault_hook(self.last_step)
-                tokens = self.runner.execute(output, self._seeds, self._logits, self._matchers)
+                tokens = self.runner.execute(
+                    output, self._seeds, self._logits, self._matchers, self._resumes or None
+                )
             except Exception as exc:
                 raise StepFailed(self.last_step, results, exc) from exc
             self._record(len(output.chunks), output.num_tokens, time.perf_counter() - start)
@@ -281,7 +349,7 @@ class EngineCore:
                 # (aborted while its step was in flight: its final output went out already).
                 if seq_id not in sampled_ids and current.get(seq_id) is live:
                     results.append(self._output(live, (), "", None, True))
-        on_token, append = self._on_token, results.append
+        on_token, append = self._on_resumed_token if self._resumes else self._on_token, results.append
         if started:
             for update in updates:
                 append(on_token(update, update.seq_id in started))
@@ -290,6 +358,8 @@ class EngineCore:
                 append(on_token(update, False))
         if sampled and (logprobs := self._logits.take_logprobs()):
             attach_logprobs(results, logprobs)
+        if self._resumed_outputs:
+            self._attach_saved_logprobs()
 
     def _request_ids(self, chunks: Iterable[Any]) -> Iterable[str]:
         request_of = self._request_of
@@ -300,7 +370,8 @@ class EngineCore:
         Decode chunks continue sequences that started before."""
         started: dict[str, LiveSequence] = {}
         live = self._live
-        for chunk in output.chunks[output.num_decodes :]:
+        # A resumed sample may start with one token to compute past its cached prefix: a decode chunk.
+        for chunk in output.chunks if self._resumes else output.chunks[output.num_decodes :]:
             state = live[chunk.seq_id]
             if not state.started:
                 state.started = True
@@ -333,20 +404,65 @@ class EngineCore:
             return self._finish(FinishedSequence(update.seq_id, finish, DEAD_END), (), delta, started)
         return self._finish(FinishedSequence(update.seq_id, finish), (token,), delta, started)
 
+    def _on_resumed_token(self, update: TokenUpdate, started: bool) -> RequestOutput:
+        """`_on_token` while resumed samples wait for their forced token: that token's output carries all the
+        saved tokens (gpu/resume.py)."""
+        saved = self._resumes.pop(update.seq_id, None)
+        out = self._on_token(update, started)
+        if saved is None:
+            return out
+        out.new_token_ids = saved.tokens
+        out.text_delta = saved.text + out.text_delta
+        out.resumed = True
+        self._resumed_outputs.append((out, saved))
+        return out
+
+    def _attach_saved_logprobs(self) -> None:
+        """The logprobs of resumed outputs' saved tokens before the last, ahead of the last one's own."""
+        for out, saved in self._resumed_outputs:
+            if saved.logprobs is None:
+                continue
+            if saved.logprobs.complete and len(out.logprobs) == 1:
+                out.logprobs = (*saved.logprobs.logprobs, *out.logprobs)  # type: ignore[arg-type]
+            else:  # never by construction: every saved position ran through the model
+                log.error("%s: logprobs of its resumed tokens are missing", out.request_id)
+                out.logprobs = ()
+        self._resumed_outputs.clear()
+
     def _finish(
         self, ended: FinishedSequence, tokens: tuple[int, ...], delta: str, started: bool = False
     ) -> RequestOutput:
         self.runner.release(ended.seq_id)
         live = self._live.pop(ended.seq_id, None)
-        self._seeds.pop(ended.seq_id, None)
-        self._logits.drop(ended.seq_id)
-        if ended.seq_id in self._request_of:
-            self._retired.append(ended.seq_id)
-        self._constraints.drop(ended.seq_id)
+        self._drop(ended.seq_id)
+        if self._resumes and ended.seq_id in self._resumes and live is not None:
+            return self._finish_resumed(ended, live, self._resumes.pop(ended.seq_id), started)
         if live is None:  # rejected by add(): the engine never saw it run
             return RequestOutput(ended.seq_id, (), "", ended.reason, False, 0, 0, ended.detail)
         delta += live.detokenizer.flush()
         return self._output(live, tokens, delta, ended.reason, started, ended.detail)
+
+    def _drop(self, seq_id: str) -> None:
+        """Forget an ended sequence's sampling state (its request id stays one more step, see __init__)."""
+        self._seeds.pop(seq_id, None)
+        self._logits.drop(seq_id)
+        if seq_id in self._request_of:
+            self._retired.append(seq_id)
+        self._constraints.drop(seq_id)
+
+    def _finish_resumed(
+        self, ended: FinishedSequence, live: LiveSequence, saved: ResumedSample, started: bool
+    ) -> RequestOutput:
+        """A resumed sample ended before its forced token (aborted, expired): its final output carries the
+        saved tokens and their text, as their first output would have (their logprobs were not all
+        computed: none)."""
+        last = saved.tokens[-1]
+        ends = last in stop_token_ids(live.request.sampling, self.eos_token_ids)
+        text = saved.text + ("" if ends else live.detokenizer.push(last)) + live.detokenizer.flush()
+        live.num_tokens = len(saved.tokens)
+        out = self._output(live, saved.tokens, text, ended.reason, started, ended.detail)
+        out.resumed = True
+        return out
 
     @staticmethod
     def _output(

@@ -128,9 +128,15 @@ class LogitsState:
     def __bool__(self) -> bool:
         return bool(self._tracked)
 
-    def add(self, seq_id: str, prompt: Sequence[int], sampling: SamplingParams) -> None:
+    def add(
+        self, seq_id: str, prompt: Sequence[int], sampling: SamplingParams, generated: Sequence[int] = ()
+    ) -> None:
+        """Track a sequence that uses any of them; `generated`: the output tokens it starts with (resumed)."""
         if uses_processing(sampling):
-            self._tracked[seq_id] = _Tracked(prompt, sampling, self.vocab_size)
+            tracked = self._tracked[seq_id] = _Tracked(prompt, sampling, self.vocab_size)
+            if tracked.penalised:
+                for token in generated:
+                    tracked.append(token)
 
     def drop(self, seq_id: str) -> None:
         self._tracked.pop(seq_id, None)
@@ -212,6 +218,63 @@ def apply(logits: torch.Tensor, plan: LogitsPlan) -> None:
     generated = plan.seen_generated.to(device)
     values -= plan.frequency.to(device) * generated + plan.presence.to(device) * (generated > 0)
     flat.index_copy_(0, index, values.to(logits.dtype))
+
+
+def history_plan(
+    prompt: Sequence[int],
+    generated: Sequence[int],
+    first: int,
+    count: int,
+    sampling: SamplingParams,
+    vocab_size: int,
+) -> LogitsPlan | None:
+    """A plan for `count` rows of one sequence at successive positions, row r as the step that sampled
+    generated[first + r] had it: the bias, and penalties counted over generated[:first + r] (a resumed
+    sample's saved tokens, their logprobs recomputed). None: neither applies."""
+    if not sampling.logit_bias and not uses_penalties(sampling):
+        return None
+    tracked = _Tracked(prompt, sampling, vocab_size)
+    rows, ids, counts = [], [], []
+    if tracked.penalised:
+        for token in generated[:first]:
+            tracked.append(token)
+        for r in range(count):
+            rows.append(np.full(tracked.size, r, dtype=np.int64))
+            ids.append(tracked.seen[: tracked.size].copy())
+            counts.append(tracked.generated[: tracked.size].copy())
+            tracked.append(generated[first + r])
+    pairs = sum(len(r) for r in rows)
+
+    def per_pair(value: float) -> torch.Tensor:
+        return torch.full((pairs,), value, dtype=torch.float32)
+
+    biased = len(tracked.bias_ids)
+    return LogitsPlan(
+        bias_rows=torch.arange(count, dtype=torch.int64).repeat_interleave(biased),
+        bias_ids=torch.from_numpy(np.tile(tracked.bias_ids, count)),
+        bias_values=torch.from_numpy(np.tile(tracked.bias_values, count)),
+        seen_rows=torch.from_numpy(_concat(rows, np.int64)),
+        seen_ids=torch.from_numpy(_concat(ids, np.int64)),
+        seen_generated=torch.from_numpy(_concat(counts, np.float32)),
+        presence=per_pair(sampling.presence_penalty),
+        frequency=per_pair(sampling.frequency_penalty),
+        repetition=per_pair(sampling.repetition_penalty),
+        any_repetition=sampling.repetition_penalty != 1.0,
+        logprob_rows=(),
+        logprob_k=(),
+        logprob_seq_ids=(),
+        penalised_rows=(),
+        penalised=(),
+    )
+
+
+def row_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of logits [R, V]: the given token's log probability then the k largest, as (values, ids)
+    [R, 1 + k] on the logits' device (read them with one transfer each)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    picked = tokens[:, None]
+    top_values, top_ids = fast_topk(logprobs, k)  # most likely first
+    return torch.cat([logprobs.gather(1, picked), top_values], dim=1), torch.cat([picked, top_ids], dim=1)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, plan: LogitsPlan) -> dict[str, TokenLogprob]:

@@ -26,6 +26,7 @@ from gpu.kv_cache import KVCache, KVShape
 from gpu.kv_sizing import KVPlan, activation_estimate, plan_kv
 from gpu.logits_processors import LogitsState, token_logprobs
 from gpu.model import LoadedModel
+from gpu.resume import ResumedSample, ResumeRows, process_gathered, resume_rows
 from gpu.sampler import SamplingBatch, sample
 from gpu.step_clock import FORWARD, INPUTS, SAMPLE, StepClock
 from scheduler.output import SchedulerOutput
@@ -167,12 +168,14 @@ class ModelRunner:
         seeds: Mapping[str, int],
         logits_state: LogitsState | None = None,
         grammars: Mapping[str, Any] | None = None,
+        resumes: Mapping[str, ResumedSample] | None = None,
     ) -> list[int]:
         """Run every scheduled token through the model and sample for the chunks that ask for it: the
         tokens, in the order of the chunks that sample. logits_state: the sequences using logit_bias,
         penalties or logprobs; the step's sampled tokens and log probabilities are recorded into it.
-        `grammars`: each constrained sequence's grammar matcher (gpu.grammar); the others sample freely."""
-        return self.run(self.prepare(output, seeds), logits_state, grammars)
+        `grammars`: each constrained sequence's grammar matcher (gpu.grammar); the others sample freely.
+        `resumes`: resumed samples whose saved tokens are not out yet (gpu/resume.py)."""
+        return self.run(self.prepare(output, seeds, resumes=resumes), logits_state, grammars)
 
     @torch.inference_mode()  # its tensors are made as before the split: inference tensors
     def prepare(
@@ -180,26 +183,32 @@ class ModelRunner:
         output: SchedulerOutput,
         seeds: Mapping[str, int],
         previous: list[str] | None = None,
+        resumes: Mapping[str, ResumedSample] | None = None,
     ) -> PreparedStep:
         """The host's part of a step before the model runs: its inputs and sampling settings. `previous`
         (async scheduling): the sequences of the step still in flight that sample, in its sampling order,
         for this step's placeholder tokens; this step then runs while the next one is prepared, so it gets
-        its own copy of the block tables."""
+        its own copy of the block tables. `resumes`: as `execute`'s (their rows: gpu.resume.resume_rows)."""
         inputs = self.inputs.build(output, previous)
         chunks = inputs.sample_chunks
+        resume = resume_rows(output.chunks, chunks, resumes) if resumes else None
+        if resume is not None and len(resume.gathered):  # their logits come after the sampling rows'
+            gathered = torch.cat([inputs.sample_rows, torch.from_numpy(resume.gathered)])
+            inputs = dataclasses.replace(inputs, sample_rows=gathered)
         random = [i for i, c in enumerate(chunks) if c.sampling.temperature > 0.0]  # not .greedy: per row
         batch = None  # all greedy, the common case: one argmax and no per-row settings
-        if random:
+        if random or (resume is not None and len(resume.forced_rows)):
             picked = [chunks[i] for i in random]
             batch = SamplingBatch.of_rows(
                 random,
                 [c.sampling for c in picked],
                 [seeds.get(c.seq_id, 0) for c in picked],
                 [c.num_generated for c in picked],
+                resume,
             )
         work = len(inputs.input_ids) + self.lm_head_weight * len(chunks)  # token-equivalents, for threads
         self.clock.lap(INPUTS)
-        return PreparedStep(inputs, batch, work)
+        return PreparedStep(inputs, batch, work, resume)
 
     def run(
         self,
@@ -274,6 +283,10 @@ class ModelRunner:
         if clock:
             self.clock.lap(FORWARD)
         chunks = inputs.sample_chunks
+        readers = []  # what reads a resumed sample's recomputed logprobs, once the step is done
+        if step.resume is not None and len(step.resume.gathered):
+            logits, gathered = logits[: len(chunks)], logits[len(chunks) :]
+            readers = process_gathered(gathered, step.resume, self.closing)
         if grammars and self._constrain(logits, chunks, grammars):
             greedy = None  # the mask changed the logits after the graph's argmax
         plan = logits_state.plan(chunks) if logits_state else None  # None: no tracked sequence (common)
@@ -281,10 +294,17 @@ class ModelRunner:
         if plan is not None and logits_state is not None:
             tokens = sampled.tolist()
             logits_state.record(plan, tokens, token_logprobs(logits, sampled, plan))
+            for read in readers:
+                read()
             return SampledTokens(sampled, known=tokens)
         if sampled is greedy and sampled.is_cuda:  # a graph's output buffer (its pool is shared by every
             sampled = sampled.clone()  # graph, the next replay overwrites it): the step's own buffer
-        return SampledTokens.of(sampled)
+        tokens_out = SampledTokens.of(sampled)
+        if readers:
+            tokens_out.tokens()
+            for read in readers:
+                read()
+        return tokens_out
 
     def _constrain(self, logits: torch.Tensor, chunks: tuple, grammars: Mapping[str, Any]) -> bool:
         """Forbid, in the rows of constrained sequences, every token their grammar does not allow next.
@@ -366,8 +386,9 @@ class PreparedStep:
     """A step's inputs and sampling settings, built on the engine's thread, ready for the model."""
 
     inputs: StepInputs
-    batch: SamplingBatch | None  # the rows that draw at random; None: every row is greedy
+    batch: SamplingBatch | None  # the rows that draw at random (or are forced); None: every row is greedy
     work: float  # the step's compute in token-equivalents (attention left out): the thread tuner's measure
+    resume: ResumeRows | None = None  # resumed samples' forced and gathered rows; None: none this step
 
 
 def decode_gather_bytes(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -67,6 +68,8 @@ class SamplingBatch:
     top_k: torch.Tensor  # [R] int64, 0 = off
     top_p: torch.Tensor  # [R] float32, 1 = off
     uniforms: torch.Tensor  # [R] float64 in [0, 1)
+    forced_rows: torch.Tensor | None = None  # [F] rows whose token is given (a resumed sample's last saved)
+    forced_tokens: torch.Tensor | None = None  # [F]
 
     @classmethod
     def build(
@@ -85,8 +88,11 @@ class SamplingBatch:
         params: Sequence[SamplingParams],
         seeds: Sequence[int],
         num_generated: Sequence[int],
+        forced: Any = None,
     ) -> SamplingBatch:
-        """Settings of the given random rows (params, seeds and counts are theirs, in the same order)."""
+        """Settings of the given random rows (params, seeds and counts are theirs, in the same order).
+        `forced`: a gpu.resume.ResumeRows whose forced rows take their given tokens."""
+        has_forced = forced is not None and len(forced.forced_rows)
         return cls(
             random_rows=torch.tensor(rows, dtype=torch.long),
             temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
@@ -97,6 +103,8 @@ class SamplingBatch:
                     np.array(seeds, dtype=np.int64).view(np.uint64), np.array(num_generated, dtype=np.int64)
                 )
             ),
+            forced_rows=torch.from_numpy(forced.forced_rows) if has_forced else None,
+            forced_tokens=torch.from_numpy(forced.forced_tokens) if has_forced else None,
         )
 
 
@@ -151,4 +159,6 @@ def sample(
             logits[rows], *(t.to(logits.device) for t in (batch.temperature, batch.top_k, batch.top_p))
         )
         tokens[rows] = draw(filtered, batch.uniforms)
+    if batch is not None and batch.forced_rows is not None:  # (a graph's greedy buffer was copied above)
+        tokens[batch.forced_rows.to(tokens.device)] = batch.forced_tokens.to(tokens.device)
     return tokens

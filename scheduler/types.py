@@ -62,6 +62,11 @@ class SequenceRequest:
     # Samples of the prompt: one sequence each (ids from sample_seq_id), the prompt
     # prefilled once and its KV blocks shared.
     n: int = 1
+    # Tokens an earlier attempt generated, per sample (fewer entries than n: the rest have none): they follow
+    # the prompt, count as generated (max_tokens included) and are prefilled with it (gpu/resume.py).
+    # resumed_logits: their logits are read (logprobs recomputed), so no cache may serve their positions.
+    resumed: tuple[tuple[int, ...], ...] = ()
+    resumed_logits: bool = False
 
 
 def sample_seq_id(request_id: str, index: int) -> str:
