@@ -67,7 +67,9 @@ def run(request: EngineRequest, engine: Engine | None = None) -> list[Stream]:
 def resumed(request: EngineRequest, whole: list[Stream], k: int | tuple[int, ...]) -> EngineRequest:
     """The request resumed from the first k tokens of each sample (k per sample for a tuple)."""
     ks = k if isinstance(k, tuple) else (k,) * len(whole)
-    return dataclasses.replace(request, resume=tuple(tuple(s.tokens[:n]) for s, n in zip(whole, ks)))
+    return dataclasses.replace(
+        request, resume=tuple(tuple(s.tokens[:n]) for s, n in zip(whole, ks, strict=True))
+    )
 
 
 def check_equal(whole: Stream, part: Stream, saved: int) -> None:
@@ -173,9 +175,7 @@ def test_a_stop_string_straddling_the_break_is_found():
 
 def test_a_multibyte_character_straddling_the_break_comes_out_once():
     text = "héllo wörld ✓ ü"
-    request = EngineRequest(
-        "u", PROMPT, greedy(60), grammar=GrammarSpec("choice", json.dumps([text]))
-    )
+    request = EngineRequest("u", PROMPT, greedy(60), grammar=GrammarSpec("choice", json.dumps([text])))
     whole = run(request)
     assert whole[0].text == text
     for k in range(1, len(whole[0].tokens) + 1):
@@ -205,8 +205,11 @@ def test_a_json_schema_job_resumes_inside_its_structure():
 
 
 def test_resumes_under_async_scheduling():
-    request = EngineRequest("a", PROMPT, dataclasses.replace(SAMPLED, presence_penalty=0.0,
-                                                             frequency_penalty=0.0, repetition_penalty=1.0))
+    request = EngineRequest(
+        "a",
+        PROMPT,
+        dataclasses.replace(SAMPLED, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0),
+    )
     check_resumes(request, breaks=(1, 9, 40), async_scheduling=True)
 
 
