@@ -6,14 +6,17 @@ was generated, brought up to date with one token per step in O(1) (no history is
 request, not to its KV blocks, so a preempted sequence recomputed from its tokens keeps its counts.
 
 Each step `plan` picks the step's rows that are tracked (nothing at all is done when no live sequence is)
-and packs them into a `LogitsPlan` of flat tensors, so every row is processed by the same few tensor ops,
-each touching only the logits that change:
+and packs them into a `LogitsPlan` of flat tensors, built on the host while the step is prepared and moved
+to the device in one copy that does not block (`LogitsPlan.to`), so every row is processed by the same few
+tensor ops, each touching only the logits that change:
 - logit_bias: one scatter-add of (row, token id, bias) triples;
 - penalties: one gather of the (row, seen token) logits, HF's repetition_penalty on them (positive logits
   divided, negative multiplied), OpenAI's logit -= presence * (count > 0) + frequency * count with the
   counts of generated tokens, one scatter back: O(distinct tokens), never O(rows x vocabulary);
-- log probabilities: log_softmax of the rows that asked, the sampled token's value and the top k.
-The order (bias, repetition, presence/frequency) is vLLM's.
+- log probabilities: log_softmax of the rows that asked, the sampled token's value and the top k, launched
+  with the step (`launch_logprobs`) and read with its tokens (`read_logprobs`): nothing waits before.
+The order (bias, repetition, presence/frequency) is vLLM's. The counts need each step's tokens on the host
+(`record`), so a step with tracked rows is never scheduled before the last one's tokens are back.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import numpy as np
 import torch
 
 from gpu.engine_types import TokenLogprob
+from gpu.transfer import tensors_to
 from scheduler.output import ScheduledChunk
 from scheduler.types import SamplingParams
 
@@ -93,7 +97,7 @@ class _Tracked:
 
 @dataclass(frozen=True)
 class LogitsPlan:
-    """What to do to the logits rows [S, V] of one step's sampling rows (CPU tensors, moved on use)."""
+    """What to do to the logits rows [S, V] of one step's sampling rows (built as CPU tensors; `to`)."""
 
     # logit_bias, as triples: logits[bias_rows[i], bias_ids[i]] += bias_values[i]
     bias_rows: torch.Tensor  # [B] int64
@@ -108,12 +112,16 @@ class LogitsPlan:
     repetition: torch.Tensor  # [N] float32, 1 = off
     any_repetition: bool
     # log probabilities of the Q rows that asked
-    logprob_rows: tuple[int, ...]
+    logprob_rows: torch.Tensor  # [Q] int64
     logprob_k: tuple[int, ...]  # top alternatives per row (0..20)
     logprob_seq_ids: tuple[str, ...]
     # the penalised sequences, to count the token sampled in their row
     penalised_rows: tuple[int, ...]
     penalised: tuple[_Tracked, ...]
+
+    def to(self, device: torch.device) -> LogitsPlan:
+        """The plan on `device`: its tensors in one non-blocking copy from pinned memory (CPU: this)."""
+        return tensors_to(self, device)
 
 
 class LogitsState:
@@ -177,7 +185,7 @@ class LogitsState:
             frequency=per_pair([p.frequency_penalty for p in params]),
             repetition=per_pair([p.repetition_penalty for p in params]),
             any_repetition=any(p.repetition_penalty != 1.0 for p in params),
-            logprob_rows=tuple(i for i, _, _ in asked),
+            logprob_rows=torch.tensor([i for i, _, _ in asked], dtype=torch.int64),
             logprob_k=tuple(k for _, _, k in asked),
             logprob_seq_ids=tuple(s for _, s, _ in asked),
             penalised_rows=tuple(i for i, _ in penalised),
@@ -201,22 +209,23 @@ def _concat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
 
 
 def apply(logits: torch.Tensor, plan: LogitsPlan) -> None:
-    """logit_bias, then repetition, presence and frequency penalties, in place on logits [S, V]."""
-    device, vocab = logits.device, logits.shape[-1]
+    """logit_bias, then repetition, presence and frequency penalties, in place on logits [S, V] (the plan on
+    their device). Reads nothing from the device: which steps run is the plan's shape, known on the host."""
+    vocab = logits.shape[-1]
     flat = logits.view(-1)  # (row, id) pairs as flat indices: 1-D take/put are the fast kernels on CPU
-    if plan.bias_rows.numel():
-        index = plan.bias_rows.to(device) * vocab + plan.bias_ids.to(device)
+    if len(plan.bias_rows):
+        index = plan.bias_rows * vocab + plan.bias_ids
         # an id listed twice adds both (the job layer sorts and dedupes anyway)
-        flat.index_add_(0, index, plan.bias_values.to(device, logits.dtype))
-    if not plan.seen_rows.numel():
+        flat.index_add_(0, index, plan.bias_values.to(logits.dtype))
+    if not len(plan.seen_rows):
         return
-    index = plan.seen_rows.to(device) * vocab + plan.seen_ids.to(device)  # no pair twice
+    index = plan.seen_rows * vocab + plan.seen_ids  # no pair twice
     values = flat.take(index).float()
     if plan.any_repetition:
-        penalty = plan.repetition.to(device)
+        penalty = plan.repetition
         values = torch.where(values > 0, values / penalty, values * penalty)
-    generated = plan.seen_generated.to(device)
-    values -= plan.frequency.to(device) * generated + plan.presence.to(device) * (generated > 0)
+    generated = plan.seen_generated
+    values -= plan.frequency * generated + plan.presence * (generated > 0)
     flat.index_copy_(0, index, values.to(logits.dtype))
 
 
@@ -260,7 +269,7 @@ def history_plan(
         frequency=per_pair(sampling.frequency_penalty),
         repetition=per_pair(sampling.repetition_penalty),
         any_repetition=sampling.repetition_penalty != 1.0,
-        logprob_rows=(),
+        logprob_rows=torch.zeros(0, dtype=torch.int64),
         logprob_k=(),
         logprob_seq_ids=(),
         penalised_rows=(),
@@ -279,17 +288,30 @@ def row_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> tuple[to
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, plan: LogitsPlan) -> dict[str, TokenLogprob]:
     """The sampled token's log probability and the k most likely, per row that asked, from logits [S, V]
-    as `apply` left them (before temperature, top-k and top-p)."""
-    if not plan.logprob_rows:
+    as `apply` left them (before temperature, top-k and top-p): launched, then read at once."""
+    return read_logprobs(plan, launch_logprobs(logits, tokens, plan))
+
+
+def launch_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, plan: LogitsPlan
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`token_logprobs`' device part (the plan on the logits' device): (values, ids) [Q, 1 + k] for
+    `read_logprobs`; None when no row asked."""
+    if not plan.logprob_k:
+        return None
+    every = len(plan.logprob_k) == len(logits)  # every row asked: no copy
+    x = logits if every else logits.index_select(0, plan.logprob_rows)
+    picked = tokens if every else tokens.index_select(0, plan.logprob_rows)
+    return row_logprobs(x, picked, max(plan.logprob_k))
+
+
+def read_logprobs(
+    plan: LogitsPlan, launched: tuple[torch.Tensor, torch.Tensor] | None
+) -> dict[str, TokenLogprob]:
+    """The log probabilities `launch_logprobs` computed, by sequence (reads the device: after the tokens)."""
+    if launched is None:
         return {}
-    device = logits.device
-    rows = torch.tensor(plan.logprob_rows, dtype=torch.long, device=device)
-    x = logits if len(plan.logprob_rows) == len(logits) else logits[rows]  # every row asked: no copy
-    logprobs = torch.log_softmax(x.float(), dim=-1)
-    picked = tokens.to(device)[rows][:, None]
-    top_values, top_ids = fast_topk(logprobs, max(plan.logprob_k))  # most likely first
-    values = torch.cat([logprobs.gather(1, picked), top_values], dim=1).tolist()
-    ids = torch.cat([picked, top_ids], dim=1).tolist()  # one transfer for the ids, one for the values
+    values, ids = launched[0].tolist(), launched[1].tolist()  # one transfer for the values, one for the ids
     out = {}
     for seq_id, row_ids, row_values, n in zip(plan.logprob_seq_ids, ids, values, plan.logprob_k, strict=True):
         top_n = tuple(zip(row_ids[1 : n + 1], row_values[1 : n + 1], strict=True))

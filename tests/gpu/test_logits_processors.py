@@ -159,11 +159,12 @@ def test_processing_on_cuda_equals_the_cpu():
     plan = state.plan([chunk("a"), chunk("x"), chunk("b")])
     assert plan is not None
     cpu, cuda = logits.clone(), logits.cuda()
+    on_cuda = plan.to(cuda.device)
     apply(cpu, plan)
-    apply(cuda, plan)
+    apply(cuda, on_cuda)
     torch.testing.assert_close(cuda.cpu(), cpu)
     tokens = torch.tensor([7, 0, 9])
-    want, got = token_logprobs(cpu, tokens, plan), token_logprobs(cuda, tokens.cuda(), plan)
+    want, got = token_logprobs(cpu, tokens, plan), token_logprobs(cuda, tokens.cuda(), on_cuda)
     assert want.keys() == got.keys() == {"a", "b"}
     for seq_id, w in want.items():
         g = got[seq_id]
