@@ -224,3 +224,28 @@ def test_seeded_sampling_is_reproducible_regardless_of_batch_mates():
     reseeded = EngineRequest("x", prompt, SamplingParams(20, 1.0, 0.95, seed=99))
     other_seed = make_engine().generate([reseeded])["x"]
     assert other_seed != alone
+
+
+def test_a_seeded_request_draws_the_same_tokens_reordered_async_and_preempted():
+    """Its randomness is (seed, sample, position) alone: batch mates in another order, async scheduling and
+    recompute after preemption (a cache too small for every sequence) change none of its tokens."""
+    prompt = make_prompts(1, 30, 30, seed=13)[0]
+    params = SamplingParams(max_tokens=24, temperature=1.0, top_k=40, top_p=0.9, seed=4321, ignore_eos=True)
+    alone = make_engine().generate([EngineRequest("x", prompt, params)])["x"]
+    mates = [
+        EngineRequest(f"m{i}", p, SamplingParams(max_tokens=24, temperature=0.9, seed=i, ignore_eos=True))
+        for i, p in enumerate(make_prompts(6, 20, 40, seed=14))
+    ]
+    x = EngineRequest("x", prompt, params)
+    for order, config in (
+        ([x, *mates], dict(async_scheduling=True)),
+        ([*reversed(mates), x], dict(max_num_batched_tokens=24, max_num_seqs=8)),
+        ([*mates[:3], x, *mates[3:]], dict(num_blocks=14, max_num_batched_tokens=64, max_num_seqs=8)),
+    ):
+        engine = make_engine(**config)
+        assert engine.generate(order)["x"] == alone, config
+    assert engine.stats().preemptions > 0  # the last run recomputed sequences
+    reseeded = make_engine().generate(
+        [EngineRequest("x", prompt, SamplingParams(**{**params.__dict__, "seed": 1}))]
+    )
+    assert reseeded["x"] != alone
