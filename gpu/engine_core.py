@@ -140,7 +140,7 @@ class EngineCore:
         self._request_of: dict[str, str] = {}
         self._retired: list[str] = []
         # live sequences using logit_bias, penalties or logprobs (their token history for the penalties)
-        self._logits = LogitsState(model.config.vocab_size)
+        self._logits = LogitsState(model.config.vocab_size, device_counts=self.runner.device.type == "cuda")
         # output constraints: the grammar compiler and each constrained live sequence's matcher
         self._constraints = Constraints(self.tokenizer, model.config.vocab_size, self.eos_token_ids)
         self._matchers = self._constraints.matchers  # read every step: whether any sequence is constrained

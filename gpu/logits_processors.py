@@ -21,6 +21,7 @@ The order (bias, repetition, presence/frequency) is vLLM's. The counts need each
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 
 from gpu.engine_types import TokenLogprob
+from gpu.penalty_counts import CountedRows, DeviceCounts
 from gpu.transfer import tensors_to
 from scheduler.output import ScheduledChunk
 from scheduler.types import SamplingParams
@@ -66,7 +68,9 @@ class _Tracked:
 
     __slots__ = ("sampling", "bias_ids", "bias_values", "penalised", "slots", "seen", "generated", "size")
 
-    def __init__(self, prompt: Sequence[int], sampling: SamplingParams, vocab_size: int) -> None:
+    def __init__(
+        self, prompt: Sequence[int], sampling: SamplingParams, vocab_size: int, counts_here: bool = True
+    ) -> None:
         self.sampling = sampling
         # Ids outside the vocabulary cannot be logits: dropped here rather than failing every step.
         pairs = [(t, b) for t, b in sampling.logit_bias if 0 <= t < vocab_size]
@@ -74,8 +78,8 @@ class _Tracked:
         self.bias_values = np.array([b for _, b in pairs], dtype=np.float32)
         self.penalised = uses_penalties(sampling)
         # The distinct ids of prompt and output in seen[:size], in order of first sight, with how often each
-        # was generated; slots maps an id to its index there. Penalised sequences only.
-        distinct = list(dict.fromkeys(prompt)) if self.penalised else []
+        # was generated; slots maps an id to its index there. Penalised sequences counted here only.
+        distinct = list(dict.fromkeys(prompt)) if self.penalised and counts_here else []
         self.slots = {token: i for i, token in enumerate(distinct)}
         self.size = len(distinct)
         self.seen = np.empty(self.size + 16, dtype=np.int64)
@@ -118,18 +122,26 @@ class LogitsPlan:
     # the penalised sequences, to count the token sampled in their row
     penalised_rows: tuple[int, ...]
     penalised: tuple[_Tracked, ...]
+    # the device path's penalised rows instead of the pairs above (gpu/penalty_counts.py), and their counts
+    counted: CountedRows | None = None
+    counts: DeviceCounts | None = None
 
     def to(self, device: torch.device) -> LogitsPlan:
         """The plan on `device`: its tensors in one non-blocking copy from pinned memory (CPU: this)."""
-        return tensors_to(self, device)
+        moved = tensors_to(self, device)
+        if self.counted is not None:
+            moved = dataclasses.replace(moved, counted=self.counted.to(device))
+        return moved
 
 
 class LogitsState:
     """The live sequences that use logit_bias, a penalty or log probabilities (the engine adds and drops
-    them with their requests; the runner plans each step from it and records what it sampled)."""
+    them with their requests; the runner plans each step from it and records what it sampled).
+    `device_counts`: penalty counts live on the device (gpu/penalty_counts.py: the CUDA path), not here."""
 
-    def __init__(self, vocab_size: int) -> None:
+    def __init__(self, vocab_size: int, device_counts: bool = False) -> None:
         self.vocab_size = vocab_size
+        self.counts = DeviceCounts(vocab_size) if device_counts else None
         self._tracked: dict[str, _Tracked] = {}
         self._logprobs: dict[str, TokenLogprob] = {}  # the last step's, until taken
 
@@ -141,13 +153,17 @@ class LogitsState:
     ) -> None:
         """Track a sequence that uses any of them; `generated`: the output tokens it starts with (resumed)."""
         if uses_processing(sampling):
-            tracked = self._tracked[seq_id] = _Tracked(prompt, sampling, self.vocab_size)
-            if tracked.penalised:
+            counts = self.counts
+            tracked = self._tracked[seq_id] = _Tracked(prompt, sampling, self.vocab_size, counts is None)
+            if tracked.penalised and counts is not None:
+                counts.add(seq_id, prompt, generated)
+            elif tracked.penalised:
                 for token in generated:
                     tracked.append(token)
 
     def drop(self, seq_id: str) -> None:
-        self._tracked.pop(seq_id, None)
+        if self._tracked.pop(seq_id, None) is not None and self.counts is not None:
+            self.counts.drop(seq_id)
 
     def plan(self, chunks: Sequence[ScheduledChunk]) -> LogitsPlan | None:
         """The plan for the step's sampling chunks (the logits' rows, in order); None: no row is tracked."""
@@ -157,6 +173,11 @@ class LogitsState:
             return None
         biased = [(i, t) for i, t in rows if len(t.bias_ids)]
         penalised = [(i, t) for i, t in rows if t.penalised]
+        counted = None
+        if self.counts is not None and penalised:  # counted on the device: no pairs here
+            seq_ids = [chunks[i].seq_id for i, _ in penalised]
+            counted = self.counts.rows([i for i, _ in penalised], seq_ids, [t.sampling for _, t in penalised])
+            penalised = []
         asked = [
             (i, chunks[i].seq_id, t.sampling.logprobs) for i, t in rows if t.sampling.logprobs is not None
         ]
@@ -190,6 +211,8 @@ class LogitsState:
             logprob_seq_ids=tuple(s for _, s, _ in asked),
             penalised_rows=tuple(i for i, _ in penalised),
             penalised=tuple(t for _, t in penalised),
+            counted=counted,
+            counts=self.counts if counted is not None else None,
         )
 
     def record(self, plan: LogitsPlan, tokens: Sequence[int], logprobs: dict[str, TokenLogprob]) -> None:
@@ -217,6 +240,8 @@ def apply(logits: torch.Tensor, plan: LogitsPlan) -> None:
         index = plan.bias_rows * vocab + plan.bias_ids
         # an id listed twice adds both (the job layer sorts and dedupes anyway)
         flat.index_add_(0, index, plan.bias_values.to(logits.dtype))
+    if plan.counted is not None and plan.counts is not None:
+        plan.counts.apply(logits, plan.counted)
     if not len(plan.seen_rows):
         return
     index = plan.seen_rows * vocab + plan.seen_ids  # no pair twice
@@ -227,6 +252,12 @@ def apply(logits: torch.Tensor, plan: LogitsPlan) -> None:
     generated = plan.seen_generated
     values -= plan.frequency * generated + plan.presence * (generated > 0)
     flat.index_copy_(0, index, values.to(logits.dtype))
+
+
+def count_sampled(tokens: torch.Tensor, plan: LogitsPlan) -> None:
+    """The device path's counts take the step's sampled tokens [S] (on the device: nothing is read)."""
+    if plan.counted is not None and plan.counts is not None:
+        plan.counts.count(tokens, plan.counted)
 
 
 def history_plan(

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpu.logits_processors import LogitsPlan, apply
+from gpu.logits_processors import LogitsPlan, apply, count_sampled
 from gpu.samples import uniforms
 from gpu.transfer import tensors_to, to_device
 from scheduler.types import SamplingParams
@@ -197,7 +197,10 @@ def sample(
     if plan is not None:
         apply(logits, plan)
     if batch is None:
-        return fast_argmax(logits) if greedy is None else greedy
+        tokens = fast_argmax(logits) if greedy is None else greedy
+        if plan is not None:
+            count_sampled(tokens, plan)
+        return tokens
     if batch.draws_all:
         assert batch.uniforms is not None
         tokens = draw(filter_logits(logits, batch), batch.uniforms)
@@ -210,4 +213,6 @@ def sample(
     if batch.forced_rows is not None:
         assert batch.forced_tokens is not None
         tokens.index_copy_(0, batch.forced_rows, batch.forced_tokens)
+    if plan is not None:
+        count_sampled(tokens, plan)
     return tokens

@@ -90,6 +90,9 @@ def launch_next_step_on_meta(engine: Engine) -> None:
     output = engine.scheduler.schedule(time.monotonic())
     prepared = engine.runner.prepare(output, engine._seeds, None, engine._resumes, engine._logits)
     engine.runner.cuda_step = MetaStep(engine.runner.vocab_size)  # type: ignore[assignment]
+    counts = engine._logits.counts
+    if counts is not None and counts.counts is not None:  # made on the CPU by the steps before: moved over
+        counts.counts, counts.seen = counts.counts.to(DEVICE), counts.seen.to(DEVICE)
     with NoHostSync():
         sampled = engine.runner.launch(prepared, engine._logits, engine._matchers)
     assert sampled.device.device == DEVICE and sampled.known is None  # nothing read
@@ -105,11 +108,14 @@ def requests(resume: tuple[int, ...]) -> list[EngineRequest]:
     ]
 
 
+@pytest.mark.parametrize("device_counts", [False, True], ids=["host-counts", "device-counts"])
 @pytest.mark.parametrize("steps_before", [0, 1])
-def test_a_whole_step_launches_without_reading_the_device(steps_before):
+def test_a_whole_step_launches_without_reading_the_device(steps_before, device_counts):
     """The first step (prefills: a resumed sample's gathered logprobs and forced token, the others' first
-    draws) and a decode step of sampled, penalised, biased and logprob rows beside greedy ones."""
+    draws) and a decode step of sampled, penalised, biased and logprob rows beside greedy ones; penalty
+    counts on the host (recorded once the tokens are read) or on the device (counted there)."""
     engine = make_engine()
+    engine._logits = LogitsState(engine.model.config.vocab_size, device_counts)
     for request in requests((40, 41, 42, 43, 44, 45)):
         engine.add_request(request)
     for _ in range(steps_before):
