@@ -34,6 +34,7 @@ from gpu.logits_processors import LogitsState
 from gpu.model import LoadedModel, load_model
 from gpu.resume import ResumedSample, SavedLogprobs, replay, saved_tokens, stop_token_ids
 from gpu.runner import ModelRunner, RunnerConfig
+from gpu.sampler import SamplingTable
 from gpu.samples import stream_key
 from gpu.step_clock import OUTPUTS, SCHEDULE, StepClock
 from scheduler.config import SchedulerConfig
@@ -132,15 +133,16 @@ class EngineCore:
         # resumed samples whose saved tokens are not out yet (gpu/resume.py), and this step's outputs of them
         self._resumes: dict[str, ResumedSample] = {}
         self._resumed_outputs: list[tuple[RequestOutput, ResumedSample]] = []
-        # sequence id -> the key of its sampling randomness (gpu/samples.py), for as long as it is live
-        self._seeds: dict[str, int] = {}
+        # each live sequence's sampling settings and the key of its randomness (gpu/samples.py)
+        self._sampling = SamplingTable()
         self._seed_bank: list[int] = []  # unseeded requests' seeds, drawn from the OS in bulk
         # Sample i > 0 of an n > 1 request: its sequence id -> the request id, kept one step past its end
         # so `last_step` can still name the request (`_retired` are dropped when the next step starts).
         self._request_of: dict[str, str] = {}
         self._retired: list[str] = []
         # live sequences using logit_bias, penalties or logprobs (their token history for the penalties)
-        self._logits = LogitsState(model.config.vocab_size, device_counts=self.runner.device.type == "cuda")
+        on_device = self.runner.device.type == "cuda"  # penalty counts there (gpu/penalty_counts.py)
+        self._logits = LogitsState(model.config.vocab_size, on_device, self._sampling)
         # output constraints: the grammar compiler and each constrained live sequence's matcher
         self._constraints = Constraints(self.tokenizer, model.config.vocab_size, self.eos_token_ids)
         self._matchers = self._constraints.matchers  # read every step: whether any sequence is constrained
@@ -219,7 +221,7 @@ class EngineCore:
                 index=index,
                 num_tokens=len(resumed[index]),
             )
-            self._seeds[seq_id] = stream_key(seed, index)
+            self._sampling.add(seq_id, stream_key(seed, index), request.sampling)
             self._logits.add(seq_id, request.prompt_token_ids, request.sampling, resumed[index])
             if index:
                 self._request_of[seq_id] = request.request_id
@@ -317,7 +319,7 @@ class EngineCore:
                 if self.fault_hook is not None:
                     self.fault_hook(self.last_step)
                 tokens = self.runner.execute(
-                    output, self._seeds, self._logits, self._matchers, self._resumes or None
+                    output, self._sampling, self._logits, self._matchers, self._resumes or None
                 )
             except Exception as exc:
                 raise StepFailed(self.last_step, results, exc) from exc
@@ -447,8 +449,8 @@ class EngineCore:
 
     def _drop(self, seq_id: str) -> None:
         """Forget an ended sequence's sampling state (its request id stays one more step, see __init__)."""
-        self._seeds.pop(seq_id, None)
-        self._logits.drop(seq_id)
+        self._logits.drop(seq_id)  # before its sampling row goes: its counts are found by it
+        self._sampling.drop(seq_id)
         if seq_id in self._request_of:
             self._retired.append(seq_id)
         self._constraints.drop(seq_id)

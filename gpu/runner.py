@@ -27,7 +27,7 @@ from gpu.kv_sizing import KVPlan, activation_estimate, plan_kv
 from gpu.logits_processors import LogitsPlan, LogitsState, launch_logprobs, read_logprobs
 from gpu.model import LoadedModel
 from gpu.resume import ResumedSample, ResumeRows, process_gathered, resume_rows
-from gpu.sampler import SamplingBatch, sample
+from gpu.sampler import SamplingBatch, SamplingTable, sample
 from gpu.step_clock import FORWARD, INPUTS, SAMPLE, StepClock
 from scheduler.output import SchedulerOutput
 
@@ -166,7 +166,7 @@ class ModelRunner:
     def execute(
         self,
         output: SchedulerOutput,
-        seeds: Mapping[str, int],
+        table: SamplingTable,
         logits_state: LogitsState | None = None,
         grammars: Mapping[str, Any] | None = None,
         resumes: Mapping[str, ResumedSample] | None = None,
@@ -176,13 +176,13 @@ class ModelRunner:
         penalties or logprobs; the step's sampled tokens and log probabilities are recorded into it.
         `grammars`: each constrained sequence's grammar matcher (gpu.grammar); the others sample freely.
         `resumes`: resumed samples whose saved tokens are not out yet (gpu/resume.py)."""
-        return self.run(self.prepare(output, seeds, None, resumes, logits_state), logits_state, grammars)
+        return self.run(self.prepare(output, table, None, resumes, logits_state), logits_state, grammars)
 
     @torch.inference_mode()  # its tensors are made as before the split: inference tensors
     def prepare(
         self,
         output: SchedulerOutput,
-        seeds: Mapping[str, int],
+        table: SamplingTable,
         previous: list[str] | None = None,
         resumes: Mapping[str, ResumedSample] | None = None,
         logits_state: LogitsState | None = None,
@@ -199,20 +199,10 @@ class ModelRunner:
         if resume is not None and len(resume.gathered):  # their logits come after the sampling rows'
             gathered = torch.cat([inputs.sample_rows, torch.from_numpy(resume.gathered)])
             inputs = dataclasses.replace(inputs, sample_rows=gathered)
-        random = [i for i, c in enumerate(chunks) if c.sampling.temperature > 0.0]  # not .greedy: per row
-        batch = None  # all greedy, the common case: one argmax and no per-row settings
-        if random or (resume is not None and len(resume.forced_rows)):
-            picked = [chunks[i] for i in random]
-            batch = SamplingBatch.of_rows(
-                random,
-                len(chunks),
-                [c.sampling for c in picked],
-                [seeds.get(c.seq_id, 0) for c in picked],
-                [c.num_generated for c in picked],
-                self.vocab_size,
-                resume,
-            )
-        plan = logits_state.plan(chunks) if logits_state else None  # None: no tracked sequence (common)
+        rows = table.rows(chunks)  # their settings' rows
+        # None: all greedy, the common case: one argmax and no per-row settings
+        batch = SamplingBatch.for_step(table, chunks, self.vocab_size, resume, rows)
+        plan = logits_state.plan(chunks, rows) if logits_state else None  # None: no tracked sequence (common)
         work = len(inputs.input_ids) + self.lm_head_weight * len(chunks)  # token-equivalents, for threads
         self.clock.lap(INPUTS)
         return PreparedStep(inputs, batch, work, resume, plan)

@@ -144,6 +144,8 @@ row_strategy = st.tuples(
 @given(rows=st.lists(row_strategy, min_size=1, max_size=5), seed=st.integers(0, 2**16))
 def test_batched_processing_equals_the_per_row_reference(rows, seed):
     states = LogitsState(VOCAB), LogitsState(VOCAB, device_counts=True)
+    for state in states:
+        state.add("plain", [1], SamplingParams())  # in the step, untracked (every step's sequence is added)
     for i, (params, prompt, generated) in enumerate(rows):
         for state in states:
             # half of them start with their tokens (a resume), half count them a step at a time
