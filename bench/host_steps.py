@@ -199,7 +199,7 @@ def stub_engine(
 
         engine.runner.cuda_step = StubDeviceStep(stub)  # type: ignore[assignment]
         # as on CUDA: penalty counts on the "device" (gpu/penalty_counts.py), counted there
-        engine._logits = LogitsState(engine.model.config.vocab_size, True, engine._sampling)
+        engine._logits = LogitsState(engine.model.config.vocab_size, True, engine._seeds)
     return engine, stub
 
 

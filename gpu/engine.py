@@ -180,7 +180,7 @@ class Engine(EngineCore):
                 except Exception as exc:
                     raise self._failed(output, exc, previous) from exc
             prepared = self.runner.prepare(
-                output, self._sampling, previous.pending.seq_ids if previous else None
+                output, self._seeds, previous.pending.seq_ids if previous else None
             )
             started = self._newly_started(output)
             assert self._worker is not None

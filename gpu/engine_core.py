@@ -133,8 +133,8 @@ class EngineCore:
         # resumed samples whose saved tokens are not out yet (gpu/resume.py), and this step's outputs of them
         self._resumes: dict[str, ResumedSample] = {}
         self._resumed_outputs: list[tuple[RequestOutput, ResumedSample]] = []
-        # each live sequence's sampling settings and the key of its randomness (gpu/samples.py)
-        self._sampling = SamplingTable()
+        # each live sequence's sampling settings and the key of its randomness (gpu/samples.py): its seed's
+        self._seeds = SamplingTable()
         self._seed_bank: list[int] = []  # unseeded requests' seeds, drawn from the OS in bulk
         # Sample i > 0 of an n > 1 request: its sequence id -> the request id, kept one step past its end
         # so `last_step` can still name the request (`_retired` are dropped when the next step starts).
@@ -142,7 +142,7 @@ class EngineCore:
         self._retired: list[str] = []
         # live sequences using logit_bias, penalties or logprobs (their token history for the penalties)
         on_device = self.runner.device.type == "cuda"  # penalty counts there (gpu/penalty_counts.py)
-        self._logits = LogitsState(model.config.vocab_size, on_device, self._sampling)
+        self._logits = LogitsState(model.config.vocab_size, on_device, self._seeds)
         # output constraints: the grammar compiler and each constrained live sequence's matcher
         self._constraints = Constraints(self.tokenizer, model.config.vocab_size, self.eos_token_ids)
         self._matchers = self._constraints.matchers  # read every step: whether any sequence is constrained
@@ -221,7 +221,7 @@ class EngineCore:
                 index=index,
                 num_tokens=len(resumed[index]),
             )
-            self._sampling.add(seq_id, stream_key(seed, index), request.sampling)
+            self._seeds.add(seq_id, stream_key(seed, index), request.sampling)
             self._logits.add(seq_id, request.prompt_token_ids, request.sampling, resumed[index])
             if index:
                 self._request_of[seq_id] = request.request_id
@@ -319,7 +319,7 @@ class EngineCore:
                 if self.fault_hook is not None:
                     self.fault_hook(self.last_step)
                 tokens = self.runner.execute(
-                    output, self._sampling, self._logits, self._matchers, self._resumes or None
+                    output, self._seeds, self._logits, self._matchers, self._resumes or None
                 )
             except Exception as exc:
                 raise StepFailed(self.last_step, results, exc) from exc
@@ -450,7 +450,7 @@ class EngineCore:
     def _drop(self, seq_id: str) -> None:
         """Forget an ended sequence's sampling state (its request id stays one more step, see __init__)."""
         self._logits.drop(seq_id)  # before its sampling row goes: its counts are found by it
-        self._sampling.drop(seq_id)
+        self._seeds.drop(seq_id)
         if seq_id in self._request_of:
             self._retired.append(seq_id)
         self._constraints.drop(seq_id)

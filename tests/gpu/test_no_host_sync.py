@@ -88,7 +88,7 @@ class MetaStep:
 def launch_next_step_on_meta(engine: Engine) -> None:
     """Schedule and prepare the engine's next step on the host, then launch it on the stand-in device."""
     output = engine.scheduler.schedule(time.monotonic())
-    prepared = engine.runner.prepare(output, engine._sampling, None, engine._resumes, engine._logits)
+    prepared = engine.runner.prepare(output, engine._seeds, None, engine._resumes, engine._logits)
     engine.runner.cuda_step = MetaStep(engine.runner.vocab_size)  # type: ignore[assignment]
     counts = engine._logits.counts
     if counts is not None and counts.counts is not None:  # made on the CPU by the steps before: moved over
@@ -115,7 +115,7 @@ def test_a_whole_step_launches_without_reading_the_device(steps_before, device_c
     draws) and a decode step of sampled, penalised, biased and logprob rows beside greedy ones; penalty
     counts on the host (recorded once the tokens are read) or on the device (counted there)."""
     engine = make_engine()
-    engine._logits = LogitsState(engine.model.config.vocab_size, device_counts, engine._sampling)
+    engine._logits = LogitsState(engine.model.config.vocab_size, device_counts, engine._seeds)
     for request in requests((40, 41, 42, 43, 44, 45)):
         engine.add_request(request)
     for _ in range(steps_before):

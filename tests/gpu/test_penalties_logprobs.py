@@ -221,7 +221,7 @@ def test_preemption_and_recompute_keep_penalties_on_generated_tokens():
 
 def counts_on_device(engine):
     """The engine with the CUDA path's penalty counts (gpu/penalty_counts.py), here on CPU tensors."""
-    engine._logits = LogitsState(engine.model.config.vocab_size, True, engine._sampling)
+    engine._logits = LogitsState(engine.model.config.vocab_size, True, engine._seeds)
     return engine
 
 
