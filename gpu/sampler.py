@@ -34,7 +34,7 @@ import torch
 from gpu.logits_processors import LogitsPlan, apply, count_sampled
 from gpu.samples import uniforms
 from gpu.sampling_table import SamplingTable
-from gpu.transfer import tensors_to, to_device
+from gpu.transfer import tensors_to
 from scheduler.types import SamplingParams
 
 _ARGMAX_BLOCK = 128
@@ -162,7 +162,7 @@ class SamplingBatch:
         if forced is not None and len(forced.forced_rows):
             arrays["forced_rows"] = forced.forced_rows
             arrays["forced_tokens"] = forced.forced_tokens
-        tensors = to_device(arrays, torch.device("cpu"))
+        tensors = {name: torch.from_numpy(a) for name, a in arrays.items()}  # host tensors; `to` moves them
         return cls(
             rows=tensors.get("rows"),
             draws_all=count == num_rows,
