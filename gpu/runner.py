@@ -199,7 +199,8 @@ class ModelRunner:
         if resume is not None and len(resume.gathered):  # their logits come after the sampling rows'
             gathered = torch.cat([inputs.sample_rows, torch.from_numpy(resume.gathered)])
             inputs = dataclasses.replace(inputs, sample_rows=gathered)
-        rows = table.rows(chunks)  # their settings' rows
+        # their settings' rows, looked up only when some sequence draws, is tracked or resumes
+        rows = table.rows(chunks) if table.drawing or logits_state or resume is not None else None
         # None: all greedy, the common case: one argmax and no per-row settings
         batch = SamplingBatch.for_step(table, chunks, self.vocab_size, resume, rows)
         plan = logits_state.plan(chunks, rows) if logits_state else None  # None: no tracked sequence (common)

@@ -93,13 +93,19 @@ class SamplingBatch:
         """Settings of a step's sampling chunks (scheduler.output.ScheduledChunk), from the table (`rows`:
         theirs, when known). `forced`: a gpu.resume.ResumeRows whose forced rows take their given tokens.
         None: every row is greedy (one argmax, no settings)."""
+        forcing = forced is not None and len(forced.forced_rows)
+        if not table.drawing and not forcing:  # every live sequence is greedy: no lookup at all
+            return None
         rows = table.rows(chunks) if rows is None else rows
         temperature = table.temperature[rows]
         random = np.flatnonzero(temperature > 0.0)
-        if not len(random) and (forced is None or not len(forced.forced_rows)):
+        if not len(random) and not forcing:
             return None
         picked = rows[random]
-        positions = np.fromiter((chunks[i].num_generated for i in random.tolist()), np.int64, len(random))
+        if len(random) == len(chunks):  # every row draws (a sampled batch): no indexing
+            positions = np.fromiter((c.num_generated for c in chunks), np.int64, len(chunks))
+        else:
+            positions = np.fromiter((chunks[i].num_generated for i in random.tolist()), np.int64, len(random))
         return cls._of(
             random,
             len(chunks),
@@ -155,9 +161,10 @@ class SamplingBatch:
                 max_top_k = int(top_k[kept].max())
                 partial = not kept.all()
                 arrays["top_k"] = np.where(kept, top_k - 1, max_top_k)
-            if (top_p < 1.0).any():
-                arrays["top_p"] = np.where(top_p < 1.0, np.maximum(top_p, _MIN_TOP_P), _NO_TOP_P).astype(
-                    np.float32
+            nucleus = top_p < 1.0
+            if nucleus.any():
+                arrays["top_p"] = np.where(nucleus, np.maximum(top_p, _MIN_TOP_P), _NO_TOP_P).astype(
+                    np.float32, copy=False
                 )
         if forced is not None and len(forced.forced_rows):
             arrays["forced_rows"] = forced.forced_rows

@@ -31,6 +31,7 @@ class SamplingTable:
     def __init__(self, capacity: int = 64) -> None:
         self._row: dict[str, int] = {}
         self._free: list[int] = []
+        self.drawing = 0  # live rows with temperature > 0 (none: a step's rows need no lookup at all)
         for name, dtype in self._COLUMNS.items():
             setattr(self, name, np.zeros(capacity, dtype=dtype))
         self.keys: np.ndarray
@@ -48,6 +49,8 @@ class SamplingTable:
         row = self._row.get(seq_id)
         if row is None:
             row = self._row[seq_id] = self._free.pop() if self._free else len(self._row)
+        else:
+            self.drawing -= bool(self.temperature[row] > 0.0)
         if row >= len(self.keys):  # full: double
             for name in self._COLUMNS:
                 column = getattr(self, name)
@@ -62,11 +65,14 @@ class SamplingTable:
             or params.repetition_penalty != 1.0
         )
         self.host[row] = bool(params.logit_bias) or params.logprobs is not None
+        self.drawing += params.temperature > 0.0
         return row
 
     def drop(self, seq_id: str) -> None:
         row = self._row.pop(seq_id, None)
         if row is not None:
+            self.drawing -= bool(self.temperature[row] > 0.0)
+            self.temperature[row] = 0.0
             self._free.append(row)
 
     def row(self, seq_id: str) -> int:
