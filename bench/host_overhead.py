@@ -8,9 +8,10 @@ greedy, and every row sampled (temperature, top-k, top-p, presence/frequency/rep
 
 With --device-argmax the stub stands in for the CUDA step: it returns each row's argmax too, as the CUDA
 decode graph does, the engine keeps penalty counts on the device as on CUDA, and the sampler's tensor
-work (its kernels on CUDA, run here on the CPU) is timed apart as the forward is: host time is what the
-host does beside the device. The sampler's tensor operations per step are counted too (each at least one
-kernel launch on CUDA, host time that a measurement on the CPU cannot separate from the kernels' work).
+work is the stand-in device's, as the forward is (not run: a sampled row's token is the stub's): host time
+is what the host does beside the device, settings built, copied and tokens read back included. The
+sampler's tensor operations per step are counted in a step of their own (each at least one kernel launch
+on CUDA, host time that a measurement on the CPU cannot separate from the kernels' work).
 """
 
 from __future__ import annotations

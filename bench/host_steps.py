@@ -5,8 +5,8 @@ outputs. On CUDA that work runs while the device waits, so it bounds the step ra
 
 Two workloads: every row greedy, or every row sampled (temperature, top-k, top-p, presence, frequency and
 repetition penalties, seeded). Standing in for the CUDA step (`device_argmax`), the engine is set up as on
-CUDA (penalty counts on the device) and the sampler's tensor work (`gpu.sampler.sample`, run here on CPU
-tensors in place of the device's kernels) is timed apart, as the forward is: host time is what is left.
+CUDA (penalty counts on the device) and the sampler's tensor work (`gpu.sampler.sample`: the device's
+kernels) is left to the stand-in, as the forward is (`SamplerClock`): host time is what is left.
 """
 
 from __future__ import annotations
