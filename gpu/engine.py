@@ -120,8 +120,9 @@ class Engine(EngineCore):
     def _can_overlap(self) -> bool:
         """Whether the next step may be scheduled before the last one's tokens are known: not while a
         grammar masks with its matcher's state or penalties count the tokens (both need the last token),
-        nor while logprobs are recorded (kept per step in LogitsState)."""
-        return not self._matchers and not self._logits
+        nor while logprobs are recorded (kept per step in LogitsState), nor while a resumed sample waits for
+        its saved tokens to come out (a few steps: its forced token and recomputed logprobs)."""
+        return not self._matchers and not self._logits and not self._resumes
 
     def set_async_scheduling(self, on: bool) -> None:
         """Turn async scheduling on or off (at start, or between runs: benchmarks compare both on one

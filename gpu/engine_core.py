@@ -30,12 +30,14 @@ from gpu.engine_types import (
 )
 from gpu.generation_config import GenerationDefaults, eos_token_ids
 from gpu.grammar import DEAD_END
-from gpu.grammar.constraints import DEAD_END_REASON, Constraints
+from gpu.grammar.constraints import DEAD_END_REASON, Constraints, has_closing
 from gpu.logits_processors import LogitsState
 from gpu.lora import LoraError
 from gpu.model import LoadedModel, load_model
+from gpu.resume import ResumedSample, SavedLogprobs, replay, saved_tokens, stop_token_ids
 from gpu.runner import ModelRunner, RunnerConfig
-from gpu.samples import sample_seed
+from gpu.sampler import SamplingTable
+from gpu.samples import stream_key
 from gpu.step_clock import OUTPUTS, SCHEDULE, StepClock
 from scheduler.config import SchedulerConfig
 from scheduler.limits import check_config
@@ -61,6 +63,16 @@ class LiveSequence:
     num_tokens: int = 0  # tokens generated so far
     started: bool = False
     lora: str | None = None  # the adapter it holds (gpu.lora.manager.lora_id), released when it ends
+
+
+@dataclass(slots=True)
+class SampleStart:
+    """Where one sample of a request being added starts: afresh, or past the tokens it resumes from."""
+
+    detokenizer: Detokenizer
+    matcher: Any = None  # its grammar's matcher (None: unconstrained)
+    resumed: ResumedSample | None = None
+    closing_state: list[bool] | None = None  # a JSON grammar's, past the resumed tokens
 
 
 class EngineCore:
@@ -125,14 +137,19 @@ class EngineCore:
             )
         )
         self._live: dict[str, LiveSequence] = {}
-        self._seeds: dict[str, int] = {}  # sequence id -> its sampling seed, for as long as it is live
+        # resumed samples whose saved tokens are not out yet (gpu/resume.py), and this step's outputs of them
+        self._resumes: dict[str, ResumedSample] = {}
+        self._resumed_outputs: list[tuple[RequestOutput, ResumedSample]] = []
+        # each live sequence's sampling settings and the key of its randomness (gpu/samples.py): its seed's
+        self._seeds = SamplingTable()
         self._seed_bank: list[int] = []  # unseeded requests' seeds, drawn from the OS in bulk
         # Sample i > 0 of an n > 1 request: its sequence id -> the request id, kept one step past its end
         # so `last_step` can still name the request (`_retired` are dropped when the next step starts).
         self._request_of: dict[str, str] = {}
         self._retired: list[str] = []
         # live sequences using logit_bias, penalties or logprobs (their token history for the penalties)
-        self._logits = LogitsState(model.config.vocab_size)
+        on_device = self.runner.device.type == "cuda"  # penalty counts there (gpu/penalty_counts.py)
+        self._logits = LogitsState(model.config.vocab_size, on_device, self._seeds)
         # output constraints: the grammar compiler and each constrained live sequence's matcher
         self._constraints = Constraints(self.tokenizer, model.config.vocab_size, self.eos_token_ids)
         self._matchers = self._constraints.matchers  # read every step: whether any sequence is constrained
@@ -168,7 +185,9 @@ class EngineCore:
         return self._constraints.compile(spec)
 
     def _fresh_seed(self) -> int:
-        """A random 63-bit seed; one OS call draws SEED_BANK of them (a call per request is a syscall each,
+        """A random 63-bit seed for a request added without one, drawn once (its draws are then reproducible
+        only inside this engine: the worker sends every job's seed, kept with the job, so a resumed attempt
+        draws as the first did); one OS call draws SEED_BANK of them (a call per request is a syscall each,
         visible in a profile of many short jobs)."""
         if not self._seed_bank:
             raw = secrets.token_bytes(8 * SEED_BANK)
@@ -184,13 +203,15 @@ class EngineCore:
     def add_request(self, request: EngineRequest) -> None:
         """Queue a request; n > 1: n samples of its prompt, prefilled once (outputs carry `index`). A
         request whose adapter cannot be loaded ends REJECTED (its detail the LoraError's message) at the
-        next step."""
+        next step. `request.resume`: see gpu/resume.py; raises ResumeRefused (nothing added) when it
+        cannot be used."""
         seq_ids = [sample_seq_id(request.request_id, i) for i in range(max(request.n, 1))]
         if any(seq_id in self._live for seq_id in seq_ids):
             raise ValueError(f"request {request.request_id!r} is already in the engine")
-        # Compiled before anything is added, so a grammar error leaves the engine as it was.
-        matcher = None if request.grammar is None else self._constraints.matcher(request.grammar)
+        # Compiled and replayed before anything is added, so an error leaves the engine as it was.
+        starts = self._starts(request, len(seq_ids))
         eos = frozenset() if request.sampling.ignore_eos else self.eos_token_ids
+        resumed = tuple(s.resumed.tokens[:-1] if s.resumed else () for s in starts)
         lora, refusal = self._hold_lora(request.lora, len(seq_ids))
         sequence = SequenceRequest(
             seq_id=request.request_id,
@@ -203,24 +224,75 @@ class EngineCore:
             eos_token_ids=eos,
             n=request.n,
             lora=lora,
+            resumed=resumed if any(resumed) else (),
+            resumed_logits=request.sampling.logprobs is not None,
         )
         if refusal:
             self.scheduler.refuse(sequence, refusal)
         else:
             self.scheduler.add(sequence)
         seed = request.sampling.seed if request.sampling.seed is not None else self._fresh_seed()
-        for index, seq_id in enumerate(seq_ids):
-            detokenizer = Detokenizer(self.tokenizer, request.prompt_token_ids, request.stop)
+        for index, (seq_id, start) in enumerate(zip(seq_ids, starts, strict=True)):
             self._live[seq_id] = LiveSequence(
-                request, detokenizer, len(request.prompt_token_ids), index=index, lora=lora
+                request,
+                start.detokenizer,
+                len(request.prompt_token_ids),
+                index=index,
+                num_tokens=len(resumed[index]),
+                lora=lora,
             )
-            self._seeds[seq_id] = sample_seed(seed, index)
-            self._logits.add(seq_id, request.prompt_token_ids, request.sampling)
+            self._seeds.add(seq_id, stream_key(seed, index), request.sampling)
+            self._logits.add(seq_id, request.prompt_token_ids, request.sampling, resumed[index])
             if index:
                 self._request_of[seq_id] = request.request_id
-            if matcher is not None:  # every sample follows the grammar on its own
-                own = matcher if index == 0 else self._constraints.matcher(request.grammar)
-                self._constraints.add(seq_id, request.grammar, own)
+            if start.matcher is not None:  # every sample follows the grammar on its own
+                self._constraints.add(seq_id, request.grammar, start.matcher, start.closing_state)
+            if start.resumed is not None and not refusal:  # a refused request ends REJECTED as it is
+                self._resumes[seq_id] = start.resumed
+
+    def _starts(self, request: EngineRequest, n: int) -> list[SampleStart]:
+        """Each sample's detokenizer and matcher, past its resumed tokens (raises GrammarError or
+        ResumeRefused before the engine holds anything of the request)."""
+        grammar = request.grammar
+        starts = [
+            SampleStart(
+                Detokenizer(self.tokenizer, request.prompt_token_ids, request.stop),
+                None if grammar is None else self._constraints.matcher(grammar),
+            )
+            for _ in range(n)
+        ]
+        if not request.resume:
+            return starts
+        max_model_len = self.scheduler.config.max_model_len
+        saved = saved_tokens(request, self.model.config.vocab_size, max_model_len)
+        sampling = request.sampling
+        stop_ids = stop_token_ids(sampling, self.eos_token_ids)
+        json = grammar is not None and has_closing(grammar)
+        closing = self._constraints.closing
+        for start, tokens in zip(starts, saved, strict=True):
+            if not tokens:
+                continue
+            logprobs = None
+            if sampling.logprobs is not None:
+                logprobs = SavedLogprobs(
+                    tuple(request.prompt_token_ids), tokens[:-1], sampling, self.model.config.vocab_size
+                )
+                if grammar is not None and len(tokens) > 1:
+                    from gpu.grammar.mask import position_masks
+
+                    logprobs.masks = position_masks(len(tokens) - 1, self.model.config.vocab_size)
+            state = [False, False] if json else None
+            text = replay(
+                tokens,
+                start.detokenizer,
+                start.matcher,
+                stop_ids,
+                logprobs.observe(closing, state) if logprobs is not None else None,
+                (lambda token, s=state: closing.follow(s, token)) if state is not None else None,
+            )
+            start.resumed = ResumedSample(tokens, len(request.prompt_token_ids), text, logprobs)
+            start.closing_state = state
+        return starts
 
     def _hold_lora(self, lora: LoraRequest | None, samples: int) -> tuple[str | None, str]:
         """The adapter's scheduler id, held once per sample; or why the request cannot run under it."""
@@ -279,7 +351,9 @@ class EngineCore:
             try:
                 if self.fault_hook is not None:
                     self.fault_hook(self.last_step)
-                tokens = self.runner.execute(output, self._seeds, self._logits, self._matchers)
+                tokens = self.runner.execute(
+                    output, self._seeds, self._logits, self._matchers, self._resumes or None
+                )
             except Exception as exc:
                 raise StepFailed(self.last_step, results, exc) from exc
             self._record(len(output.chunks), output.num_tokens, time.perf_counter() - start)
@@ -313,7 +387,7 @@ class EngineCore:
                 # (aborted while its step was in flight: its final output went out already).
                 if seq_id not in sampled_ids and current.get(seq_id) is live:
                     results.append(self._output(live, (), "", None, True))
-        on_token, append = self._on_token, results.append
+        on_token, append = self._on_resumed_token if self._resumes else self._on_token, results.append
         if started:
             for update in updates:
                 append(on_token(update, update.seq_id in started))
@@ -322,6 +396,8 @@ class EngineCore:
                 append(on_token(update, False))
         if sampled and (logprobs := self._logits.take_logprobs()):
             attach_logprobs(results, logprobs)
+        if self._resumed_outputs:
+            self._attach_saved_logprobs()
 
     def _request_ids(self, chunks: Iterable[Any]) -> Iterable[str]:
         request_of = self._request_of
@@ -332,7 +408,8 @@ class EngineCore:
         Decode chunks continue sequences that started before."""
         started: dict[str, LiveSequence] = {}
         live = self._live
-        for chunk in output.chunks[output.num_decodes :]:
+        # A resumed sample may start with one token to compute past its cached prefix: a decode chunk.
+        for chunk in output.chunks if self._resumes else output.chunks[output.num_decodes :]:
             state = live[chunk.seq_id]
             if not state.started:
                 state.started = True
@@ -365,6 +442,31 @@ class EngineCore:
             return self._finish(FinishedSequence(update.seq_id, finish, DEAD_END), (), delta, started)
         return self._finish(FinishedSequence(update.seq_id, finish), (token,), delta, started)
 
+    def _on_resumed_token(self, update: TokenUpdate, started: bool) -> RequestOutput:
+        """`_on_token` while resumed samples wait for their forced token: that token's output carries all the
+        saved tokens (gpu/resume.py)."""
+        saved = self._resumes.pop(update.seq_id, None)
+        out = self._on_token(update, started)
+        if saved is None:
+            return out
+        out.new_token_ids = saved.tokens
+        out.text_delta = saved.text + out.text_delta
+        out.resumed = True
+        self._resumed_outputs.append((out, saved))
+        return out
+
+    def _attach_saved_logprobs(self) -> None:
+        """The logprobs of resumed outputs' saved tokens before the last, ahead of the last one's own."""
+        for out, saved in self._resumed_outputs:
+            if saved.logprobs is None:
+                continue
+            if saved.logprobs.complete and len(out.logprobs) == 1:
+                out.logprobs = (*saved.logprobs.logprobs, *out.logprobs)  # type: ignore[arg-type]
+            else:  # never by construction: every saved position ran through the model
+                log.error("%s: logprobs of its resumed tokens are missing", out.request_id)
+                out.logprobs = ()
+        self._resumed_outputs.clear()
+
     def _finish(
         self, ended: FinishedSequence, tokens: tuple[int, ...], delta: str, started: bool = False
     ) -> RequestOutput:
@@ -372,15 +474,35 @@ class EngineCore:
         live = self._live.pop(ended.seq_id, None)
         if live is not None and live.lora is not None and self.runner.lora is not None:
             self.runner.lora.release(live.lora)
-        self._seeds.pop(ended.seq_id, None)
-        self._logits.drop(ended.seq_id)
-        if ended.seq_id in self._request_of:
-            self._retired.append(ended.seq_id)
-        self._constraints.drop(ended.seq_id)
+        self._drop(ended.seq_id)
+        if self._resumes and ended.seq_id in self._resumes and live is not None:
+            return self._finish_resumed(ended, live, self._resumes.pop(ended.seq_id), started)
         if live is None:  # rejected by add(): the engine never saw it run
             return RequestOutput(ended.seq_id, (), "", ended.reason, False, 0, 0, ended.detail)
         delta += live.detokenizer.flush()
         return self._output(live, tokens, delta, ended.reason, started, ended.detail)
+
+    def _drop(self, seq_id: str) -> None:
+        """Forget an ended sequence's sampling state (its request id stays one more step, see __init__)."""
+        self._logits.drop(seq_id)  # before its sampling row goes: its counts are found by it
+        self._seeds.drop(seq_id)
+        if seq_id in self._request_of:
+            self._retired.append(seq_id)
+        self._constraints.drop(seq_id)
+
+    def _finish_resumed(
+        self, ended: FinishedSequence, live: LiveSequence, saved: ResumedSample, started: bool
+    ) -> RequestOutput:
+        """A resumed sample ended before its forced token (aborted, expired): its final output carries the
+        saved tokens and their text, as their first output would have (their logprobs were not all
+        computed: none)."""
+        last = saved.tokens[-1]
+        ends = last in stop_token_ids(live.request.sampling, self.eos_token_ids)
+        text = saved.text + ("" if ends else live.detokenizer.push(last)) + live.detokenizer.flush()
+        live.num_tokens = len(saved.tokens)
+        out = self._output(live, saved.tokens, text, ended.reason, started, ended.detail)
+        out.resumed = True
+        return out
 
     @staticmethod
     def _output(

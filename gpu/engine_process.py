@@ -44,6 +44,7 @@ from gpu.engine_types import (
 )
 from gpu.grammar.constraints import Constraints
 from gpu.lora import LoraError
+from gpu.resume import check_resume
 from scheduler.types import FinishReason
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,12 @@ class EngineProcess:
         return compiled
 
     def add_request(self, request: EngineRequest) -> None:
-        """Queued until the next step or abort (a request the child refuses ends REJECTED, with why)."""
+        """Queued until the next step or abort (a request the child refuses ends REJECTED, with why). A resume
+        the engine cannot continue raises ResumeRefused here, at once, as an in-process engine's does (the
+        child runs the same check on the same tokenizer, so it never refuses one that passed here)."""
+        if request.resume:
+            limits = (self.model.config.vocab_size, self.scheduler.config.max_model_len, self.eos_token_ids)
+            check_resume(request, self.tokenizer, *limits, self._constraints.matcher)
         if request.grammar is not None and not isinstance(request.grammar, GrammarSpec):
             request = replace(request, grammar=request.grammar.spec)  # compiled objects stay in this process
         self._adds.append(request)

@@ -81,6 +81,12 @@ class EngineRequest:
     # A GrammarSpec, or what Engine.compile_grammar made of one (compiled off the engine thread); None: free
     grammar: Any = None
     lora: LoraRequest | None = None  # the adapter to run under; None: the base model
+    # Resuming an earlier attempt (gpu/resume.py): per sample index 0..n-1, the token ids it generated (fewer
+    # entries than n, or an empty one: those samples start afresh). They follow the prompt, prefilled with it,
+    # count as generated (max_tokens and completion_tokens include them), and the output goes on as the
+    # uninterrupted run's would have (greedy, or seeded: a sampled resume needs `sampling.seed`). Unusable
+    # tokens raise ResumeRefused from add_request, nothing added.
+    resume: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +113,10 @@ class RequestOutput:
     detail: str = ""  # e.g. why a request was rejected
     index: int = 0  # which of the request's n samples this output is about
     logprobs: tuple[TokenLogprob, ...] = ()  # one per new token, when the request asked for logprobs
+    # A resumed sample's saved tokens, out once: on its first output with tokens (or its last, if it ends
+    # first) new_token_ids are all of them, text_delta exactly the deltas an uninterrupted run emitted for
+    # them joined, logprobs theirs (recomputed by the resuming prefill). Later outputs are as that run's.
+    resumed: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,6 +147,13 @@ def resolve_max_model_len(config: Any, requested: int | None) -> int:
     if requested and requested > limit:
         log.warning("max_model_len %d is past the model's max_position_embeddings %d", requested, limit)
     return requested or limit
+
+
+class ResumeRefused(ValueError):
+    """A resume the engine cannot continue exactly (a token outside the vocabulary, more tokens than
+    max_tokens or the context allow, a stop or a grammar that ends or rejects them, a sampled request
+    without its seed): nothing was added; add the request without `resume` to start it afresh. The message
+    says why."""
 
 
 class StepFailed(RuntimeError):

@@ -73,11 +73,13 @@ class KVCacheManager:
         """Cached blocks matching the start of a sequence that holds no blocks yet.
 
         Only full blocks, and never the block holding the last token: at least one token is always
-        computed, so the runner has logits to sample from. Each hit is verified (parent key and tokens).
+        computed, so the runner has logits to sample from (nor one holding `seq.logits_from` or later).
+        Each hit is verified (parent key and tokens).
         """
         if not self.enable_caching or seq.block_table:
             return []
-        max_blocks = (seq.num_tokens - 1) // self.block_size
+        last = seq.num_tokens - 1 if seq.logits_from is None else min(seq.num_tokens - 1, seq.logits_from)
+        max_blocks = last // self.block_size
         hashes = self._hashes(seq, max_blocks)
         hits: list[int] = []
         parent: bytes | int | None = self.root(seq)

@@ -48,6 +48,13 @@ class Sequence:
         self.order = order  # admission counter: the last tie-breaker, so ordering is total and stable
         self.token_ids: list[int] = list(request.prompt_token_ids)
         self.num_prompt_tokens = len(request.prompt_token_ids)
+        resumed = request.resumed[index] if index < len(request.resumed) else ()
+        self.token_ids += resumed
+        # Positions from here on always run through the model, never served by a cache (the logits of
+        # resumed tokens recompute their logprobs); None: only the last token must.
+        self.logits_from: int | None = (
+            self.num_prompt_tokens - 1 if resumed and request.resumed_logits else None
+        )
         self.num_computed_tokens = 0
         # Replaced, never changed in place, when blocks come or go: a chunk hands it on without copying.
         self.block_table: tuple[int, ...] = ()
@@ -115,6 +122,8 @@ class RequestGroup:
         compute at least one token to have logits). `window` (a model windowed on every layer): a run
         whose given-back blocks reach into what `seq` would still read from it is no use."""
         limit = min(seq.num_prompt_tokens, seq.num_tokens - 1) // block_size
+        if seq.logits_from is not None:
+            limit = min(limit, seq.logits_from // block_size)
         best: tuple[int, ...] = ()
         for other in self.members:
             if other is seq or other.status is not SequenceStatus.RUNNING:

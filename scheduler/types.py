@@ -65,6 +65,11 @@ class SequenceRequest:
     # The LoRA adapter it runs under, as the engine identifies its weights (None: the base model). Its
     # prefix-cache keys are salted with it; a step mixes at most SchedulerConfig.max_loras adapters.
     lora: str | None = None
+    # Tokens an earlier attempt generated, per sample (fewer entries than n: the rest have none): they follow
+    # the prompt, count as generated (max_tokens included) and are prefilled with it (gpu/resume.py).
+    # resumed_logits: their logits are read (logprobs recomputed), so no cache may serve their positions.
+    resumed: tuple[tuple[int, ...], ...] = ()
+    resumed_logits: bool = False
 
 
 def sample_seq_id(request_id: str, index: int) -> str:

@@ -133,12 +133,12 @@ def _count_engine(model: str, kernels: str) -> list[Launches]:
     steps: dict[str, Any] = {}  # the first prefill-only and the first mixed step's inputs
     run = step.run
 
-    def capture(inputs: Any, before_forward: Any = None) -> Any:
+    def capture(inputs: Any, before_forward: Any = None, lora_meta: Any = None) -> Any:
         meta = inputs.attention
         kind = "mixed" if meta.num_decodes and meta.prefills else "prefill" if meta.prefills else None
         if kind is not None:
             steps.setdefault(kind, inputs)
-        return run(inputs, before_forward)
+        return run(inputs, before_forward, lora_meta)
 
     step.run = capture
     never_stop = SamplingParams(max_tokens=64, ignore_eos=True)

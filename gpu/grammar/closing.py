@@ -74,7 +74,12 @@ class Closing:
     def accept(self, seq_id: str, token_id: int) -> None:
         """Follow the sequence's new token's bytes in and out of strings (the grammar keeps it JSON)."""
         state = self.sequences.get(seq_id)
-        if state is not None and token_id < len(self._vocab):
+        if state is not None:
+            self.follow(state, token_id)
+
+    def follow(self, state: list[bool], token_id: int) -> None:
+        """Move a state [inside a string, after a backslash there] past the token's bytes, in place."""
+        if token_id < len(self._vocab):
             state[0], state[1] = self._walk(state, token_id)
 
     def _walk(self, state: list[bool], token_id: int) -> tuple[bool, bool]:
@@ -96,17 +101,21 @@ class Closing:
     def restrict(self, logits: torch.Tensor, rows: Sequence[tuple[int, str, Any]]) -> None:
         """For each (row, seq id, grammar matcher): where the row's mask allows a closing token, forbid every
         other one; inside a string that may not end yet, keep the tokens after which it may (`_bridge`)."""
+        self.restrict_states(logits, [(row, self.sequences[s], m) for row, s, m in rows])
+
+    def restrict_states(self, logits: torch.Tensor, rows: Sequence[tuple[int, list[bool], Any]]) -> None:
+        """`restrict` with each row's closing state given (a resumed sample's saved positions had theirs)."""
         for inside in (True, False):
-            picked = [(row, s, m) for row, s, m in rows if self.sequences[s][0] is inside]
+            picked = [(row, state, m) for row, state, m in rows if state[0] is inside]
             if not picked:
                 continue
             closers = self._closers(logits.device, inside)
             stuck = self._keep_only(logits, [row for row, _, _ in picked], closers)
             if inside and stuck:
                 on_cpu = closers.cpu()
-                for row, seq_id, matcher in picked:
+                for row, state, matcher in picked:
                     if row in stuck:
-                        self._bridge(logits, row, self.sequences[seq_id], matcher, on_cpu)
+                        self._bridge(logits, row, state, matcher, on_cpu)
 
     def _bridge(
         self, logits: torch.Tensor, row: int, state: list[bool], matcher: Any, closers: torch.Tensor

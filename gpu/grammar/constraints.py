@@ -22,6 +22,13 @@ DEAD_END_REASON = FinishReason.REJECTED  # a grammar with no way on (see `advanc
 _STOP = FinishReason.STOP
 
 
+def has_closing(grammar: Any) -> bool:
+    """Whether a grammar (a GrammarSpec or what `Constraints.compile` made) gets the closing window (JSON and
+    tool calls: gpu/grammar/closing.py)."""
+    spec = grammar if isinstance(grammar, GrammarSpec) else grammar.spec
+    return spec.kind in CLOSING_KINDS
+
+
 class Constraints:
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
         self._tokenizer, self._vocab_size, self._eos = tokenizer, vocab_size, eos_token_ids
@@ -51,12 +58,14 @@ class Constraints:
             return self.compile(grammar.spec).matcher()
         return grammar.matcher()
 
-    def add(self, seq_id: str, grammar: Any, matcher: Any) -> None:
-        """Constrain a live sequence with a matcher of `grammar` (a GrammarSpec or what `compile` made)."""
+    def add(self, seq_id: str, grammar: Any, matcher: Any, closing_state: list[bool] | None = None) -> None:
+        """Constrain a live sequence with a matcher of `grammar` (a GrammarSpec or what `compile` made).
+        `closing_state`: a JSON one's state past the tokens the matcher already took (a resumed sample)."""
         self.matchers[seq_id] = matcher
-        spec = grammar if isinstance(grammar, GrammarSpec) else grammar.spec
-        if spec.kind in CLOSING_KINDS:
+        if has_closing(grammar):
             self.closing.add(seq_id)
+            if closing_state is not None:
+                self.closing.sequences[seq_id] = closing_state
 
     def drop(self, seq_id: str) -> None:
         self.matchers.pop(seq_id, None)

@@ -41,3 +41,20 @@ class TokenMask:
         if logits.device.type != "cpu":
             bitmask = bitmask.to(logits.device)  # before the buffer is refilled: a plain copy
         xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=self.vocab_size, indices=rows)
+
+
+def position_masks(count: int, vocab_size: int) -> torch.Tensor:
+    """A bitmask of `count` rows (int32 CPU [count, words]), to fill row by row with `fill_row`."""
+    return xgr.allocate_token_bitmask(max(count, 1), vocab_size)
+
+
+def fill_row(bitmask: torch.Tensor, row: int, matcher: xgr.GrammarMatcher) -> None:
+    """Row `row` of the bitmask: what the matcher allows next, in its present state."""
+    matcher.fill_next_token_bitmask(bitmask, row)
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, vocab_size: int) -> None:
+    """Mask each row of logits [R, V] in place with the bitmask row of the same index ([R, words], CPU)."""
+    if logits.device.type != "cpu":
+        bitmask = bitmask.to(logits.device)
+    xgr.apply_token_bitmask_inplace(logits, bitmask.contiguous(), vocab_size=vocab_size)

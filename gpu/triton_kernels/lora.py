@@ -36,10 +36,10 @@ def _shrink_kernel(
     count = tl.load(meta_ptr + SLOTS + slot)
     if tile * BLOCK_M >= count:
         return
-    start = tl.load(meta_ptr + slot)
+    start = tl.load(meta_ptr + slot).to(tl.int64)  # meta is int64; said so for the offset check
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < count
-    rows = tl.load(meta_ptr + 2 * SLOTS + start + offs_m, mask=mask_m, other=0)
+    rows = tl.load(meta_ptr + 2 * SLOTS + start + offs_m, mask=mask_m, other=0).to(tl.int64)
     offs_r = tl.arange(0, BLOCK_R)
     mask_r = offs_r < R
     acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
@@ -78,10 +78,10 @@ def _expand_kernel(
     count = tl.load(meta_ptr + SLOTS + slot)
     if tile * BLOCK_M >= count:
         return
-    start = tl.load(meta_ptr + slot)
+    start = tl.load(meta_ptr + slot).to(tl.int64)  # meta is int64; said so for the offset check
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < count
-    rows = tl.load(meta_ptr + 2 * SLOTS + start + offs_m, mask=mask_m, other=0)
+    rows = tl.load(meta_ptr + 2 * SLOTS + start + offs_m, mask=mask_m, other=0).to(tl.int64)
     offs_r = tl.arange(0, BLOCK_R)
     mask_r = offs_r < R
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -48,7 +48,7 @@ def test_base_and_two_adapters_in_one_batch_match_peft(tmp_path):
     # every request released its adapter: base-only steps from now on run no LoRA code
     assert not engine.runner.lora.active
     engine.add_request(EngineRequest("base", requests[0].prompt_token_ids, greedy(2)))
-    assert engine.runner.prepare(engine.scheduler.schedule(0.0), {}).lora is None
+    assert engine.runner.prepare(engine.scheduler.schedule(0.0), engine._seeds).lora is None
 
 
 def test_rows_of_one_adapter_scattered_through_the_batch_match_peft(tmp_path):

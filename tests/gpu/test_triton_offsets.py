@@ -27,6 +27,8 @@ SMALL = {
     ("rope_cache.py", "stride_qkh", "rows[:, None]"): "qk's head stride is head_dim",
     ("rope_cache.py", "stride_vh", "kv[:, None]"): "v's head stride is head_dim",
     ("rope_cache.py", "stride_table", "position"): "loaded from int64 positions",
+    ("lora.py", "stride_a_row", "offs_r[None, :]"): "inside one slot's A: rank * hidden size",
+    ("lora.py", "stride_b_row", "offs_n[None, :]"): "inside one slot's B: output width * rank",
 }
 
 
