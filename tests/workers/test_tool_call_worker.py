@@ -183,9 +183,7 @@ def test_run_batch_lines_call_tools_as_the_worker_does():
     named = {"type": "function", "function": {"name": "pick"}}
     body = {"tools": tools, "tool_choice": named, "max_tokens": 80, "temperature": 1.0}
     items = [parse_line(json.dumps(batch_line(f"l{i}", CHAT, seed=i, **body)), i + 1) for i in range(3)]
-    runner = BatchRunner(
-        make_engine(make_model(max_position_embeddings=2048), max_model_len=2048), "tiny"
-    )
+    runner = BatchRunner(make_engine(make_model(max_position_embeddings=2048), max_model_len=2048), "tiny")
     for answer, ok in runner.run(items):
         assert ok, answer
         choice = answer["response"]["body"]["choices"][0]
