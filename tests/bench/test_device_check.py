@@ -57,6 +57,7 @@ def test_the_full_device_test_list_collects_and_sets_up_under_the_simulated_imag
         OUT=str(tmp_path),
     )
     env.pop("TRITON_INTERPRET", None)
+    env.pop("CI", None)  # the image lacks wheels CI has: its skips say so, and CI's skip rule is not for it
     done = subprocess.run(
         ["bash", "bench/device_check.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
     )

@@ -15,7 +15,7 @@ from gpu.model import LoadedModel
 from tests.gpu.factories import make_model, make_prompts, make_requests
 from tests.gpu.test_gold import OUTPUT_LENS, run_and_check
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="this machine has no CUDA device")
 
 
 def on_cuda(model: LoadedModel, dtype: torch.dtype = torch.float32) -> LoadedModel:

@@ -26,7 +26,7 @@ from gpu.tokenizer import EOS_ID, ByteTokenizer  # noqa: E402
 from tests.gpu.factories import greedy, make_model, make_prompts  # noqa: E402
 from tests.gpu.test_grammar import MAX_TOKENS, PERSON, assert_stopped, run, sampled, schema_spec  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="this machine has no CUDA device")
 
 
 def test_mask_on_cuda_logits_equals_the_cpu_mask():

@@ -164,7 +164,7 @@ def test_batched_processing_equals_the_per_row_reference(rows, seed):
         torch.testing.assert_close(got[i + 1], want, rtol=1e-6, atol=1e-5)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="this machine has no CUDA device")
 def test_processing_on_cuda_equals_the_cpu():
     state = LogitsState(VOCAB)
     state.add("a", [1, 2, 2], SamplingParams(presence_penalty=0.5, repetition_penalty=1.3, logprobs=4))

@@ -1,11 +1,11 @@
 """The Triton kernels (gpu/triton_kernels/) against the repo's torch paths, which stay their references.
 
-Without a GPU they run in triton's interpreter (TRITON_INTERPRET=1, set here only while the kernel modules
-are imported, since triton reads it when a kernel is decorated) on CPU tensors; with one, compiled on
-CUDA. References always run on the CPU in float32. Shapes are tiny (the interpreter runs each program in
-numpy) but keep what matters: several blocks per sequence in scattered order, uneven lengths, GQA with a
-group (3) that is not a power of two, a head size (24) that is not one either, contexts long enough for
-split-K, chunks resuming at a nonzero position, and several query and key tiles per chunk.
+Without a GPU they run in triton's interpreter (TRITON_INTERPRET=1, set before triton's first import:
+tests/gpu/triton_interpreter.py) on CPU tensors; with one, compiled on CUDA. References always run on the
+CPU in float32. Shapes are tiny (the interpreter runs each program in numpy) but keep what matters: several
+blocks per sequence in scattered order, uneven lengths, GQA with a group (3) that is not a power of two, a
+head size (24) that is not one either, contexts long enough for split-K, chunks resuming at a nonzero
+position, and several query and key tiles per chunk.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ argmax_k, decode_k, prefill_k, rms_norm_k, rope_k, silu_k = import_kernels(
 
 @pytest.fixture(autouse=True, scope="module")
 def interpreter():
-    """Only while this module's tests run: other test modules never see the variable."""
+    """Set while this module's tests run, whatever a test in between did to it."""
     with interpreting():
         yield
 
