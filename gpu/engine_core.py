@@ -58,6 +58,7 @@ class LiveSequence:
     index: int = 0  # which of the request's samples
     num_tokens: int = 0  # tokens generated so far
     started: bool = False
+    cached_tokens: int = 0  # prompt tokens its first scheduling found computed (prefix cache hits)
 
 
 class EngineCore:
@@ -304,6 +305,8 @@ class EngineCore:
             state = live[chunk.seq_id]
             if not state.started:
                 state.started = True
+                # its first chunk starts past the blocks the prefix cache (or a sibling sample) had
+                state.cached_tokens = min(chunk.start_position, state.num_prompt_tokens)
                 started[chunk.seq_id] = state
         return started
 
@@ -368,6 +371,7 @@ class EngineCore:
             live.num_tokens,
             detail,
             live.index,
+            cached_tokens=live.cached_tokens,
         )
 
     # ---- bookkeeping -----------------------------------------------------------------------------

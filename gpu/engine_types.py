@@ -91,6 +91,8 @@ class RequestOutput:
     detail: str = ""  # e.g. why a request was rejected
     index: int = 0  # which of the request's n samples this output is about
     logprobs: tuple[TokenLogprob, ...] = ()  # one per new token, when the request asked for logprobs
+    # prompt tokens its first scheduling found in the prefix cache (not computed); set on its last output
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)

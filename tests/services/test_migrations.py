@@ -12,7 +12,16 @@ from workers.db import migrate
 pytestmark = pytest.mark.services
 
 
-TABLES = {"jobs", "bulk_jobs", "api_keys", "api_files", "api_batches"}
+TABLES = {
+    "jobs",
+    "bulk_jobs",
+    "api_keys",
+    "api_files",
+    "api_file_chunks",
+    "api_batches",
+    "api_requests",
+    "served_models",
+}
 
 
 def _tables(url: str) -> set[str]:

@@ -178,7 +178,7 @@ def test_a_rewound_follower_gets_its_records_again_then_caught_up(settings):
     job_id, since = f"rewind-{dep.topic_prefix}", now_ms()
     _post_events(dep, job_id, [(1, 0, None), (1, 1, "stop")])
     with JobClient(dep) as client:
-        follower = client._follow(job_id, dep.topics.tokens, since)
+        follower = client._follow(job_id, (dep.topics.tokens,), since)
         try:
 
             def read_until_caught_up(placement: int) -> list[int]:

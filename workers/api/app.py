@@ -1,33 +1,74 @@
 """The app's wiring: routes to the serving objects and routers, error handlers, metrics, the lifespan
-(the database engine, the job client, the batch driver), and running it on uvicorn.
+(the database engine, the job client and its pools, the fleet's models, the batch driver), and running it
+on uvicorn.
 
 `/health` and `/metrics` are open; every /v1 route needs a bearer key (auth.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
-from starlette.concurrency import run_in_threadpool
 
 from workers.api import auth, batches, errors, files
 from workers.api.auth import KeyCache
 from workers.api.batch_driver import BatchDriver
 from workers.api.context import APIContext
 from workers.api.events import BatchEvents
+from workers.api.fleet import Fleet, model_list
+from workers.api.job_watch import Starts
 from workers.api.limits import TenantLimits
 from workers.api.metrics import HTTPMetrics, metrics_endpoint
-from workers.api.protocol import model_card, page
+from workers.api.protocol import page
 from workers.api.serving_chat import ServingChat
 from workers.api.serving_completion import ServingCompletion
 from workers.settings import Settings
 
 log = logging.getLogger(__name__)
+
+DB_THREADS = 16  # = the API engine's connections (pool 8 + 8 overflow): no call waits for one on a thread
+KAFKA_THREADS = 4
+HEALTH_CACHE_S = 0.5  # a database ping answers the /health requests of this long (probes come in bursts)
+
+
+class Health:
+    """`/health`: whether the database answers, asked at most every HEALTH_CACHE_S by one request at a
+    time (the others share its answer), on a thread of its own: a busy database pool never delays it."""
+
+    def __init__(self, ctx: APIContext) -> None:
+        self.ctx = ctx
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="inferq-api-health")
+        self._answer: tuple[float, str | None] = (-float("inf"), None)
+        self._asking: asyncio.Future | None = None
+
+    async def problem(self) -> str | None:
+        at, problem = self._answer
+        if time.monotonic() - at < HEALTH_CACHE_S:
+            return problem
+        if self._asking is None or self._asking.done():
+            self._asking = asyncio.get_running_loop().run_in_executor(self._pool, self._ping)
+        problem = await asyncio.shield(self._asking)
+        self._answer = (time.monotonic(), problem)
+        return problem
+
+    def _ping(self) -> str | None:
+        try:
+            with self.ctx.db.connect() as conn:
+                conn.exec_driver_sql("SELECT 1")
+        except Exception as exc:  # noqa: BLE001 - the database away: not ready
+            return str(exc)[:200]
+        return None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def build_app(settings: Settings, models: tuple[str, ...], *, run_driver: bool = True) -> FastAPI:
@@ -36,27 +77,39 @@ def build_app(settings: Settings, models: tuple[str, ...], *, run_driver: bool =
         from workers.client import JobClient
         from workers.db.connect import make_engine
 
-        db = make_engine(settings.database_url)
+        db = make_engine(settings.database_url, pool_size=DB_THREADS // 2, max_overflow=DB_THREADS // 2)
         client = JobClient(settings, database_url=settings.database_url)
         ctx = APIContext(
-            settings, db, client, models, settings.api_max_file_bytes, settings.api_request_timeout_s,
-            settings.api_batch_window_s, KeyCache(),
-            TenantLimits(settings.api_tenant_max_in_flight, settings.api_tenant_rpm),
+            settings, db, client, models,
+            db_pool=ThreadPoolExecutor(DB_THREADS, thread_name_prefix="inferq-api-db"),
+            kafka_pool=ThreadPoolExecutor(KAFKA_THREADS, thread_name_prefix="inferq-api-kafka"),
+            keys=KeyCache(bad_key_rpm=settings.api_bad_key_rpm),
+            limits=TenantLimits(settings.api_tenant_max_in_flight, settings.api_tenant_rpm),
         )  # fmt: skip
         events = BatchEvents(settings)
-        app.state.api = ctx
-        app.state.chat, app.state.completion = ServingChat(ctx), ServingCompletion(ctx)
-        app.state.driver = BatchDriver(ctx, events) if run_driver else None
+        fleet, starts = Fleet(ctx), Starts(ctx)
+        app.state.api, app.state.fleet, app.state.health = ctx, fleet, Health(ctx)
+        app.state.chat, app.state.completion = (
+            ServingChat(ctx, fleet, starts),
+            ServingCompletion(ctx, fleet, starts),
+        )
+        app.state.driver = (
+            BatchDriver(ctx, events, fleet_models=lambda: _served_names(ctx)) if run_driver else None
+        )
         if app.state.driver is not None:
             app.state.driver.start()
-        log.info("inferq api: models %s, topic prefix %s", ", ".join(models), settings.topic_prefix)
+        log.info("inferq api: topic prefix %s; models while no worker runs: %s", settings.topic_prefix,
+                 ", ".join(models) or "none")  # fmt: skip
         try:
             yield
         finally:  # uvicorn has finished the requests in flight (graceful shutdown) before this runs
             if app.state.driver is not None:
                 app.state.driver.stop()
+            await starts.close()
+            app.state.health.close()
             events.close()
             client.close()
+            ctx.close()
             db.dispose()
 
     app = FastAPI(title="inferq", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -67,28 +120,23 @@ def build_app(settings: Settings, models: tuple[str, ...], *, run_driver: bool =
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
-        ctx: APIContext = request.app.state.api
-
-        def ping() -> None:
-            with ctx.db.connect() as conn:
-                conn.exec_driver_sql("SELECT 1")
-
-        try:
-            await run_in_threadpool(ping)
-        except Exception as exc:  # noqa: BLE001 - the database away: not ready
-            return JSONResponse({"status": "unavailable", "database": str(exc)[:200]}, status_code=503)
+        problem = await request.app.state.health.problem()
+        if problem is not None:
+            return JSONResponse({"status": "unavailable", "database": problem}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")
     async def list_models(request: Request, tenant: str = Depends(auth.tenant)) -> dict:
-        return page([model_card(m) for m in request.app.state.api.models], False)
+        return page(model_list(await request.app.state.fleet.served()), False)
 
     @app.get("/v1/models/{model}")
     async def get_model(request: Request, model: str, tenant: str = Depends(auth.tenant)) -> dict:
-        if model not in request.app.state.api.models:
-            raise errors.APIError(404, f"The model '{model}' does not exist", param="model",
-                                  code="model_not_found")  # fmt: skip
-        return model_card(model)
+        for card in model_list(await request.app.state.fleet.served()):
+            if card["id"] == model:
+                return card
+        raise errors.APIError(
+            404, f"The model '{model}' does not exist", param="model", code="model_not_found"
+        )
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request, tenant: str = Depends(auth.tenant)):
@@ -113,6 +161,17 @@ def build_app(settings: Settings, models: tuple[str, ...], *, run_driver: bool =
     return app
 
 
+def _served_names(ctx: APIContext) -> tuple[str, ...]:
+    """The names a Batch line may give (on the driver's thread): the live workers' models, else the
+    configured ones."""
+    from workers.clock import utcnow
+    from workers.db import served_models
+
+    with ctx.db.connect() as conn:
+        live = served_models.live(conn, ctx.settings.topic_prefix, utcnow())
+    return tuple(card["id"] for card in model_list(live)) or ctx.models
+
+
 def serve(settings: Settings, models: tuple[str, ...], host: str, port: int) -> None:
     """Run until SIGTERM/SIGINT; then stop taking connections, finish the requests in flight (up to 30 s),
     stop the batch driver and close the clients."""
@@ -125,4 +184,8 @@ def serve(settings: Settings, models: tuple[str, ...], host: str, port: int) -> 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     app = build_app(settings, models)
-    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=30, access_log=False)
+    uvicorn.run(
+        app, host=host, port=port, log_level="info", timeout_graceful_shutdown=30, access_log=False,
+        backlog=4096,  # a burst of thousands of connections is queued, not refused
+        limit_concurrency=None,
+    )  # fmt: skip

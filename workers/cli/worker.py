@@ -131,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
         relay_nice=max(0, args.relay_nice),
         grace_s=args.grace_s,
         limits=input_limits(args),
+        served_model=served_model_name(args, settings),
     )
     worker = Worker(settings, engine, options, metrics)
 

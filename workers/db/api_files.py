@@ -1,18 +1,23 @@
-"""The api_files table: OpenAI Files (Batch inputs, and the output and error files batches write).
+"""The api_files table and its chunks: OpenAI Files (Batch inputs, and the output and error files batches
+write), their content in PostgreSQL so every API process serves every file.
 
-Content lives in the row (bytea), so every API process serves every file; a file is written in one
-statement, so no reader ever sees half of one.
+Content is stored and read a chunk (FILE_CHUNK_BYTES) at a time, each in a short statement of its own: an
+upload of any size is written as it arrives and a read streams, with no process holding a whole file and
+no connection held between chunks. A file being written has status `uploading` and no reader sees it; it
+becomes `processed` in one statement once complete (a batch's output files in the transaction of its final
+status). One left `uploading` by a process that died is removed by `sweep_abandoned`.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, select, tuple_
+from sqlalchemy import Connection, Engine, delete, func, select, tuple_
 
-from schemas.tables import api_files
+from schemas.tables import FILE_CHUNK_BYTES, api_file_chunks, api_files
 
 Row = Mapping[str, Any]
 _META = (
@@ -23,59 +28,156 @@ _META = (
     api_files.c.bytes,
     api_files.c.created_at,
 )
+READ_CHUNKS = 4  # chunks fetched per statement when reading a file
+
+
+class UnknownCursor(ValueError):
+    """A listing's `after` names nothing of this tenant's."""
 
 
 def new_file_id() -> str:
     return "file-" + secrets.token_hex(12)
 
 
-def create(conn: Connection, tenant: str, purpose: str, filename: str, content: bytes) -> Row:
+# ---- writing -------------------------------------------------------------------------------------------
+def begin(conn: Connection, tenant: str, purpose: str, filename: str) -> str:
+    """A new file, `uploading` (invisible) until `finish`; its id."""
     file_id = new_file_id()
+    conn.execute(
+        api_files.insert().values(
+            file_id=file_id, tenant=tenant, purpose=purpose, filename=filename, bytes=0, status="uploading"
+        )
+    )
+    return file_id
+
+
+def append(conn: Connection, file_id: str, seq: int, data: bytes) -> None:
+    """The file's chunk `seq` (0, 1, 2...); every chunk but the last must hold FILE_CHUNK_BYTES."""
+    conn.execute(api_file_chunks.insert().values(file_id=file_id, seq=seq, data=data))
+
+
+def finish(conn: Connection, file_id: str, size: int) -> Row:
+    """The file complete (`size` bytes): visible from now on; its metadata."""
     row = conn.execute(
-        api_files.insert()
-        .values(
-            file_id=file_id,
-            tenant=tenant,
-            purpose=purpose,
-            filename=filename,
-            bytes=len(content),
-            content=content,
-        )  # fmt: skip
+        api_files.update()
+        .where(api_files.c.file_id == file_id)
+        .values(bytes=size, status="processed")
         .returning(*_META)
     )
     return dict(row.mappings().one())
 
 
+def discard(conn: Connection, file_id: str) -> None:
+    """A file whose upload failed (its chunks go with it)."""
+    conn.execute(delete(api_files).where(api_files.c.file_id == file_id))
+
+
+def create(conn: Connection, tenant: str, purpose: str, filename: str, content: bytes) -> Row:
+    """A whole file in one transaction (small files: tests, tools)."""
+    file_id = begin(conn, tenant, purpose, filename)
+    for seq, start in enumerate(range(0, max(1, len(content)), FILE_CHUNK_BYTES)):
+        append(conn, file_id, seq, content[start : start + FILE_CHUNK_BYTES])
+    return finish(conn, file_id, len(content))
+
+
+def sweep_abandoned(conn: Connection, before: datetime) -> int:
+    """Remove files left `uploading` since before `before` (their writer died); how many."""
+    result = conn.execute(
+        delete(api_files).where(api_files.c.status == "uploading", api_files.c.created_at < before)
+    )
+    return result.rowcount or 0
+
+
+# ---- reading -------------------------------------------------------------------------------------------
 def get(conn: Connection, tenant: str, file_id: str) -> Row | None:
-    """The file's metadata, only to its own tenant."""
-    query = select(*_META).where(api_files.c.file_id == file_id, api_files.c.tenant == tenant)
+    """The file's metadata, only to its own tenant, once complete."""
+    query = select(*_META).where(
+        api_files.c.file_id == file_id, api_files.c.tenant == tenant, api_files.c.status == "processed"
+    )
     row = conn.execute(query).mappings().first()
     return dict(row) if row else None
 
 
-def content(conn: Connection, tenant: str, file_id: str) -> bytes | None:
-    query = select(api_files.c.content).where(api_files.c.file_id == file_id, api_files.c.tenant == tenant)
-    return conn.execute(query).scalar_one_or_none()
+def chunks(conn: Connection, file_id: str, first_seq: int, count: int = READ_CHUNKS) -> list[bytes]:
+    """Up to `count` chunks of the file from `first_seq` on, in order ([] past its end)."""
+    query = (
+        select(api_file_chunks.c.data)
+        .where(api_file_chunks.c.file_id == file_id, api_file_chunks.c.seq >= first_seq)
+        .order_by(api_file_chunks.c.seq)
+        .limit(count)
+    )
+    return [bytes(data) for data in conn.execute(query).scalars()]
+
+
+def read(db: Engine, file_id: str, offset: int = 0) -> Iterator[bytes]:
+    """The file's bytes from `offset` on, a chunk at a time (each fetch a connection of its own, held only
+    for that fetch)."""
+    seq, skip = divmod(offset, FILE_CHUNK_BYTES)
+    while True:
+        with db.connect() as conn:
+            found = chunks(conn, file_id, seq)
+        for data in found:
+            yield data[skip:] if skip else data
+            skip = 0
+        if len(found) < READ_CHUNKS:
+            return
+        seq += len(found)
+
+
+def lines(db: Engine, file_id: str, offset: int = 0, max_line_bytes: int = 64 * 1024 * 1024):
+    """The file's lines from byte `offset` (a line's start) on, each with the offset just past it. A line
+    longer than `max_line_bytes` is cut there (it cannot be valid: a job's message is far smaller), so the
+    memory a line takes is bounded whatever the file holds."""
+    pending, at, dropping = bytearray(), offset, False
+    for data in read(db, file_id, offset):
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+            if not dropping:
+                pending += data[start : end + 1]
+            at += end + 1 - start
+            yield bytes(pending), at
+            pending.clear()
+            dropping = False
+            start = end + 1
+        rest = data[start:]
+        at += len(rest)
+        if not dropping:
+            pending += rest
+            if len(pending) > max_line_bytes:
+                del pending[max_line_bytes:]
+                dropping = True  # the rest of this line is skipped
+    if pending:
+        yield bytes(pending), at
+
+
+def total_bytes(conn: Connection, file_id: str) -> int:
+    query = select(func.coalesce(func.sum(func.length(api_file_chunks.c.data)), 0)).where(
+        api_file_chunks.c.file_id == file_id
+    )
+    return int(conn.execute(query).scalar_one())
 
 
 def list_files(
     conn: Connection, tenant: str, purpose: str | None, limit: int, after: str | None
 ) -> list[Row]:
-    """Newest first; `after`: a file_id, the page starts past it (as the file ids of OpenAI's cursor)."""
-    query = select(*_META).where(api_files.c.tenant == tenant)
+    """Newest first; `after`: a file_id of this tenant, the page starts past it (OpenAI's cursor); an
+    unknown one raises UnknownCursor (a listing that silently started over would repeat pages)."""
+    visible = (api_files.c.tenant == tenant) & (api_files.c.status == "processed")
+    query = select(*_META).where(visible)
     if purpose is not None:
         query = query.where(api_files.c.purpose == purpose)
     if after is not None:
         anchor = conn.execute(
-            select(api_files.c.created_at).where(api_files.c.file_id == after, api_files.c.tenant == tenant)
+            select(api_files.c.created_at).where(visible, api_files.c.file_id == after)
         ).scalar_one_or_none()
-        if anchor is not None:
-            query = query.where(tuple_(api_files.c.created_at, api_files.c.file_id) < tuple_(anchor, after))
+        if anchor is None:
+            raise UnknownCursor(after)
+        query = query.where(tuple_(api_files.c.created_at, api_files.c.file_id) < tuple_(anchor, after))
     query = query.order_by(api_files.c.created_at.desc(), api_files.c.file_id.desc()).limit(limit)
     return [dict(r) for r in conn.execute(query).mappings()]
 
 
-def delete(conn: Connection, tenant: str, file_id: str) -> bool:
+def delete_file(conn: Connection, tenant: str, file_id: str) -> bool:
     result = conn.execute(
         api_files.delete()
         .where(api_files.c.file_id == file_id, api_files.c.tenant == tenant)

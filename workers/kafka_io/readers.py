@@ -131,6 +131,23 @@ class PartitionReader:
         tp = TopicPartition(*partition)
         return self._consumer.end_offsets([tp], timeout_ms=self._timeout_ms)[tp]
 
+    def offsets_at(self, since: dict[Partition, int]) -> dict[Partition, int]:
+        """`offset_at` of many partitions (each with its own time) in one request, and their ends in one
+        more for those with nothing that late."""
+        tps = {TopicPartition(*p): ms for p, ms in since.items()}
+        found = self._consumer.offsets_for_times(tps, timeout_ms=self._timeout_ms) if tps else {}
+        offsets = {(tp.topic, tp.partition): f.offset for tp, f in found.items() if f is not None}
+        missing = [p for p in since if p not in offsets]
+        return offsets | self.end_offsets(missing)
+
+    def end_offsets(self, partitions: list[Partition]) -> dict[Partition, int]:
+        if not partitions:
+            return {}
+        ends = self._consumer.end_offsets(
+            [TopicPartition(*p) for p in partitions], timeout_ms=self._timeout_ms
+        )
+        return {(tp.topic, tp.partition): offset for tp, offset in ends.items()}
+
     def position(self, partition: Partition) -> int:
         return self._consumer.position(TopicPartition(*partition), timeout_ms=self._timeout_ms)
 

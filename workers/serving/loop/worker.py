@@ -20,6 +20,7 @@ from workers.clock import utcnow
 from workers.db.connect import make_engine
 from workers.kafka_io import BroadcastReader, Delivery, GroupConsumer, KeyLookup, Producer
 from workers.naming import worker_client_id, worker_group
+from workers.serving.announcer import Announcer
 from workers.serving.errors import describe_error, until_available
 from workers.serving.failpoints import step_fault
 from workers.serving.intake.dead_letter import dead_letter_message
@@ -61,6 +62,8 @@ class WorkerOptions:
     # small machine: the loop waited 0.11 ms a job for a core), the loop gets one first; 0: the same
     relay_nice: int = 10
     limits: Limits = Limits()
+    # the model name announced to the fleet (served_models, what the HTTP API's /v1/models lists); "": none
+    served_model: str = ""
 
 
 class Worker:
@@ -137,6 +140,12 @@ class Worker:
             send_event=self.send_token_event,
         )
         self.guard = StepGuard()
+        self.announcer: Announcer | None = None
+        if options.served_model:
+            max_len = engine.scheduler.config.max_model_len
+            self.announcer = Announcer(
+                self.db, options.worker_id, settings.topic_prefix, options.served_model, max_len
+            )
         self.gave_up: str | None = None  # why the worker stopped because its steps kept failing
         if isinstance(engine, Engine):  # an engine in its own process has its hook set there
             engine.fault_hook = step_fault(settings.failpoint, self.lifecycle.prompt_of)
@@ -164,6 +173,8 @@ class Worker:
         self.lifecycle.admitter.start()
         self.intake_thread.room = self._room()  # the first poll is bounded too
         self.intake_thread.start()
+        if self.announcer is not None:  # once it reads its topics: the API lists it from now on
+            self.announcer.start()
         serving = self.group_topics if isinstance(self.group_topics, str) else ", ".join(self.group_topics)
         log.info("worker %s serving %s", self.options.worker_id, serving)
         try:
@@ -385,6 +396,8 @@ class Worker:
         self.metrics.observe_loop(self.clock.seconds, thread_seconds())
 
     def _shutdown(self) -> None:
+        if self.announcer is not None:
+            self.announcer.stop()  # first: the API stops listing a worker that takes no more jobs
         self.lifecycle.admitter.close()  # records not admitted yet stay uncommitted: redelivered
         self.lifecycle.abort_all()  # past the grace period: no terminal row, the group redoes them
         self.lifecycle.flush(force=True)
