@@ -172,6 +172,28 @@ def _served_names(ctx: APIContext) -> tuple[str, ...]:
     return tuple(card["id"] for card in model_list(live)) or ctx.models
 
 
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MMAP_THRESHOLD_BYTES = 256 * 1024
+
+
+def bound_heap_growth() -> None:
+    """Allocations of 256 KiB and more get memory of their own, returned when freed. glibc otherwise raises
+    this threshold to the largest block freed so far (up to 32 MiB), after which the 1 MiB chunks an upload
+    or a batch file moves through (and their escaped copies in the database driver) come from per-thread
+    arenas that keep what they held: a refused 300 MiB upload took the process from 92 to 256 MB, and
+    with this to 102 MB. Nothing on other C libraries."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "mallopt"):
+            libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    except OSError:
+        pass
+
+
 def serve(settings: Settings, models: tuple[str, ...], host: str, port: int) -> None:
     """Run until SIGTERM/SIGINT; then stop taking connections, finish the requests in flight (up to 30 s),
     stop the batch driver and close the clients."""
@@ -183,6 +205,7 @@ def serve(settings: Settings, models: tuple[str, ...], host: str, port: int) -> 
     # -SIGTERM after a clean shutdown: a handler that ignores that second raise makes the exit 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
+    bound_heap_growth()
     app = build_app(settings, models)
     uvicorn.run(
         app, host=host, port=port, log_level="info", timeout_graceful_shutdown=30, access_log=False,

@@ -143,6 +143,7 @@ class ServingEngine:
             req.job = req.job.model_copy(update={"stream": True})
         if attached is not None and attached.job_id != job.job_id:
             req.reattached = True
+            log.info("job %s: a retry of its request reattaches to it", req.job_id)
             row = await self._row(req.job_id, tenant)
             if row is not None and row.status in TERMINAL_STATUSES:
                 log.info("job %s: a retry of its request is answered from its row", req.job_id)
@@ -414,7 +415,7 @@ class ServingEngine:
         except Timeout as timeout:
             yield _error_event(timed_out(req.job_id, timeout))
         except Exception as exc:  # noqa: BLE001 - the hub's failure (the broker away): the stream's error
-            log.warning("stream of %s failed: %s", req.job_id, exc)
+            log.warning("stream of %s failed: %s", req.job_id, exc, exc_info=True)
             yield _error_event(APIError(503, f"The queue could not be read: {exc}", code="queue_unavailable"))
 
 

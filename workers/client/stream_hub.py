@@ -210,6 +210,7 @@ class StreamHub:
             try:
                 self._place(reader, followers, placements)
             except Exception as exc:  # noqa: BLE001 - e.g. a look-up timed out: these followers fail
+                log.warning("stream hub: %d followers could not be placed: %r", len(placements), exc)
                 for f, _ in placements:
                     self._drop(followers, f)
                     f.deliver(Failed(exc))
