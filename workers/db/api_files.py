@@ -128,24 +128,23 @@ def lines(db: Engine, file_id: str, offset: int = 0, max_line_bytes: int = 64 * 
     """The file's lines from byte `offset` (a line's start) on, each with the offset just past it. A line
     longer than `max_line_bytes` is cut there (it cannot be valid: a job's message is far smaller), so the
     memory a line takes is bounded whatever the file holds."""
-    pending, at, dropping = bytearray(), offset, False
+    pending, at, cut = bytearray(), offset, False
     for data in read(db, file_id, offset):
         start = 0
-        while (end := data.find(b"\n", start)) >= 0:
-            if not dropping:
-                pending += data[start : end + 1]
-            at += end + 1 - start
+        while True:
+            newline = data.find(b"\n", start)
+            stop = len(data) if newline < 0 else newline + 1
+            if not cut:
+                room = max_line_bytes - len(pending)
+                pending += data[start : min(stop, start + room)]
+                cut = stop - start > room  # the rest of this line is skipped
+            at += stop - start
+            if newline < 0:
+                break
             yield bytes(pending), at
             pending.clear()
-            dropping = False
-            start = end + 1
-        rest = data[start:]
-        at += len(rest)
-        if not dropping:
-            pending += rest
-            if len(pending) > max_line_bytes:
-                del pending[max_line_bytes:]
-                dropping = True  # the rest of this line is skipped
+            cut = False
+            start = stop
     if pending:
         yield bytes(pending), at
 
