@@ -8,6 +8,7 @@ on uvicorn.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -36,39 +37,58 @@ log = logging.getLogger(__name__)
 
 DB_THREADS = 16  # = the API engine's connections (pool 8 + 8 overflow): no call waits for one on a thread
 KAFKA_THREADS = 4
-HEALTH_CACHE_S = 0.5  # a database ping answers the /health requests of this long (probes come in bursts)
+HEALTH_PING_S = 1.0  # how often the database is pinged for /health
+HEALTH_FRESH_S = 3.0  # a ping this recent answers /health
 
 
 class Health:
-    """`/health`: whether the database answers, asked at most every HEALTH_CACHE_S by one request at a
-    time (the others share its answer), on a thread of its own: a busy database pool never delays it."""
+    """`/health`: whether the database answers. A task pings it every HEALTH_PING_S on a thread and a
+    connection of its own, and a probe is answered from the last ping while that is at most HEALTH_FRESH_S
+    old: a probe never waits for the database (or for a busy pool) unless the pings have stopped coming."""
 
     def __init__(self, ctx: APIContext) -> None:
+        from workers.db.connect import make_engine
+
         self.ctx = ctx
+        self._db = make_engine(ctx.settings.database_url, pool_size=1, max_overflow=0)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="inferq-api-health")
-        self._answer: tuple[float, str | None] = (-float("inf"), None)
-        self._asking: asyncio.Future | None = None
+        self._answer: tuple[float, str | None] = (-float("inf"), None)  # (when, problem or None)
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._pinging(), name="inferq-api-health")
 
     async def problem(self) -> str | None:
         at, problem = self._answer
-        if time.monotonic() - at < HEALTH_CACHE_S:
+        if time.monotonic() - at <= HEALTH_FRESH_S:
             return problem
-        if self._asking is None or self._asking.done():
-            self._asking = asyncio.get_running_loop().run_in_executor(self._pool, self._ping)
-        problem = await asyncio.shield(self._asking)
+        return await self._ping()  # the pings are late (the database hangs): this one tells
+
+    async def _pinging(self) -> None:
+        while True:
+            await self._ping()
+            await asyncio.sleep(HEALTH_PING_S)
+
+    async def _ping(self) -> str | None:
+        problem = await asyncio.get_running_loop().run_in_executor(self._pool, self._ping_now)
         self._answer = (time.monotonic(), problem)
         return problem
 
-    def _ping(self) -> str | None:
+    def _ping_now(self) -> str | None:
         try:
-            with self.ctx.db.connect() as conn:
+            with self._db.connect() as conn:
                 conn.exec_driver_sql("SELECT 1")
         except Exception as exc:  # noqa: BLE001 - the database away: not ready
             return str(exc)[:200]
         return None
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._db.dispose()
 
 
 def build_app(settings: Settings, models: tuple[str, ...], *, run_driver: bool = True) -> FastAPI:
@@ -89,6 +109,7 @@ def build_app(settings: Settings, models: tuple[str, ...], *, run_driver: bool =
         events = BatchEvents(settings)
         fleet, starts = Fleet(ctx), Starts(ctx)
         app.state.api, app.state.fleet, app.state.health = ctx, fleet, Health(ctx)
+        app.state.health.start()
         app.state.chat, app.state.completion = (
             ServingChat(ctx, fleet, starts),
             ServingCompletion(ctx, fleet, starts),
@@ -106,7 +127,7 @@ def build_app(settings: Settings, models: tuple[str, ...], *, run_driver: bool =
             if app.state.driver is not None:
                 app.state.driver.stop()
             await starts.close()
-            app.state.health.close()
+            await app.state.health.close()
             events.close()
             client.close()
             ctx.close()
@@ -198,6 +219,7 @@ def serve(settings: Settings, models: tuple[str, ...], host: str, port: int) -> 
     """Run until SIGTERM/SIGINT; then stop taking connections, finish the requests in flight (up to 30 s),
     stop the batch driver and close the clients."""
     import signal
+    import sys
 
     import uvicorn
 
@@ -206,6 +228,11 @@ def serve(settings: Settings, models: tuple[str, ...], host: str, port: int) -> 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     bound_heap_growth()
+    # The event loop gives the GIL up at every system call (a socket write, a lock, urandom) and waits for it
+    # while the stream hub, the producer's I/O and the database threads run Python: at the default 5 ms
+    # switch interval each such wait can last 5 ms, and /health's tail grew with the load (as the worker's
+    # engine loop did: settings.switch_interval_s)
+    sys.setswitchinterval(settings.switch_interval_s)
     app = build_app(settings, models)
     uvicorn.run(
         app, host=host, port=port, log_level="info", timeout_graceful_shutdown=30, access_log=False,

@@ -11,8 +11,10 @@ an address gets 429 before its key is even looked at, whatever keys it tries.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 
 from fastapi import Request
 
@@ -32,6 +34,19 @@ class KeyCache:
         self.ttl_s, self.bad_ttl_s = ttl_s, bad_ttl_s
         self._entries: OrderedDict[str, tuple[str | None, float]] = OrderedDict()
         self.bad_keys = TokenBuckets(bad_key_rpm)  # per client address (0: off)
+        self._asking: dict[str, asyncio.Future] = {}  # key hash -> its look-up in flight
+
+    async def look_up(self, key_hash: str, ask: Callable[[], Awaitable[str | None]]) -> str | None:
+        """The key's tenant (None: bad) from the database, asked once however many requests wait for it at
+        once (when a live key's entry lapses under load, every request with it misses together)."""
+        asking = self._asking.get(key_hash)
+        if asking is None:
+            asking = asyncio.ensure_future(ask())
+            self._asking[key_hash] = asking
+            asking.add_done_callback(lambda _: self._asking.pop(key_hash, None))
+        found = await asyncio.shield(asking)
+        self.put(key_hash, found)
+        return found
 
     def get(self, key_hash: str) -> str | None:
         """The tenant of a key found live lately; None: ask the database (or see `bad`)."""
@@ -84,8 +99,7 @@ async def tenant(request: Request) -> str:
             with ctx.db.connect() as conn:
                 return api_keys.tenant_of(conn, key)
 
-        found = await ctx.run_db(look_up)
-        ctx.keys.put(hashed, found)
+        found = await ctx.keys.look_up(hashed, lambda: ctx.run_db(look_up))
     if found is None:
         raise _bad_key(request, "Incorrect API key provided (unknown or revoked).")
     request.state.tenant = found

@@ -12,7 +12,7 @@ import argparse
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     # light: argparse only; torch comes when the verb runs
-    from bench import e2e, engine, host_overhead, pipeline
+    from bench import api_load, e2e, engine, host_overhead, pipeline
 
     bench = subparsers.add_parser("bench", help="run a benchmark and write its results as JSON")
     bench.set_defaults(func=lambda _args: _usage(bench))
@@ -25,6 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
          "instant engine, vs the engine alone; CPU by thread, database round trips per job", False),
         ("host-overhead", host_overhead, "the engine's host time per decode step by phase, forward stubbed "
          "(runs on CPU)", False),
+        ("api-load", api_load, "2,000 requests and 500 streams at once through inferq api: the API's memory, "
+         "/health latency, one jobs row a request", True),
     ):  # fmt: skip
         formatter = argparse.RawDescriptionHelpFormatter if raw else argparse.HelpFormatter
         parser = verbs.add_parser(name, help=summary, description=module.__doc__, formatter_class=formatter)

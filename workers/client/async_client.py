@@ -96,9 +96,13 @@ class Followed:
         def sink(item: Item) -> None:  # on the hub's thread
             loop.call_soon_threadsafe(put, item)
 
-        self.follower = await loop.run_in_executor(
-            self.owner.executor, self.owner.client.follow, self.job_id, self.topics, self.since_ms, sink
-        )
+        client = self.owner.client
+        if client.follows_at_once(self.topics):  # no broker round trip: a hop to a thread would cost more
+            self.follower = client.follow(self.job_id, self.topics, self.since_ms, sink)
+        else:
+            self.follower = await loop.run_in_executor(
+                self.owner.executor, client.follow, self.job_id, self.topics, self.since_ms, sink
+            )
         return self
 
     async def __aexit__(self, *exc: object) -> None:

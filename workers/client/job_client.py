@@ -281,6 +281,12 @@ class JobClient:
     def unfollow(self, follower: Follower) -> None:
         self._unfollow(follower)
 
+    def follows_at_once(self, topics: tuple[str, ...]) -> bool:
+        """Whether `follow` of these topics returns without waiting for the broker (its hub runs and knows
+        their partition counts)."""
+        hub = self._hub
+        return hub is not None and hub.alive and all(hub.knows(t) for t in topics)
+
     def _follow(
         self,
         job_id: str,
