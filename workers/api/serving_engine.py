@@ -56,6 +56,9 @@ STREAM_HOLD_S = 1.0  # a stream's answer waits this long for its first event (a 
 RESULT_GRACE_S = 3.0  # a stream whose result came waits this long for its last token event, then ends
 CLIENT_GONE = 499  # nginx's "client closed request": what the metrics count for a request whose client left
 _CONSTRAINTS = ("response_format", "guided_regex", "guided_choice")
+# A stream's last event ending its job with one of these (refused by the engine, failed, past its deadline)
+# is no answer: the stream ends with the job's error instead, its reason read from the job's result.
+FAILED_FINISHES = ("rejected", "error", "expired")
 
 
 def result_row(result: JobResult) -> dict[str, Any]:
@@ -314,8 +317,9 @@ class ServingEngine:
                 if result.tenant == req.tenant and result.status != "succeeded":
                     raise job_error(result)  # (no token event came before it: the loop ends at the first)
                 break
-            if not isinstance(item, CaughtUp):
-                break  # a token event (or the hub's failure): the stream tells it
+            if isinstance(item, CaughtUp) or _failed_at_once(item, followed):
+                continue  # a refusal's last event (no text): its result, with the reason, follows
+            break  # a token event (or the hub's failure): the stream tells it
         stream = _Stream(self, req, followed, slot)
         return EventStreamResponse(self._sse(stream, early), {"X-Job-Id": req.job_id}, stream.close)
 
@@ -373,16 +377,23 @@ class ServingEngine:
         result: JobResult | None = None
         result_by = 0.0
         finished = False
+        failing = False  # an event ended the job as failed: its result (the reason) ends the stream
         try:
             while not finished:
                 if early:
                     item = early.popleft()
                 else:
                     wait = self.settings.api_heartbeat_s
-                    if result is not None:
+                    if result is not None or failing:
                         wait = min(wait, max(0.0, result_by - time.monotonic()))
                     item = await watch.next(wait)
                 if item is None:
+                    if failing and result is None and time.monotonic() >= result_by:  # no result came
+                        stream.finished = True
+                        yield _error_event(
+                            APIError(500, "The job failed", code="job_failed", job_id=req.job_id)
+                        )
+                        break
                     if result is not None and time.monotonic() >= result_by:  # its last events never came
                         stream.finished = True
                         for text in self._from_result(req, result, texts):
@@ -394,7 +405,7 @@ class ServingEngine:
                     ended = JobResult.model_validate_json(item.value or b"{}")
                     if ended.tenant != req.tenant:
                         continue
-                    if ended.status != "succeeded" and not texts:  # it never ran: nothing else will come
+                    if ended.status != "succeeded" and (not texts or failing):  # nothing else will come
                         stream.finished = True
                         yield _error_event(job_error(ended))
                         break
@@ -402,6 +413,15 @@ class ServingEngine:
                     continue
                 for event in feed.take(item):  # Failed raises the hub's error
                     watch.started()
+                    if event.finish_reason in FAILED_FINISHES:  # its error comes with the result
+                        failing = True
+                        result_by = time.monotonic() + RESULT_GRACE_S
+                        if event.text:
+                            texts[event.index] = texts.get(event.index, "") + event.text
+                            yield self._chunk(
+                                req, choices=[self.text_choice(event.index, event.text, None, False)]
+                            )
+                        continue
                     yield self._chunk(req, choices=[self.chunk_choice(event, event.index not in texts)])
                     texts[event.index] = texts.get(event.index, "") + event.text
                     if event.final:
@@ -437,6 +457,14 @@ class _Stream:
         self.slot.release()
         if not self.finished:
             self.engine._later(self.engine._client_left(self.req))
+
+
+def _failed_at_once(item: Any, followed: Followed) -> bool:
+    """A token event that ends its job as failed before any text (an engine's refusal)."""
+    if followed.is_result(item) or not hasattr(item, "value"):
+        return False
+    event = TokenEvent.model_validate_json(item.value or b"{}")
+    return event.final and event.finish_reason in FAILED_FINISHES and not event.text
 
 
 def _choice0(result: JobResult):
