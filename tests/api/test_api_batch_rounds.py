@@ -87,7 +87,8 @@ def test_a_batch_says_its_model_and_usage_and_its_lines_their_time_and_cached_to
     dep, api, keys = rounds
     client = api.client(keys["acme"])
     preamble = "A preamble long enough to fill a few blocks of the prefix cache. " * 2
-    content = _content(6, "u", prompt=preamble + "go")  # the same prompt: later lines hit the cache
+    content = _content(6, "u", prompt=preamble + "go")
+    client.completions.create(model=MODEL, prompt=preamble + "go", max_tokens=1)  # its blocks now cached
     source = client.files.create(file=("usage.jsonl", content), purpose="batch")
     created = time.time()
     batch = client.batches.create(

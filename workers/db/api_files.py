@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, func, select, tuple_
+from sqlalchemy import Connection, Engine, delete, select, tuple_
 
 from schemas.tables import FILE_CHUNK_BYTES, api_file_chunks, api_files
 
@@ -147,13 +147,6 @@ def lines(db: Engine, file_id: str, offset: int = 0, max_line_bytes: int = 64 * 
             start = stop
     if pending:
         yield bytes(pending), at
-
-
-def total_bytes(conn: Connection, file_id: str) -> int:
-    query = select(func.coalesce(func.sum(func.length(api_file_chunks.c.data)), 0)).where(
-        api_file_chunks.c.file_id == file_id
-    )
-    return int(conn.execute(query).scalar_one())
 
 
 def list_files(
