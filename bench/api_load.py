@@ -71,9 +71,12 @@ def _control(port: int) -> None:
     """(In a process of its own.) An HTTP server that answers every request with 200 and nothing else."""
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while await reader.readuntil(b"\r\n\r\n"):
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-            await writer.drain()
+        try:
+            while await reader.readuntil(b"\r\n\r\n"):
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()  # the prober is done
 
     async def main() -> None:
         server = await asyncio.start_server(answer, "127.0.0.1", port)
