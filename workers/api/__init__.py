@@ -1,8 +1,8 @@
 """The OpenAI-compatible HTTP API in front of the queue (`inferq api`).
 
 `protocol` (request and response shapes), `errors` (OpenAI's error body, `x-should-retry`), `auth` (bearer
-keys → tenants, their caches), `limits` (429s), `bodies` and `uploads` (bounded bodies, streamed uploads),
-`serving_engine` (a request as a job: post or reattach, wait, stream) with `serving_chat` and
+keys → tenants, their caches), `limits` (429s), `request_body` and `uploads` (bounded bodies, streamed
+uploads), `serving_engine` (a request as a job: post or reattach, wait, stream) with `serving_chat` and
 `serving_completion` (each endpoint's shapes), `job_watch` (waiting for a job on the event loop), `retries`
 (Idempotency-Key, the SDKs' own retries), `sse` (the streaming response), `fleet` (the models the workers
 announce), `files` and `batches` (the Files and Batch routes), `batch_driver` (advancing batches through the

@@ -11,10 +11,10 @@ from pydantic import ValidationError
 
 from workers.api import auth
 from workers.api.batch_driver import describe, expiry
-from workers.api.bodies import json_body
 from workers.api.errors import APIError, not_found
 from workers.api.files import unknown_cursor
 from workers.api.protocol import BatchCreate, batch_object, page
+from workers.api.request_body import json_body
 from workers.clock import utcnow
 from workers.db import api_batches, api_files
 from workers.db.api_files import UnknownCursor

@@ -31,13 +31,13 @@ from schemas.jobs import JobRequest, JobResult, TokenEvent
 from schemas.statuses import TERMINAL_STATUSES
 from schemas.validation import InvalidMessage
 from workers.api import retries
-from workers.api.bodies import json_body
 from workers.api.context import APIContext
 from workers.api.errors import APIError, not_found
 from workers.api.fleet import Fleet
 from workers.api.job_watch import DISCONNECTED, STARTED, Bounds, Starts, Timeout, Watch, watch_disconnect
 from workers.api.limits import Slot
 from workers.api.protocol import LiveOptions, split_live_options, usage
+from workers.api.request_body import json_body
 from workers.api.retries import RequestKey
 from workers.api.sse import EventStreamResponse
 from workers.bulk.batch_fields import check_body

@@ -15,9 +15,9 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from schemas.tables import FILE_CHUNK_BYTES
-from workers.api.bodies import bounded_stream, too_large
 from workers.api.context import APIContext
 from workers.api.errors import APIError
+from workers.api.request_body import bounded_stream, too_large
 from workers.db import api_files
 
 FORM_OVERHEAD = 64 * 1024  # multipart headers and the other fields, beyond the file itself
