@@ -12,7 +12,17 @@ from workers.db import migrate
 pytestmark = pytest.mark.services
 
 
-TABLES = {"jobs", "bulk_jobs", "api_keys", "api_files", "api_batches", "adapters"}
+TABLES = {
+    "jobs",
+    "bulk_jobs",
+    "api_keys",
+    "api_files",
+    "api_file_chunks",
+    "api_batches",
+    "api_requests",
+    "served_models",
+    "adapters",
+}
 
 
 def _tables(url: str) -> set[str]:

@@ -13,6 +13,7 @@ import argparse
 def register(subparsers: argparse._SubParsersAction) -> None:
     # light: argparse only; torch comes when the verb runs
     from bench import pipeline
+    from bench.api import load as api_load
     from bench.e2e import command as e2e
     from bench.engine import command as engine
     from bench.engine import lora
@@ -31,6 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
          "ranks 8 and 16: tok/s and ratios", False),
         ("host-overhead", host_overhead, "the engine's host time per decode step by phase, forward stubbed "
          "(runs on CPU)", False),
+        ("api-load", api_load, "2,000 requests and 500 streams at once through inferq api: the API's memory, "
+         "/health latency, one jobs row a request", True),
     ):  # fmt: skip
         formatter = argparse.RawDescriptionHelpFormatter if raw else argparse.HelpFormatter
         parser = verbs.add_parser(name, help=summary, description=module.__doc__, formatter_class=formatter)

@@ -130,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         grace_s=args.grace_s,
         limits=input_limits(args),
         models=models,
+        served_model=base_names[0],  # announced to the fleet (/v1/models)
     )
     worker = Worker(settings, engine, options, metrics)
 

@@ -21,6 +21,7 @@ from workers.db.connect import make_engine
 from workers.kafka_io import BroadcastReader, Delivery, GroupConsumer, KeyLookup, Producer
 from workers.naming import worker_client_id, worker_group
 from workers.serving.admission.models import ServedModels
+from workers.serving.announcer import Announcer
 from workers.serving.errors import describe_error, until_available
 from workers.serving.failpoints import step_fault
 from workers.serving.intake.dead_letter import dead_letter_message
@@ -64,6 +65,8 @@ class WorkerOptions:
     limits: Limits = Limits()
     # what a job's `model` may name: the base's names and the worker's own adapters (and the registry's)
     models: ServedModels = field(default_factory=ServedModels)
+    # the model name announced to the fleet (served_models, what the HTTP API's /v1/models lists); "": none
+    served_model: str = ""
 
 
 class Worker:
@@ -141,6 +144,12 @@ class Worker:
             models=options.models,
         )
         self.guard = StepGuard()
+        self.announcer: Announcer | None = None
+        if options.served_model:
+            max_len = engine.scheduler.config.max_model_len
+            self.announcer = Announcer(
+                self.db, options.worker_id, settings.topic_prefix, options.served_model, max_len
+            )
         self.gave_up: str | None = None  # why the worker stopped because its steps kept failing
         if isinstance(engine, Engine):  # an engine in its own process has its hook set there
             engine.fault_hook = step_fault(settings.failpoint, self.lifecycle.prompt_of)
@@ -168,6 +177,8 @@ class Worker:
         self.lifecycle.admitter.start()
         self.intake_thread.room = self._room()  # the first poll is bounded too
         self.intake_thread.start()
+        if self.announcer is not None:  # once it reads its topics: the API lists it from now on
+            self.announcer.start()
         serving = self.group_topics if isinstance(self.group_topics, str) else ", ".join(self.group_topics)
         log.info("worker %s serving %s", self.options.worker_id, serving)
         try:
@@ -392,6 +403,8 @@ class Worker:
         self.metrics.observe_loras(running, [j.lora_name for j in jobs if j.started_at is None])
 
     def _shutdown(self) -> None:
+        if self.announcer is not None:
+            self.announcer.stop()  # first: the API stops listing a worker that takes no more jobs
         self.lifecycle.admitter.close()  # records not admitted yet stay uncommitted: redelivered
         self.lifecycle.abort_all()  # past the grace period: no terminal row, the group redoes them
         self.lifecycle.flush(force=True)
