@@ -32,7 +32,7 @@ class EngineConfig:
     fused_rope: bool | None = None  # CPU: RoPE + K/V cache write in one native pass; None = measured
     tune_linears: bool = True  # CPU: measure the linear kernels per shape and row count at start
     # Schedule step N+1 and build its inputs while step N runs (forward and sampling on a worker thread),
-    # its outputs returned one step() call later. None: on for CUDA, off on the CPU (see below).
+    # its outputs returned one step() call later. None: off until measured on a GPU (see below).
     async_scheduling: bool | None = None
     # LoRA (gpu/lora/): distinct adapters resident in the engine, and so the most one step may mix; the
     # largest rank an adapter may have (device slots are padded to it: one static layout for the kernels

@@ -42,7 +42,7 @@ def test_the_schema_catches_a_broken_file(compose):
 
 def test_settings_list_every_variable_they_read():
     source = (REPO_ROOT / "workers" / "settings.py").read_text()
-    read = set(re.findall(r"env(?:\.get\(|\[)\"(INFERQ_[A-Z0-9_]+)\"", source))
+    read = set(re.findall(r"env(?:\.get\(|\[)\s*\"(INFERQ_[A-Z0-9_]+)\"", source))
     assert read == set(ENV_VARIABLES)
 
 

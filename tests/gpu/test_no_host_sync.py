@@ -79,7 +79,7 @@ class MetaStep:
     def __init__(self, vocab: int) -> None:
         self.vocab = vocab
 
-    def run(self, inputs, before_forward=None) -> StepLogits:
+    def run(self, inputs, before_forward=None, lora_meta=None) -> StepLogits:
         if before_forward is not None:
             before_forward(inputs.input_ids.to(DEVICE, non_blocking=True))
         return StepLogits(torch.empty(inputs.sample_rows.numel(), self.vocab, device=DEVICE), None)

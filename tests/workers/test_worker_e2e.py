@@ -112,7 +112,7 @@ MALFORMED = {
     "not-object": b"[1, 2, 3]",
     "wrong-type": json.dumps({"job_id": "bad-type-{p}", "prompt": "x", "max_tokens": "many"}).encode(),
     "unknown-field": json.dumps({"job_id": "bad-field-{p}", "prompt": "x", "colour": "blue"}).encode(),
-    "over-limit": json.dumps({"job_id": "bad-limit-{p}", "prompt": "x", "max_tokens": 10**6}).encode(),
+    "over-limit": json.dumps({"job_id": "bad-limit-{p}", "prompt": "x", "stop": ["s"] * 9}).encode(),
     "both-inputs": json.dumps({"job_id": "bad-both-{p}", "prompt": "x", "messages": []}).encode(),
     "too-long": json.dumps({"job_id": "bad-long-{p}", "prompt": "y" * 5000}).encode(),
 }
