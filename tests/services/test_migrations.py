@@ -12,7 +12,7 @@ from workers.db import migrate
 pytestmark = pytest.mark.services
 
 
-TABLES = {"jobs", "bulk_jobs", "api_keys", "api_files", "api_batches"}
+TABLES = {"jobs", "bulk_jobs", "api_keys", "api_files", "api_batches", "job_progress"}
 
 
 def _tables(url: str) -> set[str]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from schemas.jobs import JobRequest, JobResult, TokenEvent
 from workers.client.stream_hub import CaughtUp, Failed, Follower, StreamHub
-from workers.client.token_order import TokenOrder
+from workers.client.token_order import ContinuousOutput, TokenOrder
 from workers.kafka_io import PartitionReader, Producer
 from workers.settings import Settings
 
@@ -188,17 +188,19 @@ class JobClient:
     ) -> Iterator[TokenEvent]:
         """Token events of the job until its final one; raises JobTimeout after `timeout_s`.
 
-        Each event is yielded once, and an attempt's events in seq order (see TokenOrder): a copy of one
-        already seen (same attempt and seq) is skipped, and one that comes before an earlier seq waits for
-        it. A new attempt (a worker died and another redid the job) restarts the text: an event with a
-        higher attempt than seen so far begins again at seq 0, and the caller should reset its output;
-        from then on the earlier attempts' events (late ones from the worker that lost the job) are skipped.
+        Each sample's text is yielded once, in order, and never restarted: joined, the events' texts are
+        the job's output. An attempt's events come in seq order (see TokenOrder): a copy of one already
+        seen (same attempt and seq) is skipped, and one that comes before an earlier seq waits for it. A
+        new attempt (a worker died or let the job go, and another resumed it) continues the output: what
+        it sends again for positions already yielded is cut off (see ContinuousOutput), and the earlier
+        attempts' late events are skipped. Only an attempt that could not resume starts the output over:
+        its first event yielded has `restarted` set, and the caller drops what it had of the job.
         """
         job_id = _job_id(job)
         tenant = tenant or self._tenants.get(job_id, "default")
         follower = self._follow(job_id, self.settings.topics.tokens_for(tenant), since_ms)
         deadline = time.monotonic() + (WAIT_TIMEOUT_S if timeout_s is None else timeout_s)
-        order = TokenOrder()
+        order, output = TokenOrder(), ContinuousOutput()
         rewound = None  # the rewind asked for the hole waiting now, if any
         try:
             while (left := deadline - time.monotonic()) > 0:
@@ -222,8 +224,11 @@ class JobClient:
                     log.info("job %s: seq %d missing from its stream; reading again", job_id, order.next_seq)
                     rewound = follower.rewind()
                 for event in ready:
-                    yield event
-                    if event.final:  # with n > 1, samples' finish_reason come before: not the end yet
+                    new = output.take(event)
+                    if new is None:
+                        continue
+                    yield new
+                    if new.final:  # with n > 1, samples' finish_reason come before: not the end yet
                         return
             raise JobTimeout(f"no final token event for {job_id} within {timeout_s}s")
         finally:

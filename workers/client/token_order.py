@@ -48,3 +48,64 @@ class TokenOrder:
             ready.append(self._early.pop(self.next_seq))
             self.next_seq += 1
         return ready
+
+
+class ContinuousOutput:
+    """A job's output as its consumer should see it: each position of each sample once, never restarted.
+
+    Takes the events TokenOrder hands on (each attempt's in seq order, earlier attempts dropped once a
+    later one shows) and passes on only what is new: an event's tokens and text before what was already
+    passed on for its sample are cut off (the same positions carry the same text, whichever attempt sent
+    them), and an event with nothing new, and no end to tell, is dropped. Its `offset` and `text_offset`
+    then say where the cut event starts. The output starts over only where an attempt says it does
+    (`restarted`: it could not resume), or for events from a worker older than offsets (`offset` None),
+    whose every new attempt restarts; the first event passed on after that has `restarted` set, and the
+    consumer drops what it had of the job.
+    """
+
+    def __init__(self) -> None:
+        self.attempt: int | None = None
+        self._tokens: dict[int, int] = {}  # by sample: tokens passed on
+        self._chars: dict[int, int] = {}  # by sample: characters of text passed on
+        self._ended: set[int] = set()  # samples whose finish_reason was passed on
+
+    def take(self, event: TokenEvent) -> TokenEvent | None:
+        """The part of `event` not passed on before (the event itself when all of it is new), or None."""
+        restart = False
+        if event.attempt != self.attempt:
+            # a legacy attempt always restarts, as does one that says so; a restart of nothing is none
+            shown = any(self._tokens.values()) or any(self._chars.values())
+            restart = shown and (event.offset is None or event.restarted)
+            self.attempt = event.attempt
+            if restart:
+                self._tokens, self._chars, self._ended = {}, {}, set()
+        index = event.index
+        have_tokens, have_chars = self._tokens.get(index, 0), self._chars.get(index, 0)
+        offset = have_tokens if event.offset is None else event.offset
+        text_offset = have_chars if event.text_offset is None else event.text_offset
+        skip_tokens = max(0, have_tokens - offset)
+        skip_chars = max(0, have_chars - text_offset)
+        # (a position past what was passed on means events were missed: what follows is passed on as is)
+        self._tokens[index] = max(have_tokens, offset + len(event.token_ids))
+        self._chars[index] = max(have_chars, text_offset + len(event.text))
+        finish = event.finish_reason if index not in self._ended else None
+        if finish is not None:
+            self._ended.add(index)
+        new_ids = event.token_ids[skip_tokens:]
+        new_text = event.text[skip_chars:]
+        if not new_ids and not new_text and finish is None and event.usage is None and not restart:
+            return None
+        if not (skip_tokens or skip_chars or restart != event.restarted or finish != event.finish_reason):
+            return event
+        logprobs = event.logprobs[skip_tokens:] if event.logprobs is not None else None
+        return event.model_copy(
+            update={
+                "token_ids": new_ids,
+                "text": new_text,
+                "logprobs": logprobs,
+                "offset": offset + skip_tokens,
+                "text_offset": text_offset + skip_chars,
+                "finish_reason": finish,
+                "restarted": restart,
+            }
+        )
