@@ -12,7 +12,7 @@ import argparse
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     # light: argparse only; torch comes when the verb runs
-    from bench import e2e, engine, host_overhead, pipeline
+    from bench import e2e, engine, host_overhead, pipeline, resume
 
     bench = subparsers.add_parser("bench", help="run a benchmark and write its results as JSON")
     bench.set_defaults(func=lambda _args: _usage(bench))
@@ -25,6 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
          "instant engine, vs the engine alone; CPU by thread, database round trips per job", False),
         ("host-overhead", host_overhead, "the engine's host time per decode step by phase, forward stubbed "
          "(runs on CPU)", False),
+        ("resume", resume, "a long job whose worker is killed -9 half-way: resumed from its saved tokens vs "
+         "restarted from scratch, time from the kill to done", True),
     ):  # fmt: skip
         formatter = argparse.RawDescriptionHelpFormatter if raw else argparse.HelpFormatter
         parser = verbs.add_parser(name, help=summary, description=module.__doc__, formatter_class=formatter)
