@@ -35,7 +35,7 @@ from gpu.logits_processors import LogitsState
 from gpu.model import LoadedModel, load_model
 from gpu.resume import ResumedSample, SavedLogprobs, replay, saved_tokens, stop_token_ids
 from gpu.runner import ModelRunner, RunnerConfig
-from gpu.samples import sample_seed
+from gpu.samples import stream_key
 from gpu.step_clock import OUTPUTS, SCHEDULE, StepClock
 from scheduler.config import SchedulerConfig
 from scheduler.limits import check_config
@@ -135,14 +135,15 @@ class EngineCore:
         # resumed samples whose saved tokens are not out yet (gpu/resume.py), and this step's outputs of them
         self._resumes: dict[str, ResumedSample] = {}
         self._resumed_outputs: list[tuple[RequestOutput, ResumedSample]] = []
-        self._seeds: dict[str, int] = {}  # sequence id -> its sampling seed, for as long as it is live
+        # sequence id -> the key of its sampling randomness (gpu/samples.py), for as long as it is live
+        self._seeds: dict[str, int] = {}
         self._seed_bank: list[int] = []  # unseeded requests' seeds, drawn from the OS in bulk
         # Sample i > 0 of an n > 1 request: its sequence id -> the request id, kept one step past its end
         # so `last_step` can still name the request (`_retired` are dropped when the next step starts).
         self._request_of: dict[str, str] = {}
         self._retired: list[str] = []
         # live sequences using logit_bias, penalties or logprobs (their token history for the penalties)
-        self._logits = LogitsState(model.config.vocab_size)
+        self._logits = LogitsState(model.config.vocab_size, device_counts=self.runner.device.type == "cuda")
         # output constraints: the grammar compiler and each constrained live sequence's matcher
         self._constraints = Constraints(self.tokenizer, model.config.vocab_size, self.eos_token_ids)
         self._matchers = self._constraints.matchers  # read every step: whether any sequence is constrained
@@ -186,7 +187,9 @@ class EngineCore:
         return self._constraints.compile(spec)
 
     def _fresh_seed(self) -> int:
-        """A random 63-bit seed; one OS call draws SEED_BANK of them (a call per request is a syscall each,
+        """A random 63-bit seed for a request added without one, drawn once (its draws are then reproducible
+        only inside this engine: the worker sends every job's seed, kept with the job, so a resumed attempt
+        draws as the first did); one OS call draws SEED_BANK of them (a call per request is a syscall each,
         visible in a profile of many short jobs)."""
         if not self._seed_bank:
             raw = secrets.token_bytes(8 * SEED_BANK)
@@ -227,7 +230,7 @@ class EngineCore:
                 index=index,
                 num_tokens=len(resumed[index]),
             )
-            self._seeds[seq_id] = sample_seed(seed, index)
+            self._seeds[seq_id] = stream_key(seed, index)
             self._logits.add(seq_id, request.prompt_token_ids, request.sampling, resumed[index])
             if index:
                 self._request_of[seq_id] = request.request_id

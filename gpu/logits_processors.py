@@ -6,18 +6,22 @@ was generated, brought up to date with one token per step in O(1) (no history is
 request, not to its KV blocks, so a preempted sequence recomputed from its tokens keeps its counts.
 
 Each step `plan` picks the step's rows that are tracked (nothing at all is done when no live sequence is)
-and packs them into a `LogitsPlan` of flat tensors, so every row is processed by the same few tensor ops,
-each touching only the logits that change:
+and packs them into a `LogitsPlan` of flat tensors, built on the host while the step is prepared and moved
+to the device in one copy that does not block (`LogitsPlan.to`), so every row is processed by the same few
+tensor ops, each touching only the logits that change:
 - logit_bias: one scatter-add of (row, token id, bias) triples;
 - penalties: one gather of the (row, seen token) logits, HF's repetition_penalty on them (positive logits
   divided, negative multiplied), OpenAI's logit -= presence * (count > 0) + frequency * count with the
   counts of generated tokens, one scatter back: O(distinct tokens), never O(rows x vocabulary);
-- log probabilities: log_softmax of the rows that asked, the sampled token's value and the top k.
-The order (bias, repetition, presence/frequency) is vLLM's.
+- log probabilities: log_softmax of the rows that asked, the sampled token's value and the top k, launched
+  with the step (`launch_logprobs`) and read with its tokens (`read_logprobs`): nothing waits before.
+The order (bias, repetition, presence/frequency) is vLLM's. The counts need each step's tokens on the host
+(`record`), so a step with tracked rows is never scheduled before the last one's tokens are back.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +29,8 @@ import numpy as np
 import torch
 
 from gpu.engine_types import TokenLogprob
+from gpu.penalty_counts import CountedRows, DeviceCounts
+from gpu.transfer import tensors_to
 from scheduler.output import ScheduledChunk
 from scheduler.types import SamplingParams
 
@@ -62,7 +68,9 @@ class _Tracked:
 
     __slots__ = ("sampling", "bias_ids", "bias_values", "penalised", "slots", "seen", "generated", "size")
 
-    def __init__(self, prompt: Sequence[int], sampling: SamplingParams, vocab_size: int) -> None:
+    def __init__(
+        self, prompt: Sequence[int], sampling: SamplingParams, vocab_size: int, counts_here: bool = True
+    ) -> None:
         self.sampling = sampling
         # Ids outside the vocabulary cannot be logits: dropped here rather than failing every step.
         pairs = [(t, b) for t, b in sampling.logit_bias if 0 <= t < vocab_size]
@@ -70,8 +78,8 @@ class _Tracked:
         self.bias_values = np.array([b for _, b in pairs], dtype=np.float32)
         self.penalised = uses_penalties(sampling)
         # The distinct ids of prompt and output in seen[:size], in order of first sight, with how often each
-        # was generated; slots maps an id to its index there. Penalised sequences only.
-        distinct = list(dict.fromkeys(prompt)) if self.penalised else []
+        # was generated; slots maps an id to its index there. Penalised sequences counted here only.
+        distinct = list(dict.fromkeys(prompt)) if self.penalised and counts_here else []
         self.slots = {token: i for i, token in enumerate(distinct)}
         self.size = len(distinct)
         self.seen = np.empty(self.size + 16, dtype=np.int64)
@@ -93,7 +101,7 @@ class _Tracked:
 
 @dataclass(frozen=True)
 class LogitsPlan:
-    """What to do to the logits rows [S, V] of one step's sampling rows (CPU tensors, moved on use)."""
+    """What to do to the logits rows [S, V] of one step's sampling rows (built as CPU tensors; `to`)."""
 
     # logit_bias, as triples: logits[bias_rows[i], bias_ids[i]] += bias_values[i]
     bias_rows: torch.Tensor  # [B] int64
@@ -108,20 +116,32 @@ class LogitsPlan:
     repetition: torch.Tensor  # [N] float32, 1 = off
     any_repetition: bool
     # log probabilities of the Q rows that asked
-    logprob_rows: tuple[int, ...]
+    logprob_rows: torch.Tensor  # [Q] int64
     logprob_k: tuple[int, ...]  # top alternatives per row (0..20)
     logprob_seq_ids: tuple[str, ...]
     # the penalised sequences, to count the token sampled in their row
     penalised_rows: tuple[int, ...]
     penalised: tuple[_Tracked, ...]
+    # the device path's penalised rows instead of the pairs above (gpu/penalty_counts.py), and their counts
+    counted: CountedRows | None = None
+    counts: DeviceCounts | None = None
+
+    def to(self, device: torch.device) -> LogitsPlan:
+        """The plan on `device`: its tensors in one non-blocking copy from pinned memory (CPU: this)."""
+        moved = tensors_to(self, device)
+        if self.counted is not None:
+            moved = dataclasses.replace(moved, counted=self.counted.to(device))
+        return moved
 
 
 class LogitsState:
     """The live sequences that use logit_bias, a penalty or log probabilities (the engine adds and drops
-    them with their requests; the runner plans each step from it and records what it sampled)."""
+    them with their requests; the runner plans each step from it and records what it sampled).
+    `device_counts`: penalty counts live on the device (gpu/penalty_counts.py: the CUDA path), not here."""
 
-    def __init__(self, vocab_size: int) -> None:
+    def __init__(self, vocab_size: int, device_counts: bool = False) -> None:
         self.vocab_size = vocab_size
+        self.counts = DeviceCounts(vocab_size) if device_counts else None
         self._tracked: dict[str, _Tracked] = {}
         self._logprobs: dict[str, TokenLogprob] = {}  # the last step's, until taken
 
@@ -133,13 +153,17 @@ class LogitsState:
     ) -> None:
         """Track a sequence that uses any of them; `generated`: the output tokens it starts with (resumed)."""
         if uses_processing(sampling):
-            tracked = self._tracked[seq_id] = _Tracked(prompt, sampling, self.vocab_size)
-            if tracked.penalised:
+            counts = self.counts
+            tracked = self._tracked[seq_id] = _Tracked(prompt, sampling, self.vocab_size, counts is None)
+            if tracked.penalised and counts is not None:
+                counts.add(seq_id, prompt, generated)
+            elif tracked.penalised:
                 for token in generated:
                     tracked.append(token)
 
     def drop(self, seq_id: str) -> None:
-        self._tracked.pop(seq_id, None)
+        if self._tracked.pop(seq_id, None) is not None and self.counts is not None:
+            self.counts.drop(seq_id)
 
     def plan(self, chunks: Sequence[ScheduledChunk]) -> LogitsPlan | None:
         """The plan for the step's sampling chunks (the logits' rows, in order); None: no row is tracked."""
@@ -149,6 +173,11 @@ class LogitsState:
             return None
         biased = [(i, t) for i, t in rows if len(t.bias_ids)]
         penalised = [(i, t) for i, t in rows if t.penalised]
+        counted = None
+        if self.counts is not None and penalised:  # counted on the device: no pairs here
+            seq_ids = [chunks[i].seq_id for i, _ in penalised]
+            counted = self.counts.rows([i for i, _ in penalised], seq_ids, [t.sampling for _, t in penalised])
+            penalised = []
         asked = [
             (i, chunks[i].seq_id, t.sampling.logprobs) for i, t in rows if t.sampling.logprobs is not None
         ]
@@ -177,11 +206,13 @@ class LogitsState:
             frequency=per_pair([p.frequency_penalty for p in params]),
             repetition=per_pair([p.repetition_penalty for p in params]),
             any_repetition=any(p.repetition_penalty != 1.0 for p in params),
-            logprob_rows=tuple(i for i, _, _ in asked),
+            logprob_rows=torch.tensor([i for i, _, _ in asked], dtype=torch.int64),
             logprob_k=tuple(k for _, _, k in asked),
             logprob_seq_ids=tuple(s for _, s, _ in asked),
             penalised_rows=tuple(i for i, _ in penalised),
             penalised=tuple(t for _, t in penalised),
+            counted=counted,
+            counts=self.counts if counted is not None else None,
         )
 
     def record(self, plan: LogitsPlan, tokens: Sequence[int], logprobs: dict[str, TokenLogprob]) -> None:
@@ -201,23 +232,32 @@ def _concat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
 
 
 def apply(logits: torch.Tensor, plan: LogitsPlan) -> None:
-    """logit_bias, then repetition, presence and frequency penalties, in place on logits [S, V]."""
-    device, vocab = logits.device, logits.shape[-1]
+    """logit_bias, then repetition, presence and frequency penalties, in place on logits [S, V] (the plan on
+    their device). Reads nothing from the device: which steps run is the plan's shape, known on the host."""
+    vocab = logits.shape[-1]
     flat = logits.view(-1)  # (row, id) pairs as flat indices: 1-D take/put are the fast kernels on CPU
-    if plan.bias_rows.numel():
-        index = plan.bias_rows.to(device) * vocab + plan.bias_ids.to(device)
+    if len(plan.bias_rows):
+        index = plan.bias_rows * vocab + plan.bias_ids
         # an id listed twice adds both (the job layer sorts and dedupes anyway)
-        flat.index_add_(0, index, plan.bias_values.to(device, logits.dtype))
-    if not plan.seen_rows.numel():
+        flat.index_add_(0, index, plan.bias_values.to(logits.dtype))
+    if plan.counted is not None and plan.counts is not None:
+        plan.counts.apply(logits, plan.counted)
+    if not len(plan.seen_rows):
         return
-    index = plan.seen_rows.to(device) * vocab + plan.seen_ids.to(device)  # no pair twice
+    index = plan.seen_rows * vocab + plan.seen_ids  # no pair twice
     values = flat.take(index).float()
     if plan.any_repetition:
-        penalty = plan.repetition.to(device)
+        penalty = plan.repetition
         values = torch.where(values > 0, values / penalty, values * penalty)
-    generated = plan.seen_generated.to(device)
-    values -= plan.frequency.to(device) * generated + plan.presence.to(device) * (generated > 0)
+    generated = plan.seen_generated
+    values -= plan.frequency * generated + plan.presence * (generated > 0)
     flat.index_copy_(0, index, values.to(logits.dtype))
+
+
+def count_sampled(tokens: torch.Tensor, plan: LogitsPlan) -> None:
+    """The device path's counts take the step's sampled tokens [S] (on the device: nothing is read)."""
+    if plan.counted is not None and plan.counts is not None:
+        plan.counts.count(tokens, plan.counted)
 
 
 def history_plan(
@@ -260,7 +300,7 @@ def history_plan(
         frequency=per_pair(sampling.frequency_penalty),
         repetition=per_pair(sampling.repetition_penalty),
         any_repetition=sampling.repetition_penalty != 1.0,
-        logprob_rows=(),
+        logprob_rows=torch.zeros(0, dtype=torch.int64),
         logprob_k=(),
         logprob_seq_ids=(),
         penalised_rows=(),
@@ -279,17 +319,30 @@ def row_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> tuple[to
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, plan: LogitsPlan) -> dict[str, TokenLogprob]:
     """The sampled token's log probability and the k most likely, per row that asked, from logits [S, V]
-    as `apply` left them (before temperature, top-k and top-p)."""
-    if not plan.logprob_rows:
+    as `apply` left them (before temperature, top-k and top-p): launched, then read at once."""
+    return read_logprobs(plan, launch_logprobs(logits, tokens, plan))
+
+
+def launch_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, plan: LogitsPlan
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`token_logprobs`' device part (the plan on the logits' device): (values, ids) [Q, 1 + k] for
+    `read_logprobs`; None when no row asked."""
+    if not plan.logprob_k:
+        return None
+    every = len(plan.logprob_k) == len(logits)  # every row asked: no copy
+    x = logits if every else logits.index_select(0, plan.logprob_rows)
+    picked = tokens if every else tokens.index_select(0, plan.logprob_rows)
+    return row_logprobs(x, picked, max(plan.logprob_k))
+
+
+def read_logprobs(
+    plan: LogitsPlan, launched: tuple[torch.Tensor, torch.Tensor] | None
+) -> dict[str, TokenLogprob]:
+    """The log probabilities `launch_logprobs` computed, by sequence (reads the device: after the tokens)."""
+    if launched is None:
         return {}
-    device = logits.device
-    rows = torch.tensor(plan.logprob_rows, dtype=torch.long, device=device)
-    x = logits if len(plan.logprob_rows) == len(logits) else logits[rows]  # every row asked: no copy
-    logprobs = torch.log_softmax(x.float(), dim=-1)
-    picked = tokens.to(device)[rows][:, None]
-    top_values, top_ids = fast_topk(logprobs, max(plan.logprob_k))  # most likely first
-    values = torch.cat([logprobs.gather(1, picked), top_values], dim=1).tolist()
-    ids = torch.cat([picked, top_ids], dim=1).tolist()  # one transfer for the ids, one for the values
+    values, ids = launched[0].tolist(), launched[1].tolist()  # one transfer for the values, one for the ids
     out = {}
     for seq_id, row_ids, row_values, n in zip(plan.logprob_seq_ids, ids, values, plan.logprob_k, strict=True):
         top_n = tuple(zip(row_ids[1 : n + 1], row_values[1 : n + 1], strict=True))

@@ -36,6 +36,7 @@ from gpu.detokenizer import Detokenizer
 from gpu.engine_types import EngineRequest, ResumeRefused, TokenLogprob
 from gpu.grammar.closing import Closing, closing_window
 from gpu.logits_processors import apply, history_plan, row_logprobs
+from gpu.transfer import to_device
 from scheduler.output import ScheduledChunk
 
 
@@ -165,7 +166,9 @@ class SavedLogprobs:
 
         return record
 
-    def process(self, logits: torch.Tensor, first: int, closing: Closing | None) -> Callable[[], None]:
+    def process(
+        self, logits: torch.Tensor, first: int, closing: Closing | None
+    ) -> Callable[[list[int]], None]:
         """Logits [G, V] at saved tokens first..first+G-1, processed in place as their steps processed theirs;
         their logprobs computed on the device. Returns what reads them into `logprobs` (after the step's
         tokens are read: nothing here waits for the device)."""
@@ -179,12 +182,12 @@ class SavedLogprobs:
                 closing.restrict_states(logits, due)
         plan = history_plan(self.prompt, self.tokens, first, count, self.sampling, self.vocab_size)
         if plan is not None:
-            apply(logits, plan)
-        targets = torch.tensor(self.tokens[first : first + count], dtype=torch.long)
+            apply(logits, plan.to(logits.device))
+        targets = np.array(self.tokens[first : first + count], dtype=np.int64)
         k = self.sampling.logprobs or 0
-        values, ids = row_logprobs(logits, targets.to(logits.device, non_blocking=True), k)
+        values, ids = row_logprobs(logits, to_device({"targets": targets}, logits.device)["targets"], k)
 
-        def read() -> None:
+        def read(_tokens: list[int]) -> None:
             for j, (row_ids, row_values) in enumerate(zip(ids.tolist(), values.tolist(), strict=True), first):
                 top = tuple(zip(row_ids[1 : k + 1], row_values[1 : k + 1], strict=True))
                 self.logprobs[j] = TokenLogprob(row_ids[0], row_values[0], top)
@@ -259,7 +262,7 @@ def resume_rows(
 
 def process_gathered(
     logits: torch.Tensor, rows: ResumeRows, closing: Closing | None
-) -> list[Callable[[], None]]:
+) -> list[Callable[[list[int]], None]]:
     """The gathered logits [G, V], span by span: processed, their logprobs launched; the readers."""
     readers = []
     at = 0

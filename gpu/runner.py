@@ -24,7 +24,7 @@ from gpu.grammar.closing import Closing
 from gpu.inputs import InputBuilder, StepInputs
 from gpu.kv_cache import KVCache, KVShape
 from gpu.kv_sizing import KVPlan, activation_estimate, plan_kv
-from gpu.logits_processors import LogitsState, token_logprobs
+from gpu.logits_processors import LogitsPlan, LogitsState, launch_logprobs, read_logprobs
 from gpu.model import LoadedModel
 from gpu.resume import ResumedSample, ResumeRows, process_gathered, resume_rows
 from gpu.sampler import SamplingBatch, sample
@@ -125,6 +125,7 @@ class ModelRunner:
         # layer, in weights multiplied (2.4 for the tiny model, 0.27 for SmolLM2).
         layer_weights = sum(m.weight.numel() for m in linears_of(self.forward))
         self.lm_head_weight = self.forward.lm_head.weight.numel() / max(layer_weights, 1)
+        self.vocab_size = self.forward.lm_head.out_features  # the logits' width
         self.token_mask: Any = None  # a gpu.grammar.mask.TokenMask, made on the first constrained step
         self.closing: Closing | None = None  # which constrained sequences are JSON (set by the engine)
 
@@ -175,7 +176,7 @@ class ModelRunner:
         penalties or logprobs; the step's sampled tokens and log probabilities are recorded into it.
         `grammars`: each constrained sequence's grammar matcher (gpu.grammar); the others sample freely.
         `resumes`: resumed samples whose saved tokens are not out yet (gpu/resume.py)."""
-        return self.run(self.prepare(output, seeds, resumes=resumes), logits_state, grammars)
+        return self.run(self.prepare(output, seeds, None, resumes, logits_state), logits_state, grammars)
 
     @torch.inference_mode()  # its tensors are made as before the split: inference tensors
     def prepare(
@@ -184,11 +185,14 @@ class ModelRunner:
         seeds: Mapping[str, int],
         previous: list[str] | None = None,
         resumes: Mapping[str, ResumedSample] | None = None,
+        logits_state: LogitsState | None = None,
     ) -> PreparedStep:
         """The host's part of a step before the model runs: its inputs and sampling settings. `previous`
         (async scheduling): the sequences of the step still in flight that sample, in its sampling order,
         for this step's placeholder tokens; this step then runs while the next one is prepared, so it gets
-        its own copy of the block tables. `resumes`: as `execute`'s (their rows: gpu.resume.resume_rows)."""
+        its own copy of the block tables. `resumes`, `logits_state`: as `execute`'s (the rows of resumed
+        samples: gpu.resume.resume_rows; the bias and penalties of tracked rows: LogitsState.plan, built here
+        once the step before has recorded its tokens)."""
         inputs = self.inputs.build(output, previous)
         chunks = inputs.sample_chunks
         resume = resume_rows(output.chunks, chunks, resumes) if resumes else None
@@ -201,14 +205,17 @@ class ModelRunner:
             picked = [chunks[i] for i in random]
             batch = SamplingBatch.of_rows(
                 random,
+                len(chunks),
                 [c.sampling for c in picked],
                 [seeds.get(c.seq_id, 0) for c in picked],
                 [c.num_generated for c in picked],
+                self.vocab_size,
                 resume,
             )
+        plan = logits_state.plan(chunks) if logits_state else None  # None: no tracked sequence (common)
         work = len(inputs.input_ids) + self.lm_head_weight * len(chunks)  # token-equivalents, for threads
         self.clock.lap(INPUTS)
-        return PreparedStep(inputs, batch, work, resume)
+        return PreparedStep(inputs, batch, work, resume, plan)
 
     def run(
         self,
@@ -283,28 +290,22 @@ class ModelRunner:
         if clock:
             self.clock.lap(FORWARD)
         chunks = inputs.sample_chunks
-        readers = []  # what reads a resumed sample's recomputed logprobs, once the step is done
+        then: list[Callable[[list[int]], None]] = []  # what needs the tokens on the host, once they are
         if step.resume is not None and len(step.resume.gathered):
             logits, gathered = logits[: len(chunks)], logits[len(chunks) :]
-            readers = process_gathered(gathered, step.resume, self.closing)
+            then += process_gathered(gathered, step.resume, self.closing)
         if grammars and self._constrain(logits, chunks, grammars):
             greedy = None  # the mask changed the logits after the graph's argmax
-        plan = logits_state.plan(chunks) if logits_state else None  # None: no tracked sequence (common)
-        sampled = sample(logits, step.batch, plan, greedy if plan is None else None)
+        device = logits.device
+        plan = step.plan.to(device) if step.plan is not None else None
+        batch = step.batch.to(device) if step.batch is not None else None
+        sampled = sample(logits, batch, plan, greedy if plan is None else None)
         if plan is not None and logits_state is not None:
-            tokens = sampled.tolist()
-            logits_state.record(plan, tokens, token_logprobs(logits, sampled, plan))
-            for read in readers:
-                read()
-            return SampledTokens(sampled, known=tokens)
+            state, launched = logits_state, launch_logprobs(logits, sampled, plan)
+            then.append(lambda tokens: state.record(plan, tokens, read_logprobs(plan, launched)))
         if sampled is greedy and sampled.is_cuda:  # a graph's output buffer (its pool is shared by every
             sampled = sampled.clone()  # graph, the next replay overwrites it): the step's own buffer
-        tokens_out = SampledTokens.of(sampled)
-        if readers:
-            tokens_out.tokens()
-            for read in readers:
-                read()
-        return tokens_out
+        return SampledTokens.of(sampled, then)
 
     def _constrain(self, logits: torch.Tensor, chunks: tuple, grammars: Mapping[str, Any]) -> bool:
         """Forbid, in the rows of constrained sequences, every token their grammar does not allow next.
@@ -338,24 +339,33 @@ class SampledTokens:
     host: torch.Tensor | None = None  # a pinned copy in flight (CUDA); None: read `device`
     ready: Any = None  # torch.cuda.Event recorded after the copy to `host`
     known: list[int] | None = None
+    # called with the tokens once they are on the host (penalty counts, logprobs read), in order
+    then: list[Callable[[list[int]], None]] | None = None
 
     @classmethod
-    def of(cls, sampled: torch.Tensor) -> SampledTokens:
+    def of(
+        cls, sampled: torch.Tensor, then: list[Callable[[list[int]], None]] | None = None
+    ) -> SampledTokens:
         """Start the copy to the host (CUDA: asynchronous, into pinned memory of its own)."""
         if sampled.device.type != "cuda":
-            return cls(sampled)
+            return cls(sampled, then=then or None)
         host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
         host.copy_(sampled, non_blocking=True)
         ready = torch.cuda.Event()
         ready.record()
-        return cls(sampled, host, ready)
+        return cls(sampled, host, ready, then=then or None)
 
     def tokens(self) -> list[int]:
-        """The tokens on the host (waits for the step on CUDA, releasing the GIL meanwhile)."""
+        """The tokens on the host (waits for the step on CUDA, releasing the GIL meanwhile). The first call
+        also runs what waited for them (`then`): the first read of the step's device values."""
         if self.known is None:
             if self.ready is not None:
                 self.ready.synchronize()
-            self.known = (self.device if self.host is None else self.host).tolist()
+            known = (self.device if self.host is None else self.host).tolist()
+            then, self.then = self.then, None
+            for call in then or ():
+                call(known)
+            self.known = known
         return self.known
 
 
@@ -389,6 +399,7 @@ class PreparedStep:
     batch: SamplingBatch | None  # the rows that draw at random (or are forced); None: every row is greedy
     work: float  # the step's compute in token-equivalents (attention left out): the thread tuner's measure
     resume: ResumeRows | None = None  # resumed samples' forced and gathered rows; None: none this step
+    plan: LogitsPlan | None = None  # the tracked rows' bias, penalties and logprobs; None: none this step
 
 
 def decode_gather_bytes(

@@ -1,4 +1,4 @@
-"""Token sampling for a whole step at once: greedy, temperature, top-k, top-p; per-request seeds.
+"""Token sampling for a whole step at once: greedy, temperature, top-k, top-p, forced tokens.
 
 The logits of a row go through, in this order: logit_bias, repetition_penalty, presence and frequency
 penalties (gpu/logits_processors.py; only for rows that use them), then temperature, top-k and top-p
@@ -9,9 +9,16 @@ no bias or penalty is set. A grammar's mask (gpu/runner.py) comes first of all, 
 forbidden tokens have no probability.
 
 Greedy rows (the common case) take one argmax. Rows that sample are filtered and drawn together, with no
-per-row Python loop: each draw is an inverse-CDF lookup of one uniform number per row, and that number
-depends only on the request's seed and how many tokens it generated so far, so a request's draws are
-reproducible whatever else shares its batch.
+per-row Python loop: each draw is an inverse-CDF lookup of one uniform number per row, a pure function of
+(seed, sample, position) (gpu/samples.py), so a request's draws are the same whatever shares its batch, in
+whatever order, and after a resume. Every row's result depends on that row alone: a filter another row uses
+leaves a row that does not use it exactly as it was (top-k's threshold is -inf there, top-p's 2).
+
+No host syncs: everything sampling needs is decided on the host while the step is prepared
+(`SamplingBatch.build`, numpy: which rows draw, which filters apply, the largest k, the uniforms, the
+forced tokens) and reaches the device in one copy that does not block (`SamplingBatch.to`, gpu/transfer.py).
+`sample` reads no device value: on CUDA it only queues work, and the step's tokens are the first thing the
+host waits for.
 """
 
 from __future__ import annotations
@@ -23,11 +30,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpu.logits_processors import LogitsPlan, apply
+from gpu.logits_processors import LogitsPlan, apply, count_sampled
+from gpu.samples import uniforms
+from gpu.transfer import tensors_to, to_device
 from scheduler.types import SamplingParams
 
 _ARGMAX_BLOCK = 128
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_NO_TOP_P = 2.0  # the top-p threshold of a row that keeps everything: no mass before a token reaches it
+_MIN_TOP_P = 1e-9  # top_p 0 keeps the most likely token (the first is never dropped)
 
 
 def fast_argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -49,92 +59,127 @@ def fast_argmax(logits: torch.Tensor) -> torch.Tensor:
     return best_block * _ARGMAX_BLOCK + inner
 
 
-def step_uniforms(seeds: np.ndarray, num_generated: np.ndarray) -> np.ndarray:
-    """One uniform number in [0, 1) per row from (seed, tokens generated): splitmix64, vectorised."""
-    with np.errstate(over="ignore"):  # uint64 arithmetic wraps, as splitmix64 intends
-        z = seeds.astype(np.uint64) * _GOLDEN + num_generated.astype(np.uint64) + np.uint64(1)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    return (z >> np.uint64(12)).astype(np.float64) / float(1 << 52)  # 52 bits: u * total < total
-
-
 @dataclass(frozen=True)
 class SamplingBatch:
-    """The sampling settings of a step's sampling rows, as tensors."""
+    """A step's sampling settings for its S sampling rows, built on the host; R of them draw at random.
 
-    random_rows: torch.Tensor  # [R] rows that draw at random (temperature > 0)
-    temperature: torch.Tensor  # [R] float32
-    top_k: torch.Tensor  # [R] int64, 0 = off
-    top_p: torch.Tensor  # [R] float32, 1 = off
-    uniforms: torch.Tensor  # [R] float64 in [0, 1)
-    forced_rows: torch.Tensor | None = None  # [F] rows whose token is given (a resumed sample's last saved)
-    forced_tokens: torch.Tensor | None = None  # [F]
+    Host values decide which operations run (`draws_all`, `max_top_k`, `top_k_partial`, whether `top_p`
+    and `forced_rows` are set): nothing about them is read from the device."""
+
+    rows: torch.Tensor | None  # [R] int64 the rows that draw; None: none does (forced tokens only)
+    draws_all: bool  # R == S: the draws are the tokens (no argmax, no scatter)
+    temperature: torch.Tensor | None  # [R] float32
+    uniforms: torch.Tensor | None  # [R] float64 in [0, 1)
+    max_top_k: int  # the largest k any drawing row keeps; 0: none uses top-k
+    # [R] int64 index of each row's k-th largest among the max_top_k largest; max_top_k (an appended -inf
+    # column) where a row keeps them all
+    top_k: torch.Tensor | None
+    top_k_partial: bool  # some drawing row keeps them all
+    top_p: torch.Tensor | None  # [R] float32 (2.0: keeps all); None: no drawing row uses top-p
+    forced_rows: torch.Tensor | None  # [F] rows whose token is given (a resumed sample's last saved token)
+    forced_tokens: torch.Tensor | None  # [F] int64
 
     @classmethod
     def build(
-        cls, params: Sequence[SamplingParams], seeds: Sequence[int], num_generated: Sequence[int]
-    ) -> SamplingBatch:
-        """Settings of every row that draws at random among all the step's sampling rows."""
-        rows = [i for i, p in enumerate(params) if not p.greedy]
+        cls,
+        params: Sequence[SamplingParams],
+        keys: Sequence[int],
+        positions: Sequence[int],
+        vocab_size: int,
+        forced: Any = None,
+    ) -> SamplingBatch | None:
+        """Settings of a step's sampling rows: each one's params, stream key (gpu.samples.stream_key) and
+        output position. `forced`: a gpu.resume.ResumeRows whose forced rows take their given tokens.
+        None: every row is greedy (one argmax, no settings)."""
+        random = [i for i, p in enumerate(params) if p.temperature > 0.0]  # not .greedy: read per row
+        if not random and (forced is None or not len(forced.forced_rows)):
+            return None
+        picked = [params[i] for i in random]
         return cls.of_rows(
-            rows, [params[i] for i in rows], [seeds[i] for i in rows], [num_generated[i] for i in rows]
+            random,
+            len(params),
+            picked,
+            [keys[i] for i in random],
+            [positions[i] for i in random],
+            vocab_size,
+            forced,
         )
 
     @classmethod
     def of_rows(
         cls,
         rows: Sequence[int],
+        num_rows: int,
         params: Sequence[SamplingParams],
-        seeds: Sequence[int],
-        num_generated: Sequence[int],
+        keys: Sequence[int],
+        positions: Sequence[int],
+        vocab_size: int,
         forced: Any = None,
     ) -> SamplingBatch:
-        """Settings of the given random rows (params, seeds and counts are theirs, in the same order).
-        `forced`: a gpu.resume.ResumeRows whose forced rows take their given tokens."""
-        has_forced = forced is not None and len(forced.forced_rows)
+        """`build` with the drawing rows picked already (params, keys and positions are theirs, in order)."""
+        arrays: dict[str, np.ndarray] = {}
+        count = len(rows)
+        max_top_k, partial = 0, False
+        if count:
+            arrays["rows"] = np.array(rows, dtype=np.int64)
+            arrays["temperature"] = np.array([p.temperature for p in params], dtype=np.float32)
+            arrays["uniforms"] = uniforms(np.array(keys, dtype=np.int64), np.array(positions, dtype=np.int64))
+            top_k = np.array([p.top_k for p in params], dtype=np.int64)
+            kept = (top_k > 0) & (top_k < vocab_size)
+            if kept.any():
+                max_top_k = int(top_k[kept].max())
+                partial = not kept.all()
+                arrays["top_k"] = np.where(kept, top_k - 1, max_top_k)
+            top_p = np.array([p.top_p for p in params], dtype=np.float32)
+            if (top_p < 1.0).any():
+                arrays["top_p"] = np.where(top_p < 1.0, np.maximum(top_p, _MIN_TOP_P), _NO_TOP_P)
+        if forced is not None and len(forced.forced_rows):
+            arrays["forced_rows"] = forced.forced_rows
+            arrays["forced_tokens"] = forced.forced_tokens
+        tensors = to_device(arrays, torch.device("cpu"))
         return cls(
-            random_rows=torch.tensor(rows, dtype=torch.long),
-            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32),
-            top_k=torch.tensor([p.top_k for p in params], dtype=torch.long),
-            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32),
-            uniforms=torch.from_numpy(
-                step_uniforms(
-                    np.array(seeds, dtype=np.int64).view(np.uint64), np.array(num_generated, dtype=np.int64)
-                )
-            ),
-            forced_rows=torch.from_numpy(forced.forced_rows) if has_forced else None,
-            forced_tokens=torch.from_numpy(forced.forced_tokens) if has_forced else None,
+            rows=tensors.get("rows"),
+            draws_all=count == num_rows,
+            temperature=tensors.get("temperature"),
+            uniforms=tensors.get("uniforms"),
+            max_top_k=max_top_k,
+            top_k=tensors.get("top_k"),
+            top_k_partial=partial,
+            top_p=tensors.get("top_p"),
+            forced_rows=tensors.get("forced_rows"),
+            forced_tokens=tensors.get("forced_tokens"),
         )
 
+    def to(self, device: torch.device) -> SamplingBatch:
+        """The settings on `device`: one copy from pinned memory that does not block (CPU: these)."""
+        return tensors_to(self, device)
 
-def filter_logits(
-    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
-) -> torch.Tensor:
-    """Temperature, then top-k, then top-p on rows [R, V]; removed tokens get -inf."""
-    logits = logits.float() / temperature[:, None]
-    vocab = logits.shape[-1]
-    k = torch.where((top_k > 0) & (top_k < vocab), top_k, vocab)
-    if bool((k < vocab).any()):
-        kth = torch.topk(logits, int(k.max()), dim=-1).values.gather(1, (k - 1)[:, None])
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    nucleus = top_p < 1.0
-    if bool(nucleus.any()):
-        rows = nucleus.nonzero().flatten()
-        sorted_logits, order = torch.sort(logits[rows], descending=True, dim=-1)
+
+def filter_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Temperature, then top-k, then top-p on the drawing rows' logits [R, V]; removed tokens get -inf."""
+    assert batch.temperature is not None
+    logits = logits.float() / batch.temperature[:, None]
+    if batch.max_top_k:
+        assert batch.top_k is not None
+        top = torch.topk(logits, batch.max_top_k, dim=-1).values
+        if batch.top_k_partial:  # rows keeping every token read this column: nothing is below -inf
+            top = torch.nn.functional.pad(top, (0, 1), value=float("-inf"))
+        logits = logits.masked_fill(logits < top.gather(1, batch.top_k[:, None]), float("-inf"))
+    if batch.top_p is not None:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
         probs = torch.softmax(sorted_logits, dim=-1)
-        # Keep the smallest prefix whose mass reaches top_p: drop a token once the mass before it does.
-        drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p[rows, None]
-        drop[:, 0] = False
+        # Keep the smallest prefix whose mass reaches top_p: drop a token once the mass before it does (never
+        # the first: top_p > 0; a row at 2.0 drops none).
+        drop = (torch.cumsum(probs, dim=-1) - probs) >= batch.top_p[:, None]
         kept = sorted_logits.masked_fill(drop, float("-inf"))
-        logits[rows] = torch.empty_like(kept).scatter_(1, order, kept)  # back to vocabulary order
+        logits = torch.empty_like(kept).scatter_(1, order, kept)  # back to vocabulary order
     return logits
 
 
 def draw(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draw per row of filtered logits [R, V] with uniforms [R] in [0, 1)."""
+    """Inverse-CDF draw per row of filtered logits [R, V] with uniforms [R] in [0, 1) on their device."""
     cdf = torch.cumsum(torch.softmax(logits, dim=-1, dtype=torch.float64), dim=-1)
-    target = (uniforms.to(cdf.device) * cdf[:, -1])[:, None]
+    target = (uniforms * cdf[:, -1])[:, None]
     # The first token whose cumulative mass exceeds the target: never a token of zero probability.
     return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
 
@@ -145,20 +190,29 @@ def sample(
     plan: LogitsPlan | None = None,
     greedy: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One token per row of logits [S, V]; batch None: every row is greedy. plan: bias and penalties,
-    applied to logits in place (so log probabilities can be read from them afterwards). greedy: each
-    row's argmax of these very logits when the device already computed it (inside a CUDA graph)."""
+    """One token per row of logits [S, V]; batch None: every row is greedy. batch and plan on the logits'
+    device (`.to`). plan: bias and penalties, applied to logits in place (so log probabilities can be read
+    from them afterwards). greedy: each row's argmax of these very logits when the device already computed
+    it (inside a CUDA graph): never written into (the graph owns it). Reads nothing from the device."""
     if plan is not None:
         apply(logits, plan)
-    if greedy is not None and batch is not None:
-        greedy = greedy.clone()  # a graph's output buffer: the draws below write into a copy
-    tokens = fast_argmax(logits) if greedy is None else greedy
-    if batch is not None and batch.random_rows.numel():
-        rows = batch.random_rows.to(logits.device)
-        filtered = filter_logits(
-            logits[rows], *(t.to(logits.device) for t in (batch.temperature, batch.top_k, batch.top_p))
-        )
-        tokens[rows] = draw(filtered, batch.uniforms)
-    if batch is not None and batch.forced_rows is not None:  # (a graph's greedy buffer was copied above)
-        tokens[batch.forced_rows.to(tokens.device)] = batch.forced_tokens.to(tokens.device)
+    if batch is None:
+        tokens = fast_argmax(logits) if greedy is None else greedy
+        if plan is not None:
+            count_sampled(tokens, plan)
+        return tokens
+    if batch.draws_all:
+        assert batch.uniforms is not None
+        tokens = draw(filter_logits(logits, batch), batch.uniforms)
+    else:
+        tokens = fast_argmax(logits) if greedy is None else greedy.clone()
+        if batch.rows is not None:
+            assert batch.uniforms is not None
+            drawn = draw(filter_logits(logits.index_select(0, batch.rows), batch), batch.uniforms)
+            tokens.index_copy_(0, batch.rows, drawn)
+    if batch.forced_rows is not None:
+        assert batch.forced_tokens is not None
+        tokens.index_copy_(0, batch.forced_rows, batch.forced_tokens)
+    if plan is not None:
+        count_sampled(tokens, plan)
     return tokens

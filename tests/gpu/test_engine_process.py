@@ -15,7 +15,7 @@ import pytest
 
 from gpu.engine import EngineRequest
 from gpu.engine_process import EngineProcess, EngineProcessDied
-from gpu.engine_types import StepFailed
+from gpu.engine_types import ResumeRefused, StepFailed
 from scheduler.types import FinishReason
 from tests.gpu.factories import greedy, make_engine, make_prompts, run_to_end
 
@@ -104,6 +104,18 @@ def test_a_request_the_child_refuses_ends_rejected_with_why(process):
     refused = [o for o in outs if o.finish_reason is FinishReason.REJECTED]
     assert len(refused) == 1 and "already in the engine" in refused[0].detail
     assert process.abort_request("twice")[0].finish_reason is FinishReason.ABORT
+
+
+def test_a_resume_is_refused_at_add_and_one_that_passes_resumes_in_the_child(process):
+    prompt = make_prompts(1, 6, 6, seed=3)[0]
+    whole = run_to_end(make_engine(**CONFIG), [EngineRequest("w", prompt, greedy(12, ignore_eos=True))])
+    tokens = tuple(t for o in whole["w"] for t in o.new_token_ids)
+    with pytest.raises(ResumeRefused, match="stop token"):  # raised here, in the worker's process
+        process.add_request(EngineRequest("r", prompt, greedy(12), resume=((5, 2, 9),)))
+    request = EngineRequest("w", prompt, greedy(12, ignore_eos=True), resume=(tokens[:5],))
+    resumed = run_to_end(process, [request])
+    assert summary(resumed) == summary(whole)
+    assert [o.resumed for o in resumed["w"] if o.new_token_ids][:2] == [True, False]
 
 
 def test_a_failed_step_raises_step_failed_and_a_probe_runs_one_request_alone():

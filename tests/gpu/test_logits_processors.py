@@ -1,5 +1,7 @@
 """logit_bias and penalties, batched, against a per-row reference written straight from the definitions
-(OpenAI's presence/frequency formula, HF's RepetitionPenaltyLogitsProcessor), and log probabilities."""
+(OpenAI's presence/frequency formula, HF's RepetitionPenaltyLogitsProcessor), and log probabilities; with
+the counts on the host (the CPU path) and on the device (gpu/penalty_counts.py, the CUDA path: run here on
+CPU tensors), which give the same logits to the bit."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu.logits_processors import LogitsState, apply, fast_topk, token_logprobs
+from gpu.logits_processors import LogitsState, apply, count_sampled, fast_topk, token_logprobs
 from gpu.sampler import fast_argmax
 from scheduler.output import ScheduledChunk
 from scheduler.types import SamplingParams
@@ -48,9 +50,15 @@ def run_step(
         return logits, {}
     apply(logits, plan)
     picked = torch.tensor(tokens) if tokens is not None else fast_argmax(logits)
+    count_sampled(picked, plan)  # the device path's counts (nothing on the host path)
     logprobs = token_logprobs(logits, picked, plan)
     state.record(plan, picked.tolist(), logprobs)
     return logits, state.take_logprobs()
+
+
+@pytest.fixture(params=[False, True], ids=["host-counts", "device-counts"])
+def device_counts(request) -> bool:
+    return request.param
 
 
 def test_plain_requests_are_not_tracked():
@@ -63,11 +71,13 @@ def test_plain_requests_are_not_tracked():
     assert not state
 
 
-def test_counts_follow_generated_tokens_over_steps_and_bias_ids_outside_the_vocabulary_are_ignored():
+def test_counts_follow_generated_tokens_over_steps_and_bias_ids_outside_the_vocabulary_are_ignored(
+    device_counts,
+):
     params = SamplingParams(
         presence_penalty=0.5, frequency_penalty=0.25, logit_bias=((3, 2.0), (VOCAB + 5, 9.0))
     )
-    state = LogitsState(VOCAB)
+    state = LogitsState(VOCAB, device_counts)
     prompt = [7, 7, 9]
     state.add("a", prompt, params)
     generated: list[int] = []
@@ -82,8 +92,8 @@ def test_counts_follow_generated_tokens_over_steps_and_bias_ids_outside_the_voca
     assert got[0, 7].item() == -0.75 and got[0, 4].item() == -1.25 and got[0, 9].item() == 0.0
 
 
-def test_repetition_penalty_divides_positive_and_multiplies_negative_logits_of_seen_tokens():
-    state = LogitsState(VOCAB)
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits_of_seen_tokens(device_counts):
+    state = LogitsState(VOCAB, device_counts)
     state.add("a", [1, 2], SamplingParams(repetition_penalty=2.0))
     logits = torch.zeros(1, VOCAB)
     logits[0, 1], logits[0, 2], logits[0, 3] = 4.0, -4.0, 4.0
@@ -133,15 +143,19 @@ row_strategy = st.tuples(
 @settings(max_examples=60, deadline=None)
 @given(rows=st.lists(row_strategy, min_size=1, max_size=5), seed=st.integers(0, 2**16))
 def test_batched_processing_equals_the_per_row_reference(rows, seed):
-    state = LogitsState(VOCAB)
+    states = LogitsState(VOCAB), LogitsState(VOCAB, device_counts=True)
     for i, (params, prompt, generated) in enumerate(rows):
-        state.add(f"s{i}", prompt, params)
-        plan = state.plan([chunk(f"s{i}")])
-        for token in generated if plan is not None else ():  # one recorded token per step, as the engine
-            state.record(plan, [token], {})
+        for state in states:
+            # half of them start with their tokens (a resume), half count them a step at a time
+            state.add(f"s{i}", prompt, params, generated if i % 2 else ())
+        for token in () if i % 2 else generated:  # one token per step, as the engine
+            for state in states:
+                run_step(state, [f"s{i}"], torch.zeros(1, VOCAB), [token])
     logits = torch.randn(len(rows) + 1, VOCAB, generator=torch.Generator().manual_seed(seed))
     ids = [f"s{i}" for i in range(len(rows))]
-    got, _ = run_step(state, ["plain", *ids], logits)
+    got, _ = run_step(states[0], ["plain", *ids], logits)
+    on_device, _ = run_step(states[1], ["plain", *ids], logits)
+    torch.testing.assert_close(on_device, got, rtol=0, atol=0)  # the same logits, to the bit
     torch.testing.assert_close(got[0], logits[0], rtol=0, atol=0)  # an untracked row is left alone
     for i, (params, prompt, generated) in enumerate(rows):
         want = reference(logits[i + 1], prompt, generated, params)
@@ -159,11 +173,12 @@ def test_processing_on_cuda_equals_the_cpu():
     plan = state.plan([chunk("a"), chunk("x"), chunk("b")])
     assert plan is not None
     cpu, cuda = logits.clone(), logits.cuda()
+    on_cuda = plan.to(cuda.device)
     apply(cpu, plan)
-    apply(cuda, plan)
+    apply(cuda, on_cuda)
     torch.testing.assert_close(cuda.cpu(), cpu)
     tokens = torch.tensor([7, 0, 9])
-    want, got = token_logprobs(cpu, tokens, plan), token_logprobs(cuda, tokens.cuda(), plan)
+    want, got = token_logprobs(cpu, tokens, plan), token_logprobs(cuda, tokens.cuda(), on_cuda)
     assert want.keys() == got.keys() == {"a", "b"}
     for seq_id, w in want.items():
         g = got[seq_id]

@@ -4,12 +4,14 @@ and bias equal a reference greedy loop over HF's logits, whatever the batch mate
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
 import torch
 
 from gpu.engine import EngineRequest
+from gpu.logits_processors import LogitsState
 from gpu.model import LoadedModel
 from scheduler.types import SamplingParams
 from tests.gpu.factories import make_engine, make_model, make_prompts
@@ -215,3 +217,35 @@ def test_preemption_and_recompute_keep_penalties_on_generated_tokens():
         want = reference_greedy(model, request.prompt_token_ids, request.sampling)
         assert tokens_of(got[request.request_id]) == want
     assert not engine._logits  # every request's history is dropped when it ends
+
+
+def counts_on_device(engine):
+    """The engine with the CUDA path's penalty counts (gpu/penalty_counts.py), here on CPU tensors."""
+    engine._logits = LogitsState(engine.model.config.vocab_size, device_counts=True)
+    return engine
+
+
+def test_counts_on_the_device_give_the_host_counts_tokens_with_preemption_n_and_resume():
+    """The CUDA path's device-resident counts, run here: the same tokens and logprobs as the host's, with
+    sequences preempted and recomputed (they keep their counts), two samples, and a resumed request."""
+    model = make_model()
+    prompts = make_prompts(5, 10, 20, seed=7)
+    penalised = dict(presence_penalty=0.3, frequency_penalty=0.2, repetition_penalty=1.3, ignore_eos=True)
+    requests = [
+        EngineRequest("a", prompts[0], SamplingParams(max_tokens=20, **penalised)),
+        EngineRequest("b", prompts[1], SamplingParams(max_tokens=25, temperature=0.9, seed=4, **penalised)),
+        EngineRequest("c", prompts[2], SamplingParams(max_tokens=18, logprobs=2, **penalised), n=2),
+        EngineRequest("d", prompts[3], SamplingParams(max_tokens=22, temperature=1.0, seed=5, **penalised)),
+        EngineRequest("e", prompts[4], SamplingParams(max_tokens=15, logit_bias=((7, 2.0),), **penalised)),
+    ]
+    config = dict(block_size=4, num_blocks=16, max_num_batched_tokens=16)
+    host = run(make_engine(model, **config), requests)
+    engine = counts_on_device(make_engine(model, **config))
+    device = run(engine, requests)
+    assert engine.stats().preemptions > 0
+    assert {k: tokens_of(v) for k, v in device.items()} == {k: tokens_of(v) for k, v in host.items()}
+    for (_, a), (_, b) in zip(device["c"], host["c"], strict=True):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-5)
+    resumed = dataclasses.replace(requests[1], resume=(tuple(tokens_of(host["b"])[:9]),))
+    assert tokens_of(run(counts_on_device(make_engine(model)), [resumed])["b"]) == tokens_of(host["b"])
+    assert engine._logits.counts is not None and not engine._logits.counts._slot  # every slot given back
