@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -159,57 +160,16 @@ def one_round(fleet: Fleet, db: Any, client: Any, job: dict, kind: str, timeout_
     }
 
 
-def save_cost(settings: Any, jobs: int, tokens: int, passes: int = 30) -> dict[str, Any]:
-    """One save pass of `jobs` running jobs with `tokens` new tokens each, written as the persister writes
-    it (workers.serving.outbox.writes.apply_all of one Progress item) inside a transaction, as in the
-    worker it rides in its batch's (the commit, shared with the batch's other writes, is not timed): the
-    median wall time of the statement, this process's CPU (building the array literals, the driver), and
-    both per token."""
-    from sqlalchemy import create_engine, text
-
-    from workers.db.jobs import Admission, admit
-    from workers.db.progress import ProgressChunk
-    from workers.serving.outbox.writes import Progress, WriteContext, apply_all
-
-    db = create_engine(settings.database_url)
-    tag = f"{settings.topic_prefix}-cost{jobs}x{tokens}"
-    now = datetime.now(UTC)
-    source = (settings.topics.jobs("normal"), 0, 0)
-    rows = [Admission(f"{tag}-{i}", "bench", "normal", "p", {"seed": 1}, None, now, now, "bench", source)
-            for i in range(jobs)]  # fmt: skip
-    with db.begin() as conn:
-        admit(conn, rows)
-    walls, cpus = [], []
-    try:
-        for n in range(passes):
-            chunks = tuple(
-                ProgressChunk(
-                    f"{tag}-{i}",
-                    "bench",
-                    0,
-                    1,
-                    n * tokens,
-                    tuple(range(300, 300 + tokens)),
-                    "four" * tokens,
-                    "f" * 32,
-                )  # fmt: skip
-                for i in range(jobs)
-            )
-            with db.begin() as conn:
-                conn.execute(text("SELECT 1"))  # the transaction is open: its BEGIN is not timed
-                wall, cpu = time.perf_counter(), time.process_time()
-                apply_all(conn, [Progress(chunks)], WriteContext("bench", datetime.now(UTC)))
-                walls.append(time.perf_counter() - wall)
-                cpus.append(time.process_time() - cpu)
-    finally:
-        with db.begin() as conn:
-            for table in ("job_progress", "jobs"):
-                conn.execute(text(f"DELETE FROM {table} WHERE job_id LIKE :t"), {"t": f"{tag}-%"})
-        db.dispose()
-    wall_ms, cpu_ms = 1000 * median(walls), 1000 * median(cpus)
-    per = 1000 / (jobs * tokens)
-    return {"jobs": jobs, "tokens_per_job": tokens, "pass_wall_ms": wall_ms, "pass_cpu_ms": cpu_ms,
-            "wall_us_per_token": wall_ms * per, "cpu_us_per_token": cpu_ms * per}  # fmt: skip
+def save_costs(settings: Any) -> list[dict[str, Any]]:
+    """What one save pass costs (workers/cli/bench_progress.py, in a process of its own: the worker's code),
+    for passes of jobs decoding ~20 tokens/s each (this CPU) and ~100 (a GPU), every 250 ms."""
+    env = {
+        **os.environ,
+        "INFERQ_TOPIC_PREFIX": settings.topic_prefix,
+        "INFERQ_DATABASE_URL": settings.database_url,
+    }
+    cmd = [sys.executable, "-m", "workers.cli.bench_progress", "8,64,256", "5,25"]
+    return json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -228,8 +188,7 @@ def run(args: argparse.Namespace) -> int:
     logs = Path(tempfile.gettempdir()) / f"inferq-{settings.topic_prefix}"
     logs.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
-    # a pass of jobs decoding ~20 tokens/s each (this CPU) and ~100 (a GPU), every 250 ms
-    costs = [save_cost(settings, jobs, tokens) for jobs in (8, 64, 256) for tokens in (5, 25)]
+    costs = save_costs(settings)
     print(render_costs(costs))
     if args.save_cost_only:
         delete_topics(settings.kafka_connection, settings.topic_prefix)

@@ -120,5 +120,17 @@ def reference(client: JobClient, job: dict, priority: str = "normal", timeout_s:
     return client.wait(sent, timeout_s)
 
 
-def tokens_topic(settings: Settings) -> str:
-    return settings.topics.tokens
+def stream_records(settings: Settings, since_ms: int, job_ids: Iterable[str], timeout_s: float = 300) -> list:
+    """Every record of the tokens topic since a time, read until each of these jobs' final event is in."""
+    from tests.workers.worker_factories import read_topic
+
+    missing, seen = set(job_ids), [0]
+
+    def complete(records: list) -> bool:
+        for r in records[seen[0] :]:
+            if (event := TokenEvent.model_validate_json(r.value)).final:
+                missing.discard(event.job_id)
+        seen[0] = len(records)
+        return not missing
+
+    return read_topic(settings, settings.topics.tokens, since_ms, complete, timeout_s)

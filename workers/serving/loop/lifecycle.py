@@ -357,7 +357,9 @@ class JobLifecycle:
         row, timings = job.conclude(finish, self.worker_id, error=detail)
         reasons = {sample.index: sample.finish_reason for sample in job.choices.samples}
         stream_end = self.streamer.finish(request_id, finish, job.usage, reasons)
-        self.items.append(Concluded(row, tuple(job.sources), stream_end, progress=job.progress.saved))
+        # a later attempt's terminal row also takes any rows a superseded one saved after its admission
+        progress = job.progress.saved or job.attempt > 1
+        self.items.append(Concluded(row, tuple(job.sources), stream_end, progress=progress))
         self.metrics.observe_job(row.status, finish, job.priority, timings)
         # (fields by name, not model_dump: this runs once a job, on the thread every job waits on)
         job_event("finished", job.job_id, job.priority, status=row.status, finish_reason=finish,
