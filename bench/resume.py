@@ -38,7 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2", help="the workers' model (default: smollm2)")
     parser.add_argument("--tokens", type=int, default=1000, help="tokens of the job (default: 1000)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of each kind (default: 2)")
-    parser.add_argument("--threads", type=int, default=1, help="each worker's torch threads (default: 1)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="the workers' OMP_NUM_THREADS (default: unset, as deployed)"
+    )
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="per round (default: 1800)")
     parser.add_argument(
         "--save-cost-only", action="store_true", help="only the cost of saving progress (no workers, seconds)"
@@ -61,9 +63,11 @@ class Fleet:
     def start(self) -> str:
         self._started += 1
         worker_id = f"{self.settings.topic_prefix}-w{self._started}"
-        env = {**os.environ, "INFERQ_TOPIC_PREFIX": self.settings.topic_prefix,
-               "INFERQ_KAFKA": self.settings.kafka, "INFERQ_DATABASE_URL": self.settings.database_url,
-               "OMP_NUM_THREADS": str(self.args.threads)}  # fmt: skip
+        s = self.settings
+        env = {**os.environ, "INFERQ_TOPIC_PREFIX": s.topic_prefix, "INFERQ_KAFKA": s.kafka,
+               "INFERQ_DATABASE_URL": s.database_url}  # fmt: skip
+        if self.args.threads is not None:
+            env["OMP_NUM_THREADS"] = str(self.args.threads)
         cmd = [sys.executable, "-m", "workers.cli", "worker", "--worker-id", worker_id,
                "--model", self.args.model, *self.args.worker_args]  # fmt: skip
         with (self.logs / f"{worker_id}.log").open("wb") as out:
