@@ -1,5 +1,5 @@
 """Running jobs' progress: each sample's generated tokens, saved in chunks as the job runs, read back by the
-job's next attempt to resume from (the `job_progress` table, migration 0010).
+job's next attempt to resume from (the `job_progress` table, migration 0011).
 
 A chunk is one save of one sample by one attempt: the tokens generated since its previous save, at
 `position` in the sample's output. Saves only insert (a save costs its new tokens, never a rewrite of what

@@ -1,7 +1,7 @@
 """Running jobs' progress: the tokens each sample has generated so far, saved as the job runs.
 
-Revision ID: 0010
-Revises: 0007
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-12-08
 
 `job_progress` holds, per sample of a running job, its generated token ids in chunks: one row per save of
@@ -20,8 +20,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects.postgresql import ARRAY
 
-revision = "0010"
-down_revision = "0007"
+revision = "0011"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 
