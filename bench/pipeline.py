@@ -54,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def stub_forward(engine: Any, stub_type: type) -> None:
-    """The engine's forward replaced by `stub_type` (bench.host_steps.StubForward): one printable token."""
+    """The engine's forward replaced by `stub_type` (bench.host_overhead.steps.StubForward): one printable
+    token."""
     token = engine.tokenizer.encode("a")[-1]
     if token in engine.eos_token_ids:
         raise ValueError(f"stub token {token} is an EOS token")
@@ -86,7 +87,7 @@ ENGINE_OPTIONS = {"max_num_seqs": 64, "max_num_batched_tokens": 1024}
 
 
 def engine_alone(engine: Any, jobs: list[dict]) -> dict[str, float]:
-    from bench.e2e_phases import engine_run
+    from bench.e2e.phases import engine_run
 
     class _Job:  # what engine_run reads
         def __init__(self, job: dict) -> None:
@@ -112,7 +113,7 @@ class Deployment:
     def __init__(
         self, settings: Any, instant: bool, threads: int, model: str, worker_args: list[str]
     ) -> None:
-        from bench.e2e_deploy import WorkerProcess, wait_joined
+        from bench.e2e.deploy import WorkerProcess, wait_joined
 
         self.settings = settings
         tmp = Path(tempfile.gettempdir()) / f"inferq-{settings.topic_prefix}"
@@ -153,7 +154,7 @@ class Deployment:
     def snapshot(self) -> dict[str, Any]:
         import psutil
 
-        from bench.e2e_deploy import pid_cpu_s
+        from bench.e2e.deploy import pid_cpu_s
 
         for _ in range(20):  # the worker rewrites it every 0.25 s
             try:
@@ -182,7 +183,7 @@ class Deployment:
                 "loop": loop}  # fmt: skip
 
     def run(self, jobs: list[dict], prefix: str, timeout_s: float) -> dict[str, Any]:
-        from bench.e2e_deploy import MachineBusy
+        from bench.e2e.deploy import MachineBusy
         from schemas.jobs import JobRequest
 
         # the jobs as a producer holds them before it posts: the clock starts at the first post
@@ -237,7 +238,7 @@ class Deployment:
         }
 
     def close(self) -> None:
-        from bench.e2e_deploy import delete_private_topics
+        from bench.e2e.deploy import delete_private_topics
 
         self.worker.stop()
         self.client.close()
@@ -268,8 +269,8 @@ def run(args: argparse.Namespace) -> int:
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     import torch
 
-    from bench.e2e_deploy import make_private_settings
-    from bench.host_steps import StubForward
+    from bench.e2e.deploy import make_private_settings
+    from bench.host_overhead.steps import StubForward
     from bench.machine import machine_info
     from gpu.engine import Engine
     from workers.settings import Settings

@@ -22,6 +22,7 @@ from gpu.engine_types import (
     EngineRequest,
     EngineStats,
     GrammarSpec,
+    LoraRequest,
     RequestOutput,
     StepFailed,
     TokenLogprob,
@@ -30,11 +31,13 @@ from gpu.engine_types import (
 from gpu.fingerprint import combine, weights_digest
 from gpu.generation_config import GenerationDefaults, eos_token_ids
 from gpu.grammar import DEAD_END
-from gpu.grammar.constraints import DEAD_END_REASON, Constraints, is_json
+from gpu.grammar.constraints import DEAD_END_REASON, Constraints, has_closing
 from gpu.logits_processors import LogitsState
+from gpu.lora import LoraError
 from gpu.model import LoadedModel, load_model
 from gpu.resume import ResumedSample, SavedLogprobs, replay, saved_tokens, stop_token_ids
 from gpu.runner import ModelRunner, RunnerConfig
+from gpu.sampler import SamplingTable
 from gpu.samples import stream_key
 from gpu.step_clock import OUTPUTS, SCHEDULE, StepClock
 from scheduler.config import SchedulerConfig
@@ -60,6 +63,7 @@ class LiveSequence:
     index: int = 0  # which of the request's samples
     num_tokens: int = 0  # tokens generated so far
     started: bool = False
+    lora: str | None = None  # the adapter it holds (gpu.lora.manager.lora_id), released when it ends
 
 
 @dataclass(slots=True)
@@ -97,6 +101,7 @@ class EngineCore:
             share_prefix_cache_across_tenants=config.share_prefix_cache_across_tenants,
             aging_s=config.aging_s,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
+            max_loras=config.max_loras,
         )
         check_config(scheduler_config)
         self.clock = StepClock()
@@ -116,6 +121,9 @@ class EngineCore:
                 decode_kernel=config.decode_kernel,
                 fused_rope=config.fused_rope,
                 tune_linears=config.tune_linears,
+                max_loras=config.max_loras,
+                max_lora_rank=config.max_lora_rank,
+                max_cpu_loras=config.max_cpu_loras,
             ),
             self.clock,
         )
@@ -135,15 +143,16 @@ class EngineCore:
         # resumed samples whose saved tokens are not out yet (gpu/resume.py), and this step's outputs of them
         self._resumes: dict[str, ResumedSample] = {}
         self._resumed_outputs: list[tuple[RequestOutput, ResumedSample]] = []
-        # sequence id -> the key of its sampling randomness (gpu/samples.py), for as long as it is live
-        self._seeds: dict[str, int] = {}
+        # each live sequence's sampling settings and the key of its randomness (gpu/samples.py): its seed's
+        self._seeds = SamplingTable()
         self._seed_bank: list[int] = []  # unseeded requests' seeds, drawn from the OS in bulk
         # Sample i > 0 of an n > 1 request: its sequence id -> the request id, kept one step past its end
         # so `last_step` can still name the request (`_retired` are dropped when the next step starts).
         self._request_of: dict[str, str] = {}
         self._retired: list[str] = []
         # live sequences using logit_bias, penalties or logprobs (their token history for the penalties)
-        self._logits = LogitsState(model.config.vocab_size, device_counts=self.runner.device.type == "cuda")
+        on_device = self.runner.device.type == "cuda"  # penalty counts there (gpu/penalty_counts.py)
+        self._logits = LogitsState(model.config.vocab_size, on_device, self._seeds)
         # output constraints: the grammar compiler and each constrained live sequence's matcher
         self._constraints = Constraints(self.tokenizer, model.config.vocab_size, self.eos_token_ids)
         self._matchers = self._constraints.matchers  # read every step: whether any sequence is constrained
@@ -196,9 +205,17 @@ class EngineCore:
             self._seed_bank = [int.from_bytes(raw[i : i + 8], "little") >> 1 for i in range(0, len(raw), 8)]
         return self._seed_bank.pop()
 
+    def load_lora(self, lora: LoraRequest) -> None:
+        """Load and check an adapter into the host cache now (raises LoraError naming it and the cause)."""
+        if self.runner.lora is None:
+            raise LoraError(f"adapter {lora.name!r}: this engine serves no adapters (max_loras 0)")
+        self.runner.lora.load(lora)
+
     def add_request(self, request: EngineRequest) -> None:
-        """Queue a request; n > 1: n samples of its prompt, prefilled once (outputs carry `index`).
-        `request.resume`: see gpu/resume.py; raises ResumeRefused (nothing added) when it cannot be used."""
+        """Queue a request; n > 1: n samples of its prompt, prefilled once (outputs carry `index`). A
+        request whose adapter cannot be loaded ends REJECTED (its detail the LoraError's message) at the
+        next step. `request.resume`: see gpu/resume.py; raises ResumeRefused (nothing added) when it
+        cannot be used."""
         seq_ids = [sample_seq_id(request.request_id, i) for i in range(max(request.n, 1))]
         if any(seq_id in self._live for seq_id in seq_ids):
             raise ValueError(f"request {request.request_id!r} is already in the engine")
@@ -206,21 +223,25 @@ class EngineCore:
         starts = self._starts(request, len(seq_ids))
         eos = frozenset() if request.sampling.ignore_eos else self.eos_token_ids
         resumed = tuple(s.resumed.tokens[:-1] if s.resumed else () for s in starts)
-        self.scheduler.add(
-            SequenceRequest(
-                seq_id=request.request_id,
-                prompt_token_ids=tuple(request.prompt_token_ids),
-                sampling=request.sampling,
-                priority=request.priority,
-                tenant=request.tenant,
-                arrival=time.monotonic(),
-                deadline=request.deadline,
-                eos_token_ids=eos,
-                n=request.n,
-                resumed=resumed if any(resumed) else (),
-                resumed_logits=request.sampling.logprobs is not None,
-            )
+        lora, refusal = self._hold_lora(request.lora, len(seq_ids))
+        sequence = SequenceRequest(
+            seq_id=request.request_id,
+            prompt_token_ids=tuple(request.prompt_token_ids),
+            sampling=request.sampling,
+            priority=request.priority,
+            tenant=request.tenant,
+            arrival=time.monotonic(),
+            deadline=request.deadline,
+            eos_token_ids=eos,
+            n=request.n,
+            lora=lora,
+            resumed=resumed if any(resumed) else (),
+            resumed_logits=request.sampling.logprobs is not None,
         )
+        if refusal:
+            self.scheduler.refuse(sequence, refusal)
+        else:
+            self.scheduler.add(sequence)
         seed = request.sampling.seed if request.sampling.seed is not None else self._fresh_seed()
         for index, (seq_id, start) in enumerate(zip(seq_ids, starts, strict=True)):
             self._live[seq_id] = LiveSequence(
@@ -229,14 +250,15 @@ class EngineCore:
                 len(request.prompt_token_ids),
                 index=index,
                 num_tokens=len(resumed[index]),
+                lora=lora,
             )
-            self._seeds[seq_id] = stream_key(seed, index)
+            self._seeds.add(seq_id, stream_key(seed, index), request.sampling)
             self._logits.add(seq_id, request.prompt_token_ids, request.sampling, resumed[index])
             if index:
                 self._request_of[seq_id] = request.request_id
             if start.matcher is not None:  # every sample follows the grammar on its own
                 self._constraints.add(seq_id, request.grammar, start.matcher, start.closing_state)
-            if start.resumed is not None:
+            if start.resumed is not None and not refusal:  # a refused request ends REJECTED as it is
                 self._resumes[seq_id] = start.resumed
 
     def _starts(self, request: EngineRequest, n: int) -> list[SampleStart]:
@@ -256,7 +278,7 @@ class EngineCore:
         saved = saved_tokens(request, self.model.config.vocab_size, max_model_len)
         sampling = request.sampling
         stop_ids = stop_token_ids(sampling, self.eos_token_ids)
-        json = grammar is not None and is_json(grammar)
+        json = grammar is not None and has_closing(grammar)
         closing = self._constraints.closing
         for start, tokens in zip(starts, saved, strict=True):
             if not tokens:
@@ -282,6 +304,19 @@ class EngineCore:
             start.resumed = ResumedSample(tokens, len(request.prompt_token_ids), text, logprobs)
             start.closing_state = state
         return starts
+
+    def _hold_lora(self, lora: LoraRequest | None, samples: int) -> tuple[str | None, str]:
+        """The adapter's scheduler id, held once per sample; or why the request cannot run under it."""
+        if lora is None:
+            return None, ""
+        manager = self.runner.lora
+        if manager is None:
+            return None, f"adapter {lora.name!r}: this engine serves no adapters (max_loras 0)"
+        try:
+            ids = [manager.hold(lora) for _ in range(samples)]
+        except LoraError as exc:
+            return None, str(exc)
+        return ids[0], ""
 
     def abort_request(self, request_id: str) -> list[RequestOutput]:
         """End every live sample of the request: one ABORT output each, by index (none if none is live)."""
@@ -448,6 +483,8 @@ class EngineCore:
     ) -> RequestOutput:
         self.runner.release(ended.seq_id)
         live = self._live.pop(ended.seq_id, None)
+        if live is not None and live.lora is not None and self.runner.lora is not None:
+            self.runner.lora.release(live.lora)
         self._drop(ended.seq_id)
         if self._resumes and ended.seq_id in self._resumes and live is not None:
             return self._finish_resumed(ended, live, self._resumes.pop(ended.seq_id), started)
@@ -458,8 +495,8 @@ class EngineCore:
 
     def _drop(self, seq_id: str) -> None:
         """Forget an ended sequence's sampling state (its request id stays one more step, see __init__)."""
-        self._seeds.pop(seq_id, None)
-        self._logits.drop(seq_id)
+        self._logits.drop(seq_id)  # before its sampling row goes: its counts are found by it
+        self._seeds.drop(seq_id)
         if seq_id in self._request_of:
             self._retired.append(seq_id)
         self._constraints.drop(seq_id)

@@ -34,8 +34,16 @@ from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any, NoReturn
 
-from gpu.engine_types import EngineRequest, EngineStats, GrammarSpec, RequestOutput, StepFailed
+from gpu.engine_types import (
+    EngineRequest,
+    EngineStats,
+    GrammarSpec,
+    LoraRequest,
+    RequestOutput,
+    StepFailed,
+)
 from gpu.grammar.constraints import Constraints
+from gpu.lora import LoraError
 from gpu.resume import check_resume
 from scheduler.types import FinishReason
 
@@ -154,6 +162,16 @@ class EngineProcess:
                 self._early = [o for o in self._early if o.request_id != request_id]
             return aborted
 
+    def load_lora(self, lora: LoraRequest) -> None:
+        """As Engine's: loaded into the child's host cache now (a round trip, after the step in flight); a
+        bad adapter's LoraError raised here with the child's message."""
+        with self._lock:
+            if self._dead:
+                raise EngineProcessDied(self._death)
+            self._settle_in_flight()
+            self._send("load_lora", lora)
+            self._read()
+
     def step(self, only: str | None = None) -> list[RequestOutput]:
         """The outputs of one engine step. The next step is launched before this returns (unless `only`
         asks for a probe, or nothing is left): the child runs it while the worker handles these outputs."""
@@ -230,6 +248,8 @@ class EngineProcess:
         if kind == "ok":
             outputs, self._state = payload
             return outputs
+        if kind == "lora_error":
+            raise LoraError(payload)
         if kind == "step_failed":
             seq_ids, outputs, error, self._state = payload
             cause = RuntimeError(error)
@@ -335,6 +355,14 @@ def _serve(conn: Any, grammars: Any, build: Callable[[], Any], parent_pid: int) 
             logging.shutdown()
             os._exit(0)
         refused = [_refused(request, exc) for request, exc in _add_all(engine, adds)]
+        if op == "load_lora":
+            try:
+                engine.load_lora(arg)
+            except LoraError as exc:  # the adapter's fault: the parent raises it; the engine goes on
+                conn.send(("lora_error", (refused, str(exc))))
+                continue
+            conn.send(("ok", (refused, ([], _state_of(engine)))))
+            continue
         try:
             outputs = engine.step(arg) if op == "step" else engine.abort_request(arg)
         except StepFailed as failed:

@@ -34,12 +34,18 @@ class EngineConfig:
     # Schedule step N+1 and build its inputs while step N runs (forward and sampling on a worker thread),
     # its outputs returned one step() call later. None: on for CUDA, off on the CPU (see below).
     async_scheduling: bool | None = None
+    # LoRA (gpu/lora/): distinct adapters resident in the engine, and so the most one step may mix; the
+    # largest rank an adapter may have (device slots are padded to it: one static layout for the kernels
+    # and CUDA graphs); adapters kept loaded in host memory (None: 4 * max_loras, at least 16).
+    max_loras: int = 4
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
 
 def resolve_async_scheduling(wanted: bool | None, device: Any) -> bool:
     """Whether the engine overlaps scheduling with the model. None: off until measured on a device. On
     the CPU the forward and the host work compete for the same cores (measured: no gain on a shared 2-core
-    machine, bench/host_overhead.py and `inferq bench engine --async-scheduling on|off`); on CUDA it is
+    machine, bench/host_overhead/ and `inferq bench engine --async-scheduling on|off`); on CUDA it is
     correct on the CPU-run CUDA-step logic but has not yet run on a GPU, so bench/device_check.sh measures
     it on and off (`inferq_async` in its tables) before it becomes the default there."""
     return bool(wanted)
@@ -54,6 +60,15 @@ class GrammarSpec:
 
 
 @dataclass(frozen=True)
+class LoraRequest:
+    """A LoRA adapter a request runs under. The host cache keys it by (name, path): the same name
+    registered again with another directory is another adapter (loaded anew), never the old weights."""
+
+    name: str  # the adapter's served name (what a job puts in `model`)
+    path: str  # a PEFT directory (adapter_config.json + adapter_model.safetensors) every worker can read
+
+
+@dataclass(frozen=True)
 class EngineRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
@@ -65,6 +80,7 @@ class EngineRequest:
     n: int = 1  # samples of the prompt, prefilled once; their outputs carry `index` 0..n-1
     # A GrammarSpec, or what Engine.compile_grammar made of one (compiled off the engine thread); None: free
     grammar: Any = None
+    lora: LoraRequest | None = None  # the adapter to run under; None: the base model
     # Resuming an earlier attempt (gpu/resume.py): per sample index 0..n-1, the token ids it generated (fewer
     # entries than n, or an empty one: those samples start afresh). They follow the prompt, prefilled with it,
     # count as generated (max_tokens and completion_tokens include them), and the output goes on as the

@@ -20,6 +20,10 @@ from gpu.models.llama import Layer
 # A layer's sliding window and soft-capping, if any, are the attention's to apply (LlamaForward.attn_options).
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
+# A step's LoRA (gpu/lora): (layer, product, its input x, its output) -> the adapter rows' deltas added to
+# the output in place. Products: "qkv", "o", "gate_up", "down". None: no row of the step has an adapter.
+LoraApply = Callable[[int, str, torch.Tensor, torch.Tensor], None]
+
 # Residual add + RMSNorm: (x, delta or None, weight, eps) -> (rms_norm(x + delta), x + delta).
 AddRmsNorm = Callable[
     [torch.Tensor, torch.Tensor | None, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]
@@ -137,7 +141,13 @@ class LlamaForward:
         probe = torch.empty(1, dtype=self.dtype, device=self.device)
         return self._ropes[table](probe, positions)  # [T, rotary_dim]
 
-    def __call__(self, inputs: StepInputs, cache: KVCache, attention: PagedAttention) -> torch.Tensor:
+    def __call__(
+        self,
+        inputs: StepInputs,
+        cache: KVCache,
+        attention: PagedAttention,
+        lora: LoraApply | None = None,
+    ) -> torch.Tensor:
         """Run every scheduled token; return logits [S, vocab] for inputs.sample_rows."""
         plan = attention.plan(inputs.attention, cache)
 
@@ -146,7 +156,9 @@ class LlamaForward:
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
             return attention(q, k, v, cache, layer, plan, self.scale, **options[layer])
 
-        return self.run(inputs.input_ids, inputs.positions, inputs.slots, cache, attend, inputs.sample_rows)
+        return self.run(
+            inputs.input_ids, inputs.positions, inputs.slots, cache, attend, inputs.sample_rows, lora
+        )
 
     def run(
         self,
@@ -156,8 +168,10 @@ class LlamaForward:
         cache: KVCache,
         attend: Attend,
         sample_rows: torch.Tensor | None,
+        lora: LoraApply | None = None,
     ) -> torch.Tensor:
-        """The layers over flattened tokens, attention through `attend`; logits of sample_rows (None: all).
+        """The layers over flattened tokens, attention through `attend`; logits of sample_rows (None: all);
+        `lora` adds the step's adapter deltas to each product it adapts.
 
         Only tensor operations with shapes fixed by the inputs: a CUDA graph can capture it whole.
         """
@@ -177,7 +191,10 @@ class LlamaForward:
             x = x * self.embed_scale  # a host float: nothing made per step (CUDA graphs)
         for index, layer in enumerate(self.layers):
             h, x = self._add_norm(x, delta, layer.input_norm)
-            qk, v = layer.qkv(h).split((q_size + kv_size, kv_size), dim=-1)
+            qkv = layer.qkv(h)
+            if lora is not None:
+                lora(index, "qkv", h, qkv)
+            qk, v = qkv.split((q_size + kv_size, kv_size), dim=-1)
             qk = qk.view(t, self.num_heads + self.num_kv_heads, self.head_dim)
             v = v.view(t, self.num_kv_heads, self.head_dim)
             if layer.q_norm is not None:  # per-head RMSNorm of q and k before RoPE
@@ -189,11 +206,21 @@ class LlamaForward:
                 qk = rotate(qk, *ropes[layer.rope])  # one RoPE call for q and k
                 cache.write(index, slots, qk[:, self.num_heads :], v)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-            attn = layer.o(attend(q, k, v, index).reshape(t, q_size))
+            attended = attend(q, k, v, index).reshape(t, q_size)
+            attn = layer.o(attended)
+            if lora is not None:
+                lora(index, "o", attended, attn)
             if layer.attn_out_norm is not None:
                 attn = rms_norm(attn, layer.attn_out_norm, self.eps)
             h, x = self._add_norm(x, attn, layer.post_norm)
-            delta = layer.down(self._activation(layer.gate_up(h)))
+            if lora is None:
+                delta = layer.down(self._activation(layer.gate_up(h)))
+            else:
+                gate_up = layer.gate_up(h)
+                lora(index, "gate_up", h, gate_up)
+                activated = self._activation(gate_up)
+                delta = layer.down(activated)
+                lora(index, "down", activated, delta)
             if layer.mlp_out_norm is not None:
                 delta = rms_norm(delta, layer.mlp_out_norm, self.eps)
         if sample_rows is not None:

@@ -2,12 +2,16 @@
 
 Each live sequence holds a seat: a row of one persistent block-table array. A step writes only the blocks
 a sequence gained since its last step; token positions and KV slots are computed with numpy over the whole
-step at once. Attention kernels read the persistent table directly (rows by seat), so no per-step table
-is built for them.
+step at once. On the CPU, attention kernels read the persistent table directly (rows by seat), so no
+per-step table is built for them. Where the table must travel or outlive the next build (CUDA, whose step
+copies it to the device; async scheduling, whose step runs while the next is built), a step's table is its
+own chunks' rows up to its widest context, seat i being chunk i: that many bytes rather than the whole
+table's (256 seats x 8,192 blocks is 16.8 MB, copied every step before).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
@@ -35,8 +39,10 @@ class StepInputs:
 
 
 class InputBuilder:
-    def __init__(self, block_size: int, max_model_len: int, seats: int = 64) -> None:
+    def __init__(self, block_size: int, max_model_len: int, seats: int = 64, compact: bool = False) -> None:
+        """compact: every step's block table is its own rows (see above), not the persistent one."""
         self.block_size = block_size
+        self.compact = compact
         self.max_blocks = -(-max_model_len // block_size)
         self._tables = np.zeros((seats, self.max_blocks), dtype=np.int64)
         self._known = np.zeros(seats, dtype=np.int64)  # blocks written per seat
@@ -89,8 +95,9 @@ class InputBuilder:
 
     def build(self, output: SchedulerOutput, previous: list[str] | None = None) -> StepInputs:
         """The step's inputs. `previous` (async scheduling): the sequences of the in-flight step that
-        sample, in order, for the placeholder tokens; the block tables are then copied, since the next
-        build changes the persistent ones while this step runs."""
+        sample, in order, for the placeholder tokens; the step then gets its own rows of the block table,
+        since the next build changes the persistent one (and may give a seat to another sequence) while
+        this step runs."""
         chunks = output.chunks
         count = len(chunks)
         seat_of, written, seat = self.seat_of, self._written, self._seat
@@ -152,11 +159,16 @@ class InputBuilder:
                 else:
                     index = {seq_id: i for i, seq_id in enumerate(previous)}
                     placeholder_from = np.array([index[n] for n in names], dtype=np.int64)
-        tables = self._tables if previous is None else self._tables.copy()
+        tables, table_seats = self._tables, seats
+        if self.compact or previous is not None:  # the step's own rows: chunk i's in row i
+            width = -(-int((starts + lengths).max()) // bs) if count else 0
+            tables, table_seats = self._tables[seats, :width], np.arange(count, dtype=np.int64)
+            chunk_of = np.flatnonzero(~single).tolist()
+            prefills = tuple(dataclasses.replace(c, seat=i) for c, i in zip(prefills, chunk_of, strict=True))
         attention = AttentionMetadata(
             block_tables=torch.from_numpy(tables),
             decode_rows=torch.from_numpy(decode_rows),
-            decode_seats=torch.from_numpy(seats[single]),
+            decode_seats=torch.from_numpy(table_seats[single]),
             decode_lens=torch.from_numpy(decode_lens),
             decode_first=first if contiguous else None,
             max_decode_len=int(decode_lens.max()) if len(decode_lens) else 0,

@@ -24,12 +24,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from gpu.engine_types import TokenLogprob
 from gpu.penalty_counts import CountedRows, DeviceCounts
+from gpu.sampling_table import SamplingTable
 from gpu.transfer import tensors_to
 from scheduler.output import ScheduledChunk
 from scheduler.types import SamplingParams
@@ -66,7 +68,17 @@ def uses_processing(p: SamplingParams) -> bool:
 class _Tracked:
     """One tracked sequence: its settings, its bias as arrays, and its token counts when penalised."""
 
-    __slots__ = ("sampling", "bias_ids", "bias_values", "penalised", "slots", "seen", "generated", "size")
+    __slots__ = (
+        "sampling",
+        "bias_ids",
+        "bias_values",
+        "biased",
+        "penalised",
+        "slots",
+        "seen",
+        "generated",
+        "size",
+    )
 
     def __init__(
         self, prompt: Sequence[int], sampling: SamplingParams, vocab_size: int, counts_here: bool = True
@@ -76,6 +88,7 @@ class _Tracked:
         pairs = [(t, b) for t, b in sampling.logit_bias if 0 <= t < vocab_size]
         self.bias_ids = np.array([t for t, _ in pairs], dtype=np.int64)
         self.bias_values = np.array([b for _, b in pairs], dtype=np.float32)
+        self.biased = bool(pairs)
         self.penalised = uses_penalties(sampling)
         # The distinct ids of prompt and output in seen[:size], in order of first sight, with how often each
         # was generated; slots maps an id to its index there. Penalised sequences counted here only.
@@ -137,11 +150,17 @@ class LogitsPlan:
 class LogitsState:
     """The live sequences that use logit_bias, a penalty or log probabilities (the engine adds and drops
     them with their requests; the runner plans each step from it and records what it sampled).
-    `device_counts`: penalty counts live on the device (gpu/penalty_counts.py: the CUDA path), not here."""
+    `device_counts`: penalty counts live on the device (gpu/penalty_counts.py: the CUDA path), not here.
+    `table`: the engine's sampling table, where every live sequence has its row (its settings are read from
+    there for a whole step at once); None: one of its own (the state used alone)."""
 
-    def __init__(self, vocab_size: int, device_counts: bool = False) -> None:
+    def __init__(
+        self, vocab_size: int, device_counts: bool = False, table: SamplingTable | None = None
+    ) -> None:
         self.vocab_size = vocab_size
         self.counts = DeviceCounts(vocab_size) if device_counts else None
+        self.table = SamplingTable() if table is None else table
+        self._own_table = table is None
         self._tracked: dict[str, _Tracked] = {}
         self._logprobs: dict[str, TokenLogprob] = {}  # the last step's, until taken
 
@@ -151,62 +170,58 @@ class LogitsState:
     def add(
         self, seq_id: str, prompt: Sequence[int], sampling: SamplingParams, generated: Sequence[int] = ()
     ) -> None:
-        """Track a sequence that uses any of them; `generated`: the output tokens it starts with (resumed)."""
+        """Track a sequence that uses any of them; `generated`: the output tokens it starts with (resumed).
+        (Its row in the engine's table is there already.)"""
+        if self._own_table:
+            self.table.add(seq_id, 0, sampling)
         if uses_processing(sampling):
             counts = self.counts
             tracked = self._tracked[seq_id] = _Tracked(prompt, sampling, self.vocab_size, counts is None)
             if tracked.penalised and counts is not None:
-                counts.add(seq_id, prompt, generated)
+                counts.add(self.table.row(seq_id), prompt, generated)
             elif tracked.penalised:
                 for token in generated:
                     tracked.append(token)
 
     def drop(self, seq_id: str) -> None:
-        if self._tracked.pop(seq_id, None) is not None and self.counts is not None:
-            self.counts.drop(seq_id)
+        """(Before its row leaves the engine's table.)"""
+        tracked = self._tracked.pop(seq_id, None)
+        if tracked is not None and tracked.penalised and self.counts is not None:
+            self.counts.drop(self.table.row(seq_id))
+        if self._own_table:
+            self.table.drop(seq_id)
 
-    def plan(self, chunks: Sequence[ScheduledChunk]) -> LogitsPlan | None:
-        """The plan for the step's sampling chunks (the logits' rows, in order); None: no row is tracked."""
+    def plan(self, chunks: Sequence[ScheduledChunk], rows: np.ndarray | None = None) -> LogitsPlan | None:
+        """The plan for the step's sampling chunks (the logits' rows, in order; `rows`: their table rows,
+        when known); None: no row is tracked."""
         tracked = self._tracked
-        rows = [(i, tracked[c.seq_id]) for i, c in enumerate(chunks) if c.seq_id in tracked]
-        if not rows:
-            return None
-        biased = [(i, t) for i, t in rows if len(t.bias_ids)]
-        penalised = [(i, t) for i, t in rows if t.penalised]
         counted = None
-        if self.counts is not None and penalised:  # counted on the device: no pairs here
-            seq_ids = [chunks[i].seq_id for i, _ in penalised]
-            counted = self.counts.rows([i for i, _ in penalised], seq_ids, [t.sampling for _, t in penalised])
-            penalised = []
-        asked = [
-            (i, chunks[i].seq_id, t.sampling.logprobs) for i, t in rows if t.sampling.logprobs is not None
-        ]
-        seen_counts = [t.size for _, t in penalised]
-        params = [t.sampling for _, t in penalised]
-
-        def per_pair(values: list[float]) -> torch.Tensor:
-            return torch.from_numpy(np.repeat(np.array(values, dtype=np.float32), seen_counts))
-
+        if self.counts is not None:  # penalties counted on the device: found and planned with arrays
+            table = self.table
+            rows = table.rows(chunks) if rows is None else rows
+            on_device = np.flatnonzero(table.penalised[rows])
+            if len(on_device):
+                counted = self.counts.rows(on_device, rows[on_device], table)
+            picked = [(i, tracked[chunks[i].seq_id]) for i in np.flatnonzero(table.host[rows]).tolist()]
+            if not picked and counted is None:
+                return None
+        else:
+            picked = [(i, t) for i, c in enumerate(chunks) if (t := tracked.get(c.seq_id)) is not None]
+            if not picked:
+                return None
+        biased, penalised, asked = [], [], []
+        for i, t in picked:  # one pass: a step may hold hundreds of tracked rows
+            if t.biased:
+                biased.append((i, t))
+            if t.penalised and self.counts is None:
+                penalised.append((i, t))
+            if t.sampling.logprobs is not None:
+                asked.append((i, chunks[i].seq_id, t.sampling.logprobs))
+        pairs = _pairs(penalised)
         return LogitsPlan(
-            bias_rows=torch.from_numpy(
-                np.repeat(
-                    np.array([i for i, _ in biased], dtype=np.int64), [len(t.bias_ids) for _, t in biased]
-                )
-            ),
-            bias_ids=torch.from_numpy(_concat([t.bias_ids for _, t in biased], np.int64)),
-            bias_values=torch.from_numpy(_concat([t.bias_values for _, t in biased], np.float32)),
-            seen_rows=torch.from_numpy(
-                np.repeat(np.array([i for i, _ in penalised], dtype=np.int64), seen_counts)
-            ),
-            seen_ids=torch.from_numpy(_concat([t.seen[: t.size] for _, t in penalised], np.int64)),
-            seen_generated=torch.from_numpy(
-                _concat([t.generated[: t.size] for _, t in penalised], np.float32)
-            ),
-            presence=per_pair([p.presence_penalty for p in params]),
-            frequency=per_pair([p.frequency_penalty for p in params]),
-            repetition=per_pair([p.repetition_penalty for p in params]),
-            any_repetition=any(p.repetition_penalty != 1.0 for p in params),
-            logprob_rows=torch.tensor([i for i, _, _ in asked], dtype=torch.int64),
+            **_bias(biased),
+            **pairs,
+            logprob_rows=torch.tensor([i for i, _, _ in asked], dtype=torch.int64) if asked else _NO_ROWS,
             logprob_k=tuple(k for _, _, k in asked),
             logprob_seq_ids=tuple(s for _, s, _ in asked),
             penalised_rows=tuple(i for i, _ in penalised),
@@ -229,6 +244,48 @@ class LogitsState:
 
 def _concat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
     return np.concatenate(arrays) if arrays else np.empty(0, dtype=dtype)
+
+
+_NO_ROWS = torch.zeros(0, dtype=torch.int64)
+_NO_VALUES = torch.zeros(0, dtype=torch.float32)
+
+
+def _bias(biased: list[tuple[int, _Tracked]]) -> dict[str, torch.Tensor]:
+    """LogitsPlan's bias triples of the biased rows."""
+    if not biased:
+        return dict(bias_rows=_NO_ROWS, bias_ids=_NO_ROWS, bias_values=_NO_VALUES)
+    rows = np.repeat(np.array([i for i, _ in biased], dtype=np.int64), [len(t.bias_ids) for _, t in biased])
+    return dict(
+        bias_rows=torch.from_numpy(rows),
+        bias_ids=torch.from_numpy(np.concatenate([t.bias_ids for _, t in biased])),
+        bias_values=torch.from_numpy(np.concatenate([t.bias_values for _, t in biased])),
+    )
+
+
+def _pairs(penalised: list[tuple[int, _Tracked]]) -> dict[str, Any]:
+    """LogitsPlan's (row, seen token) pairs of the rows whose counts are kept here."""
+    if not penalised:
+        empty = dict(seen_rows=_NO_ROWS, seen_ids=_NO_ROWS, seen_generated=_NO_VALUES)
+        return empty | dict(
+            presence=_NO_VALUES, frequency=_NO_VALUES, repetition=_NO_VALUES, any_repetition=False
+        )
+    seen_counts = [t.size for _, t in penalised]
+    params = [t.sampling for _, t in penalised]
+
+    def per_pair(values: list[float]) -> torch.Tensor:
+        return torch.from_numpy(np.repeat(np.array(values, dtype=np.float32), seen_counts))
+
+    return dict(
+        seen_rows=torch.from_numpy(
+            np.repeat(np.array([i for i, _ in penalised], dtype=np.int64), seen_counts)
+        ),
+        seen_ids=torch.from_numpy(np.concatenate([t.seen[: t.size] for _, t in penalised])),
+        seen_generated=torch.from_numpy(np.concatenate([t.generated[: t.size] for _, t in penalised])),
+        presence=per_pair([p.presence_penalty for p in params]),
+        frequency=per_pair([p.frequency_penalty for p in params]),
+        repetition=per_pair([p.repetition_penalty for p in params]),
+        any_repetition=any(p.repetition_penalty != 1.0 for p in params),
+    )
 
 
 def apply(logits: torch.Tensor, plan: LogitsPlan) -> None:

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gpu.sampling_table import SamplingTable
 from gpu.transfer import tensors_to
-from scheduler.types import SamplingParams
 
 _FIRST_CAPACITY = 8
 
@@ -51,50 +51,60 @@ class CountedRows:
 
 
 class DeviceCounts:
-    """The count rows of the penalised sequences, and which sequence holds which."""
+    """The count rows of the penalised sequences, and which sequence holds which (sequences are known by
+    their row in the engine's sampling table, gpu/sampling_table.py, where their settings are)."""
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
         self.counts: torch.Tensor | None = None  # [capacity, V] int32, on the logits' device once used
         self.seen: torch.Tensor | None = None  # [capacity, V] bool
-        self._slot: dict[str, int] = {}
+        self._slot_at = np.full(_FIRST_CAPACITY, -1, dtype=np.int64)  # table row -> its slot (-1: none yet)
         self._free: list[int] = []
         self._used = 0  # slots handed out at least once
-        # sequence id -> (its prompt's ids, the tokens it started with), until it first runs
-        self._start: dict[str, tuple[Sequence[int], Sequence[int]]] = {}
+        # table row -> (its prompt's ids, the tokens it started with), until it first runs
+        self._start: dict[int, tuple[Sequence[int], Sequence[int]]] = {}
 
-    def add(self, seq_id: str, prompt: Sequence[int], generated: Sequence[int] = ()) -> None:
-        self._start[seq_id] = (prompt, generated)
+    @property
+    def held(self) -> int:
+        """Slots held by live sequences."""
+        return self._used - len(self._free)
 
-    def drop(self, seq_id: str) -> None:
-        self._start.pop(seq_id, None)
-        slot = self._slot.pop(seq_id, None)
-        if slot is not None:
+    def add(self, row: int, prompt: Sequence[int], generated: Sequence[int] = ()) -> None:
+        if row >= len(self._slot_at):
+            self._slot_at = np.concatenate([self._slot_at, np.full(row + 1, -1, dtype=np.int64)])
+        self._slot_at[row] = -1
+        self._start[row] = (prompt, generated)
+
+    def drop(self, row: int) -> None:
+        self._start.pop(row, None)
+        slot = int(self._slot_at[row])
+        if slot >= 0:
             self._free.append(slot)
+            self._slot_at[row] = -1
 
-    def rows(
-        self, rows: Sequence[int], seq_ids: Sequence[str], params: Sequence[SamplingParams]
-    ) -> CountedRows:
-        """The step's penalised rows (logits row, sequence, settings), slots given to newcomers."""
-        slots, fresh, prompts, generated = [], [], [], []
-        for seq_id in seq_ids:
-            slot = self._slot.get(seq_id)
-            if slot is None:
-                slot = self._slot[seq_id] = self._free.pop() if self._free else self._take()
-                prompt, before = self._start.pop(seq_id, ((), ()))
-                fresh.append(slot)
-                prompts.append(np.unique(np.asarray(prompt, dtype=np.int64)))
-                generated.append(np.asarray(before, dtype=np.int64))
-            slots.append(slot)
+    def rows(self, rows: np.ndarray, table_rows: np.ndarray, table: SamplingTable) -> CountedRows:
+        """The step's penalised rows (logits rows, and their sequences' table rows), slots given to those
+        in a step for the first time."""
+        slots = self._slot_at[table_rows]
+        fresh, prompts, generated = [], [], []
+        for j in np.flatnonzero(slots < 0).tolist():  # newcomers: built from their prompt and first tokens
+            row = int(table_rows[j])
+            slot = self._free.pop() if self._free else self._take()
+            slots[j] = self._slot_at[row] = slot
+            prompt, before = self._start.pop(row, ((), ()))
+            fresh.append(slot)
+            prompts.append(np.unique(np.asarray(prompt, dtype=np.int64)))
+            generated.append(np.asarray(before, dtype=np.int64))
+        repetition = table.repetition[table_rows]
         return CountedRows(
-            rows=torch.tensor(rows, dtype=torch.int64),
-            slots=torch.tensor(slots, dtype=torch.int64),
-            presence=torch.tensor([p.presence_penalty for p in params], dtype=torch.float32),
-            frequency=torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32),
-            repetition=torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32),
-            any_repetition=any(p.repetition_penalty != 1.0 for p in params),
+            rows=torch.from_numpy(rows),
+            slots=torch.from_numpy(slots),
+            presence=torch.from_numpy(table.presence[table_rows]),
+            frequency=torch.from_numpy(table.frequency[table_rows]),
+            repetition=torch.from_numpy(repetition),
+            any_repetition=bool((repetition != 1.0).any()),
             capacity=self._used,
-            fresh=torch.tensor(fresh, dtype=torch.int64),
+            fresh=torch.tensor(fresh, dtype=torch.int64) if fresh else _NONE,
             seen_slots=_slots_of(fresh, prompts),
             seen_ids=torch.from_numpy(_concat(prompts)),
             counted_slots=_slots_of(fresh, generated),
@@ -149,9 +159,14 @@ class DeviceCounts:
         self.counts, self.seen = counts, seen
 
 
+_NONE = torch.zeros(0, dtype=torch.int64)
+
+
 def _slots_of(slots: list[int], arrays: list[np.ndarray]) -> torch.Tensor:
+    if not slots:
+        return _NONE
     return torch.from_numpy(np.repeat(np.array(slots, dtype=np.int64), [len(a) for a in arrays]))
 
 
 def _concat(arrays: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+    return np.concatenate(arrays) if arrays else _NONE.numpy()

@@ -25,9 +25,11 @@ from gpu.inputs import InputBuilder, StepInputs
 from gpu.kv_cache import KVCache, KVShape
 from gpu.kv_sizing import KVPlan, activation_estimate, plan_kv
 from gpu.logits_processors import LogitsPlan, LogitsState, launch_logprobs, read_logprobs
+from gpu.lora.manager import LoraManager
+from gpu.lora.rows import LoraRows
 from gpu.model import LoadedModel
 from gpu.resume import ResumedSample, ResumeRows, process_gathered, resume_rows
-from gpu.sampler import SamplingBatch, sample
+from gpu.sampler import SamplingBatch, SamplingTable, sample
 from gpu.step_clock import FORWARD, INPUTS, SAMPLE, StepClock
 from scheduler.output import SchedulerOutput
 
@@ -48,6 +50,9 @@ class RunnerConfig:
     decode_kernel: str | None = None  # "native" or "torch" on CPU; None = measured at start
     fused_rope: bool | None = None  # the native RoPE + cache write on CPU; None = measured at start
     tune_linears: bool = True  # measure the linear kernels (plain, oneDNN, panel) per shape at start (CPU)
+    max_loras: int = 0  # LoRA adapters resident at once (gpu/lora); 0: no adapters served
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # None: gpu.lora.manager.default_max_cpu_loras
 
 
 class ModelRunner:
@@ -56,6 +61,10 @@ class ModelRunner:
         self.clock = clock or StepClock()  # the engine's, so the runner's phases add to its step
         self.device, self.dtype = loaded.device, loaded.dtype
         self.forward = LlamaForward(loaded, max_positions=config.max_model_len)
+        # LoRA adapters: made before the KV cache is sized, so the device slots are counted in
+        self.lora: LoraManager | None = None
+        if config.max_loras > 0:
+            self.lora = LoraManager(loaded, config.max_loras, config.max_lora_rank, config.max_cpu_loras)
         shape = self.forward.kv_shape(config.block_size)
         model_config = loaded.config
         element = torch.empty((), dtype=self.dtype).element_size()
@@ -98,7 +107,8 @@ class ModelRunner:
         cuda = self.device.type == "cuda"
         # On CUDA one more block, never scheduled, takes the K/V of a graph's padding rows.
         self.cache = KVCache(shape, self.num_blocks + cuda, self.device)
-        self.inputs = InputBuilder(config.block_size, config.max_model_len, config.max_num_seqs)
+        # On CUDA each step's table is copied to the device: its own rows only (gpu/inputs.py).
+        self.inputs = InputBuilder(config.block_size, config.max_model_len, config.max_num_seqs, compact=cuda)
         self.cuda_step = None
         if cuda:
             from gpu.cuda.step import build_cuda_step
@@ -111,6 +121,7 @@ class ModelRunner:
                 self.inputs.max_blocks,
                 self.num_blocks,
                 kernels,
+                lora_slots=self.lora.slots if self.lora is not None else None,
             )
             self.cuda_step.trials = trials
             self.cuda_step.start_seconds += chose_s
@@ -166,7 +177,7 @@ class ModelRunner:
     def execute(
         self,
         output: SchedulerOutput,
-        seeds: Mapping[str, int],
+        table: SamplingTable,
         logits_state: LogitsState | None = None,
         grammars: Mapping[str, Any] | None = None,
         resumes: Mapping[str, ResumedSample] | None = None,
@@ -176,13 +187,13 @@ class ModelRunner:
         penalties or logprobs; the step's sampled tokens and log probabilities are recorded into it.
         `grammars`: each constrained sequence's grammar matcher (gpu.grammar); the others sample freely.
         `resumes`: resumed samples whose saved tokens are not out yet (gpu/resume.py)."""
-        return self.run(self.prepare(output, seeds, None, resumes, logits_state), logits_state, grammars)
+        return self.run(self.prepare(output, table, None, resumes, logits_state), logits_state, grammars)
 
     @torch.inference_mode()  # its tensors are made as before the split: inference tensors
     def prepare(
         self,
         output: SchedulerOutput,
-        seeds: Mapping[str, int],
+        table: SamplingTable,
         previous: list[str] | None = None,
         resumes: Mapping[str, ResumedSample] | None = None,
         logits_state: LogitsState | None = None,
@@ -199,23 +210,15 @@ class ModelRunner:
         if resume is not None and len(resume.gathered):  # their logits come after the sampling rows'
             gathered = torch.cat([inputs.sample_rows, torch.from_numpy(resume.gathered)])
             inputs = dataclasses.replace(inputs, sample_rows=gathered)
-        random = [i for i, c in enumerate(chunks) if c.sampling.temperature > 0.0]  # not .greedy: per row
-        batch = None  # all greedy, the common case: one argmax and no per-row settings
-        if random or (resume is not None and len(resume.forced_rows)):
-            picked = [chunks[i] for i in random]
-            batch = SamplingBatch.of_rows(
-                random,
-                len(chunks),
-                [c.sampling for c in picked],
-                [seeds.get(c.seq_id, 0) for c in picked],
-                [c.num_generated for c in picked],
-                self.vocab_size,
-                resume,
-            )
-        plan = logits_state.plan(chunks) if logits_state else None  # None: no tracked sequence (common)
+        # their settings' rows, looked up only when some sequence draws, is tracked or resumes
+        rows = table.rows(chunks) if table.drawing or logits_state or resume is not None else None
+        # None: all greedy, the common case: one argmax and no per-row settings
+        batch = SamplingBatch.for_step(table, chunks, self.vocab_size, resume, rows)
+        plan = logits_state.plan(chunks, rows) if logits_state else None  # None: no tracked sequence (common)
         work = len(inputs.input_ids) + self.lm_head_weight * len(chunks)  # token-equivalents, for threads
+        lora = self.lora.rows(output) if self.lora is not None and self.lora.active else None
         self.clock.lap(INPUTS)
-        return PreparedStep(inputs, batch, work, resume, plan)
+        return PreparedStep(inputs, batch, work, lora, resume, plan)
 
     def run(
         self,
@@ -271,22 +274,26 @@ class ModelRunner:
         inputs = step.inputs
         greedy = None  # each row's argmax, when the device computed it inside the step's graph
         if self.cuda_step is not None:
+            # Adapters come into their slots here, in step order on the stream: a step in flight before
+            # this one has read the slots it used by the time the copies run.
+            meta = self.lora.assign(step.lora) if step.lora is not None and self.lora is not None else None
             # the pinned staging buffers rotate under per-slot events (gpu/cuda/staging.py): no wait here
-            result = self.cuda_step.run(inputs, fill)
+            result = self.cuda_step.run(inputs, fill, meta)
             logits, greedy = result.logits, result.greedy
         else:
             if self.device.type != "cpu":
                 inputs = to_device(inputs, self.device)
             if fill is not None:
                 fill(inputs.input_ids)
+            lora = self.lora.host_step(step.lora) if step.lora is not None and self.lora is not None else None
             if self.threads is not None:
                 logits = self.threads.forward(
-                    lambda: self.forward(inputs, self.cache, self.attention),
+                    lambda: self.forward(inputs, self.cache, self.attention, lora),
                     len(inputs.input_ids),
                     step.work,
                 )
             else:
-                logits = self.forward(inputs, self.cache, self.attention)
+                logits = self.forward(inputs, self.cache, self.attention, lora)
         if clock:
             self.clock.lap(FORWARD)
         chunks = inputs.sample_chunks
@@ -398,6 +405,7 @@ class PreparedStep:
     inputs: StepInputs
     batch: SamplingBatch | None  # the rows that draw at random (or are forced); None: every row is greedy
     work: float  # the step's compute in token-equivalents (attention left out): the thread tuner's measure
+    lora: LoraRows | None = None  # the rows that run under an adapter; None: every row is the base model's
     resume: ResumeRows | None = None  # resumed samples' forced and gathered rows; None: none this step
     plan: LogitsPlan | None = None  # the tracked rows' bias, penalties and logprobs; None: none this step
 

@@ -15,10 +15,11 @@ whatever order, and after a resume. Every row's result depends on that row alone
 leaves a row that does not use it exactly as it was (top-k's threshold is -inf there, top-p's 2).
 
 No host syncs: everything sampling needs is decided on the host while the step is prepared
-(`SamplingBatch.build`, numpy: which rows draw, which filters apply, the largest k, the uniforms, the
+(`SamplingBatch.for_step`, numpy: which rows draw, which filters apply, the largest k, the uniforms, the
 forced tokens) and reaches the device in one copy that does not block (`SamplingBatch.to`, gpu/transfer.py).
 `sample` reads no device value: on CUDA it only queues work, and the step's tokens are the first thing the
-host waits for.
+host waits for. The live sequences' settings are kept as numpy columns (gpu/sampling_table.py), so a step
+of hundreds of rows gathers them with a few array lookups, not a Python pass per setting.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ import torch
 
 from gpu.logits_processors import LogitsPlan, apply, count_sampled
 from gpu.samples import uniforms
-from gpu.transfer import tensors_to, to_device
+from gpu.sampling_table import SamplingTable
+from gpu.transfer import tensors_to
 from scheduler.types import SamplingParams
 
 _ARGMAX_BLOCK = 128
@@ -80,6 +82,43 @@ class SamplingBatch:
     forced_tokens: torch.Tensor | None  # [F] int64
 
     @classmethod
+    def for_step(
+        cls,
+        table: SamplingTable,
+        chunks: Sequence[Any],
+        vocab_size: int,
+        forced: Any = None,
+        rows: np.ndarray | None = None,
+    ) -> SamplingBatch | None:
+        """Settings of a step's sampling chunks (scheduler.output.ScheduledChunk), from the table (`rows`:
+        theirs, when known). `forced`: a gpu.resume.ResumeRows whose forced rows take their given tokens.
+        None: every row is greedy (one argmax, no settings)."""
+        forcing = forced is not None and len(forced.forced_rows)
+        if not table.drawing and not forcing:  # every live sequence is greedy: no lookup at all
+            return None
+        rows = table.rows(chunks) if rows is None else rows
+        temperature = table.temperature[rows]
+        random = np.flatnonzero(temperature > 0.0)
+        if not len(random) and not forcing:
+            return None
+        picked = rows[random]
+        if len(random) == len(chunks):  # every row draws (a sampled batch): no indexing
+            positions = np.fromiter((c.num_generated for c in chunks), np.int64, len(chunks))
+        else:
+            positions = np.fromiter((chunks[i].num_generated for i in random.tolist()), np.int64, len(random))
+        return cls._of(
+            random,
+            len(chunks),
+            temperature[random],
+            table.keys[picked],
+            positions,
+            table.top_k[picked],
+            table.top_p[picked],
+            vocab_size,
+            forced,
+        )
+
+    @classmethod
     def build(
         cls,
         params: Sequence[SamplingParams],
@@ -88,55 +127,49 @@ class SamplingBatch:
         vocab_size: int,
         forced: Any = None,
     ) -> SamplingBatch | None:
-        """Settings of a step's sampling rows: each one's params, stream key (gpu.samples.stream_key) and
-        output position. `forced`: a gpu.resume.ResumeRows whose forced rows take their given tokens.
-        None: every row is greedy (one argmax, no settings)."""
-        random = [i for i, p in enumerate(params) if p.temperature > 0.0]  # not .greedy: read per row
-        if not random and (forced is None or not len(forced.forced_rows)):
-            return None
-        picked = [params[i] for i in random]
-        return cls.of_rows(
-            random,
-            len(params),
-            picked,
-            [keys[i] for i in random],
-            [positions[i] for i in random],
-            vocab_size,
-            forced,
-        )
+        """`for_step` from lists: each row's params, stream key (gpu.samples.stream_key), output position."""
+        table = SamplingTable(max(len(params), 1))
+        chunks = []
+        for i, (p, key, position) in enumerate(zip(params, keys, positions, strict=True)):
+            table.add(str(i), key, p)
+            chunks.append(_Row(str(i), position))
+        return cls.for_step(table, chunks, vocab_size, forced)
 
     @classmethod
-    def of_rows(
+    def _of(
         cls,
-        rows: Sequence[int],
+        rows: np.ndarray,
         num_rows: int,
-        params: Sequence[SamplingParams],
-        keys: Sequence[int],
-        positions: Sequence[int],
+        temperature: np.ndarray,
+        keys: np.ndarray,
+        positions: np.ndarray,
+        top_k: np.ndarray,
+        top_p: np.ndarray,
         vocab_size: int,
-        forced: Any = None,
+        forced: Any,
     ) -> SamplingBatch:
-        """`build` with the drawing rows picked already (params, keys and positions are theirs, in order)."""
+        """The drawing rows' settings as tensors: which filters run is decided here, from these values."""
         arrays: dict[str, np.ndarray] = {}
         count = len(rows)
         max_top_k, partial = 0, False
         if count:
-            arrays["rows"] = np.array(rows, dtype=np.int64)
-            arrays["temperature"] = np.array([p.temperature for p in params], dtype=np.float32)
-            arrays["uniforms"] = uniforms(np.array(keys, dtype=np.int64), np.array(positions, dtype=np.int64))
-            top_k = np.array([p.top_k for p in params], dtype=np.int64)
+            arrays["rows"] = rows
+            arrays["temperature"] = temperature
+            arrays["uniforms"] = uniforms(keys, positions)
             kept = (top_k > 0) & (top_k < vocab_size)
             if kept.any():
                 max_top_k = int(top_k[kept].max())
                 partial = not kept.all()
                 arrays["top_k"] = np.where(kept, top_k - 1, max_top_k)
-            top_p = np.array([p.top_p for p in params], dtype=np.float32)
-            if (top_p < 1.0).any():
-                arrays["top_p"] = np.where(top_p < 1.0, np.maximum(top_p, _MIN_TOP_P), _NO_TOP_P)
+            nucleus = top_p < 1.0
+            if nucleus.any():
+                arrays["top_p"] = np.where(nucleus, np.maximum(top_p, _MIN_TOP_P), _NO_TOP_P).astype(
+                    np.float32, copy=False
+                )
         if forced is not None and len(forced.forced_rows):
             arrays["forced_rows"] = forced.forced_rows
             arrays["forced_tokens"] = forced.forced_tokens
-        tensors = to_device(arrays, torch.device("cpu"))
+        tensors = {name: torch.from_numpy(a) for name, a in arrays.items()}  # host tensors; `to` moves them
         return cls(
             rows=tensors.get("rows"),
             draws_all=count == num_rows,
@@ -153,6 +186,14 @@ class SamplingBatch:
     def to(self, device: torch.device) -> SamplingBatch:
         """The settings on `device`: one copy from pinned memory that does not block (CPU: these)."""
         return tensors_to(self, device)
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """What `SamplingTable.rows` and `for_step` read of a chunk (SamplingBatch.build's stand-in)."""
+
+    seq_id: str
+    num_generated: int
 
 
 def filter_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -48,9 +48,14 @@ def stream_key(seed: int, index: int) -> int:
 
 def uniforms(keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """One uniform number in [0, 1) per row, from its stream key (int64) and output position (int64)."""
-    with np.errstate(over="ignore"):  # uint64 arithmetic wraps, as SplitMix64 intends
-        z = keys.view(np.uint64) + (positions.astype(np.uint64) + np.uint64(1)) * np.uint64(_GOLDEN)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    return (z >> np.uint64(12)).astype(np.float64) * (1.0 / (1 << 52))  # 52 bits: u * total < total
+    # uint64 arrays wrap, as SplitMix64 intends (numpy warns of overflow for scalars only)
+    z = keys.view(np.uint64) + (positions.astype(np.uint64) + _ONE) * _STEP
+    z = (z ^ (z >> _S30)) * _M1
+    z = (z ^ (z >> _S27)) * _M2
+    z ^= z >> _S31
+    return (z >> _S12).astype(np.float64) * (1.0 / (1 << 52))  # 52 bits: u * total < total
+
+
+_ONE, _STEP = np.uint64(1), np.uint64(_GOLDEN)
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S12, _S27, _S30, _S31 = np.uint64(12), np.uint64(27), np.uint64(30), np.uint64(31)

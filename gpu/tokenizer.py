@@ -7,7 +7,10 @@ import json
 import re
 import secrets
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from typing import Any, Protocol
+
+from schemas.tool_calls import HERMES, LLAMA3_JSON, ToolDialect
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 BYTE_OFFSET = 3  # ids 3..258 are the bytes 0..255
@@ -19,21 +22,43 @@ class Tokenizer(Protocol):
     `<|im_start|>`) is tokenized as plain text, so a user cannot forge chat roles or end a turn early."""
 
     eos_token_ids: tuple[int, ...]  # the tokenizer's own; the engine adds the generation_config's
+    # How the chat template shows tools and the calls the model makes, when it does (a template given
+    # `tools` renders them itself); None: it knows no tools, and inferq's default format is used.
+    tool_dialect: ToolDialect | None
 
     def encode(self, text: str, special_tokens: bool = False) -> list[int]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, str]], special_tokens: bool = False
-    ) -> list[int]: ...
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        special_tokens: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[int]:
+        """`tools` (OpenAI's tool objects) only where `tool_dialect` is not None."""
+        ...
 
     def clone(self) -> Tokenizer:
         """One for another thread: a tokenizer object is not safe to share between threads."""
         ...
 
 
-def render_chat(messages: Sequence[Mapping[str, str]]) -> str:
+def template_tool_dialect(template: str | Mapping[str, str] | None) -> ToolDialect | None:
+    """The dialect of a chat template that renders tools itself, from its source; None for one that
+    renders none, or in a syntax the worker cannot parse (inferq's default format is used for those)."""
+    if isinstance(template, Mapping):  # named templates: HF picks "tool_use" when given tools
+        template = template.get("tool_use") or template.get("default")
+    if not template or "tools" not in template:
+        return None
+    if "<tool_call>" in template:  # Qwen2.5, Qwen3, Hermes
+        return HERMES
+    if '"parameters": dictionary of argument name' in template:  # Llama 3.1-3.3's JSON calls
+        return LLAMA3_JSON
+    return None
+
+
+def render_chat(messages: Sequence[Mapping[str, Any]]) -> str:
     """The byte tokenizer's chat template: one plain block per message, ending with the assistant's turn."""
     parts = [f"<|{m['role']}|>\n{m['content']}\n" for m in messages]
     return "".join(parts) + "<|assistant|>\n"
@@ -50,6 +75,7 @@ class ByteTokenizer:
     bos_token_id = BOS_ID
     eos_token_ids: tuple[int, ...] = (EOS_ID,)
     decodes_by_bytes = True  # decode() is exactly the concatenation of token_bytes
+    tool_dialect: ToolDialect | None = None  # its template shows no tools
 
     def __init__(self, vocab_size: int = NUM_BYTE_IDS) -> None:
         if vocab_size < NUM_BYTE_IDS:
@@ -75,8 +101,13 @@ class ByteTokenizer:
         return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, str]], special_tokens: bool = False
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        special_tokens: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
+        if tools:
+            raise ValueError("the byte tokenizer's chat template shows no tools")
         return self.encode(render_chat(messages))
 
     def clone(self) -> ByteTokenizer:
@@ -173,25 +204,49 @@ class HFTokenizer:
         # deltas would no longer add up to the final text.
         return self.hf.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
+    @cached_property
+    def tool_dialect(self) -> ToolDialect | None:
+        return template_tool_dialect(getattr(self.hf, "chat_template", None))
+
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, str]], special_tokens: bool = False
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        special_tokens: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
-        """The model's own chat template with the assistant's turn opened; never an invented layout."""
+        """The model's own chat template with the assistant's turn opened; never an invented layout.
+        Contents are strings (an assistant turn that only made calls has ""); `tools` are OpenAI's."""
         if not getattr(self.hf, "chat_template", None):
             raise ValueError(f"model {self.model_name} has no chat template; send `prompt` instead")
-        if not special_tokens and any(self._spells_control(m["content"]) for m in messages):
-            return self._chat_with_plain_contents(messages)
-        ids = self.hf.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        if not special_tokens:
+            structured = json.dumps([tools, [m.get("tool_calls") for m in messages]], ensure_ascii=False)
+            if self._spells_control(structured):
+                raise ValueError("tool definitions and tool calls must not spell the model's control tokens")
+            if any(self._spells_control(m["content"]) for m in messages):
+                return self._chat_with_plain_contents(messages, tools)
+        ids = self._render(list(messages), tools, tokenize=True)
         if isinstance(ids, Mapping):  # newer transformers return a BatchEncoding
             ids = ids["input_ids"]
         return list(ids)
 
-    def _chat_with_plain_contents(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    def _render(self, messages: list[Mapping[str, Any]], tools: Any, tokenize: bool) -> Any:
+        try:
+            return self.hf.apply_chat_template(
+                messages, tools=list(tools) if tools else None, add_generation_prompt=True, tokenize=tokenize
+            )
+        except Exception as exc:
+            if type(exc).__module__.startswith("jinja2"):  # the template refused (raise_exception, ...)
+                raise ValueError(f"the chat template refused the messages: {exc}") from None
+            raise
+
+    def _chat_with_plain_contents(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
         """The template rendered around placeholders; its own text keeps its control tokens, while each
         message's content is tokenized as plain text where its placeholder stood."""
         marks = [f"inferq-content-{secrets.token_hex(8)}" for _ in messages]
         stand_ins = [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)]
-        text = self.hf.apply_chat_template(stand_ins, add_generation_prompt=True, tokenize=False)
+        text = self._render(stand_ins, tools, tokenize=False)
         ids: list[int] = []
         for mark, message in zip(marks, messages, strict=True):
             before, found, text = text.partition(mark)

@@ -26,6 +26,8 @@ class SchedulerConfig:
     # Set when every layer of the model attends within a sliding window (the widest, in tokens): blocks
     # behind it are given back as sequences advance, so a long sequence holds about window / block_size.
     kv_window: int | None = None
+    # Distinct LoRA adapters among running sequences (so in any step) at most: the engine's device slots.
+    max_loras: int = 4
 
     @property
     def long_prefill_cap(self) -> int:

@@ -20,13 +20,17 @@ __all__ = ["NO_BLOCK", "KVCacheManager", "chain_key", "root_key"]
 _DOMAIN = b"inferq/prefix-cache/v1\0"
 
 
-def root_key(tenant: str | None) -> bytes:
-    """The parent key of a sequence's first block: one per tenant, or one shared by all when tenant is None.
+def root_key(tenant: str | None, lora: str | None = None) -> bytes:
+    """The parent key of a sequence's first block: one per tenant, or one shared by all when tenant is None;
+    and one per LoRA adapter (None: the base model, whose keys are as they always were).
 
     Salting the root per tenant makes every key of one tenant differ from every key of another, so
-    tenants never share KV blocks (and cannot probe each other's prompts through cache timing).
+    tenants never share KV blocks (and cannot probe each other's prompts through cache timing). An adapter
+    changes every layer's keys and values, so the same prompt under two adapters shares nothing either.
     """
     salt = b"shared" if tenant is None else b"tenant\0" + tenant.encode()
+    if lora is not None:
+        salt += b"\0lora\0" + lora.encode()
     return hashlib.sha256(_DOMAIN + salt).digest()
 
 
@@ -63,7 +67,7 @@ class KVCacheManager:
         return -(-num_tokens // self.block_size)
 
     def root(self, seq: Sequence) -> bytes:
-        return root_key(None if self.share_across_tenants else seq.tenant)
+        return root_key(None if self.share_across_tenants else seq.tenant, seq.lora)
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks matching the start of a sequence that holds no blocks yet.

@@ -17,6 +17,8 @@ def why_never_fits(request: SequenceRequest, config: SchedulerConfig) -> str:
         return f"max_tokens must be at least 1 (got {max_tokens})"
     if request.n < 1:
         return f"n must be at least 1 (got {request.n})"
+    if request.lora is not None and config.max_loras < 1:
+        return f"LoRA adapter {request.lora!r} asked for, but this engine serves no adapters (max_loras 0)"
     total = num_prompt + max_tokens
     if total > config.max_model_len:
         return (
@@ -58,6 +60,8 @@ def check_config(config: SchedulerConfig) -> None:
     for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
         if getattr(config, name) < 1:
             raise ValueError(f"SchedulerConfig.{name} must be at least 1 (got {getattr(config, name)})")
+    if config.max_loras < 0:
+        raise ValueError(f"SchedulerConfig.max_loras must be at least 0 (got {config.max_loras})")
     if config.max_num_batched_tokens < config.max_num_seqs:
         # Every running sequence may need its decode token in the same step.
         raise ValueError(

@@ -24,6 +24,7 @@ class ScheduledChunk:
     sample: bool  # the chunk reaches the sequence's last token, so the runner samples the next one
     sampling: SamplingParams
     num_generated: int  # output tokens so far: with the seed it makes sampling reproducible per request
+    lora: str | None = None  # the LoRA adapter the sequence runs under (SequenceRequest.lora); None: base
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,17 @@ def block_victims(
     return victims if victims and free >= need else []
 
 
+def lora_victims(head: Sequence, running: Seq[Sequence]) -> list[Sequence]:
+    """The head waits for a LoRA adapter slot: the running sequences of the adapter with the fewest of
+    them, if every one is of a worse class than the head (preempting them frees the slot); else none."""
+    by_adapter: dict[str, list[Sequence]] = {}
+    for seq in running:
+        if seq.lora is not None:
+            by_adapter.setdefault(seq.lora, []).append(seq)
+    worse = [seqs for seqs in by_adapter.values() if all(s.queue_class > head.queue_class for s in seqs)]
+    return min(worse, key=len, default=[])
+
+
 def decodes_deferred_after(waiting_head: Sequence | None, running: Seq[Sequence]) -> Priority | None:
     """The best class with a prompt to prefill (the waiting head, or a running prefill) when it is better
     than some running decode's class: decodes worse than it may sit out one step. None otherwise."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections import Counter
 from collections.abc import Mapping
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
@@ -29,10 +30,14 @@ from scheduler.fairness import TenantLedger
 from scheduler.kv_manager import KVCacheManager
 from scheduler.limits import check_config, why_never_fits
 from scheduler.output import FinishedSequence, ScheduledChunk, SchedulerOutput, TokenUpdate
-from scheduler.preemption import block_victims, decodes_deferred_after, seat_victims
+from scheduler.preemption import block_victims, decodes_deferred_after, lora_victims, seat_victims
 from scheduler.sequence import PLACEHOLDER, RequestGroup, Sequence, SequenceStatus
 from scheduler.types import FinishReason, Priority, SequenceRequest, sample_seq_id
 from scheduler.waiting_queue import WaitingQueue
+
+# Sequences an admission pass looks past at most (each waits for a LoRA adapter slot): bounds a step's
+# work when thousands wait; the first of them keeps its turn, so none waits for ever.
+LORA_LOOKAHEAD = 1024
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,10 @@ class Scheduler:
         # Sequences whose in-flight token is their last (max_tokens, max_model_len): not scheduled again.
         # Filled by AsyncScheduler.advance; always empty for synchronous steps.
         self._last_in_flight: set[Sequence] = set()
+        # LoRA: running sequences per adapter (at most config.max_loras adapters), and the adapter that
+        # takes no new sequences while another waits for a slot, so that it leaves (see _admit_waiting).
+        self._loras: dict[str, int] = {}
+        self._draining: str | None = None
 
     # ---- requests in and out -------------------------------------------------------------------------
 
@@ -98,6 +107,12 @@ class Scheduler:
                 seq.status = SequenceStatus.AWAITING_FORK
                 group.unforked.append(seq)
             self._enter(seq)
+
+    def refuse(self, request: SequenceRequest, reason: str) -> None:
+        """End a request the caller cannot run (e.g. its LoRA adapter does not load) as REJECTED, every
+        sample of it, by the next schedule()."""
+        seq_ids = [sample_seq_id(request.seq_id, i) for i in range(max(request.n, 1))]
+        self._rejected += [FinishedSequence(i, FinishReason.REJECTED, reason) for i in seq_ids]
 
     def _enter(self, seq: Sequence) -> None:
         self._seqs[seq.seq_id] = seq
@@ -282,10 +297,21 @@ class Scheduler:
         ]
 
     def _preempt_for_priority(self, now: float) -> list[str]:
-        """Make seats, then KV blocks, for waiting work of a strictly better class than running work."""
+        """Make seats, then KV blocks, for waiting work of a strictly better class than running work. A head
+        waiting for a LoRA adapter slot first gets one from worse-class work, or nothing is preempted
+        (seats and blocks made now would only go to others)."""
+        head = self._waiting.peek()
+        freed: list[Sequence] = []  # an adapter's sequences, preempted for the head's slot
+        if head is not None and self._needs_slot(head):
+            freed = lora_victims(head, self._running)
+            if not freed:
+                return []
+            for victim in freed:
+                self._preempt(victim, now)
         victims = seat_victims(self._running, self._waiting, self.config.max_num_seqs)
         for victim in victims:
             self._preempt(victim, now)
+        victims = freed + victims
         head = self._waiting.peek()
         if head is not None and len(self._running) < self.config.max_num_seqs:
             cached = self._cached_prefix(head)
@@ -370,6 +396,7 @@ class Scheduler:
                             True,
                             seq.sampling,
                             computed + 1 - seq.num_prompt_tokens,
+                            seq.lora,
                         )
                     )
                     i += 1
@@ -409,24 +436,85 @@ class Scheduler:
         return decodes, prefills, preempted
 
     def _admit_waiting(self, budget: TokenBudget) -> list[ScheduledChunk]:
-        """Admit in queue order while tokens, seats and blocks allow; stop at the first that does not fit."""
-        chunks = []
-        while budget.left > 0 and len(self._running) < self.config.max_num_seqs:
-            seq = self._waiting.peek()
-            if seq is None or seq in self._last_in_flight:  # its last token is in flight: it is ending
-                break
-            cached = self._cached_prefix(seq)
-            num_cached_tokens = len(cached) * self.kv.block_size
-            n = min(seq.num_tokens - num_cached_tokens, budget.left)
-            if self.kv.allocate(seq, n, cached) is None:
-                break
-            self._waiting.remove(seq)
-            seq.status = SequenceStatus.RUNNING
-            self._running.append(seq)
-            self._running_sorted = False
-            self._prefix_hit_tokens += num_cached_tokens
-            chunks.append(self._chunk(seq, n, budget))
+        """Admit in queue order while tokens, seats and blocks allow; stop at the first that does not fit.
+
+        LoRA: a sequence whose adapter cannot enter (max_loras adapters running already) is looked past,
+        keeping its place, and so are, behind it, the sequences of one running adapter chosen to drain
+        (`_adapter_to_drain`): that adapter leaves once its sequences end, and the first waiting sequence
+        that needs a slot takes it. Others behind it are admitted meanwhile (base sequences, other running
+        adapters'), so the batch stays full and no sequence waits for ever."""
+        chunks: list[ScheduledChunk] = []
+        waiting = self._waiting
+        blocked = False  # a sequence waits for an adapter slot, ahead of those looked at now
+        skipped = 0
+        try:
+            while budget.left > 0 and len(self._running) < self.config.max_num_seqs:
+                seq = waiting.peek()
+                if seq is None:
+                    if not blocked:
+                        self._draining = None  # nothing waits for a slot any more
+                    break
+                if seq in self._last_in_flight:  # its last token is in flight: it is ending
+                    break
+                if seq.lora is not None and (
+                    self._needs_slot(seq) or (blocked and seq.lora == self._draining)
+                ):
+                    if not blocked and self._draining is None and self._loras:
+                        self._draining = self._adapter_to_drain()
+                    blocked = True
+                    skipped += 1
+                    if skipped > LORA_LOOKAHEAD:  # bounded work per step; the head keeps its turn
+                        break
+                    waiting.set_aside(seq)
+                    continue
+                if not self._admit(seq, budget, chunks):
+                    break
+        finally:
+            waiting.restore()
         return chunks
+
+    def _adapter_to_drain(self) -> str:
+        """The running adapter whose leaving holds back the least work: the fewest sequences waiting for
+        it (none: draining it delays nobody), then the fewest running (it leaves soonest)."""
+        waiting = Counter(seq.lora for seq in self._waiting if seq.lora in self._loras)
+        return min(self._loras, key=lambda lora: (waiting[lora], self._loras[lora], lora))
+
+    def _needs_slot(self, seq: Sequence) -> bool:
+        """Its adapter is not running and every slot is taken."""
+        return (
+            seq.lora is not None and seq.lora not in self._loras and len(self._loras) >= self.config.max_loras
+        )
+
+    def _lora_enter(self, seq: Sequence) -> None:
+        if seq.lora is not None:
+            self._loras[seq.lora] = self._loras.get(seq.lora, 0) + 1
+
+    def _lora_leave(self, seq: Sequence) -> None:
+        if seq.lora is None:
+            return
+        left = self._loras[seq.lora] - 1
+        if left:
+            self._loras[seq.lora] = left
+            return
+        del self._loras[seq.lora]
+        if self._draining == seq.lora:
+            self._draining = None
+
+    def _admit(self, seq: Sequence, budget: TokenBudget, chunks: list[ScheduledChunk]) -> bool:
+        """Admit the head of the waiting queue with its first chunk, if its blocks fit."""
+        cached = self._cached_prefix(seq)
+        num_cached_tokens = len(cached) * self.kv.block_size
+        n = min(seq.num_tokens - num_cached_tokens, budget.left)
+        if self.kv.allocate(seq, n, cached) is None:
+            return False
+        self._waiting.remove(seq)
+        seq.status = SequenceStatus.RUNNING
+        self._running.append(seq)
+        self._lora_enter(seq)
+        self._running_sorted = False
+        self._prefix_hit_tokens += num_cached_tokens
+        chunks.append(self._chunk(seq, n, budget))
+        return True
 
     def _cached_prefix(self, seq: Sequence) -> list[int]:
         """Leading blocks a sequence about to be admitted can share: prefix-cache hits, or a running
@@ -453,6 +541,7 @@ class Scheduler:
             start + n == len(tokens),
             seq.sampling,
             len(tokens) - seq.num_prompt_tokens,
+            seq.lora,
         )
 
     # ---- sequence transitions ------------------------------------------------------------------------
@@ -460,6 +549,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence, now: float) -> None:
         """Recompute-style preemption: drop its KV, keep its tokens, back to the front of its class."""
         self._running.remove(seq)
+        self._lora_leave(seq)
         self.kv.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
@@ -478,6 +568,7 @@ class Scheduler:
                 self.kv.allocate(child, 0, group.shared_prefix(child, self.kv.block_size, self.kv.window))
                 child.status = SequenceStatus.RUNNING
                 self._running.append(child)
+                self._lora_enter(child)
                 self._running_sorted = False
             else:
                 child.status = SequenceStatus.WAITING
@@ -488,6 +579,7 @@ class Scheduler:
         """The one place a live sequence ends: its blocks are freed here, exactly once."""
         if seq.status is SequenceStatus.RUNNING:
             self._running.remove(seq)
+            self._lora_leave(seq)
             self.kv.free(seq)
         elif seq.status is SequenceStatus.WAITING:
             self._waiting.remove(seq)  # waiting sequences hold no blocks

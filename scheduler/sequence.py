@@ -38,6 +38,7 @@ class Sequence:
         self.request_id: str = group.request_id if group is not None else request.seq_id
         self.sampling: SamplingParams = request.sampling
         self.tenant: str = request.tenant
+        self.lora: str | None = request.lora
         self.arrival: float = request.arrival
         sampling = request.sampling
         # Any of these tokens ends the sequence; so does reaching max_num_tokens tokens in all.

@@ -62,6 +62,9 @@ class SequenceRequest:
     # Samples of the prompt: one sequence each (ids from sample_seq_id), the prompt
     # prefilled once and its KV blocks shared.
     n: int = 1
+    # The LoRA adapter it runs under, as the engine identifies its weights (None: the base model). Its
+    # prefix-cache keys are salted with it; a step mixes at most SchedulerConfig.max_loras adapters.
+    lora: str | None = None
     # Tokens an earlier attempt generated, per sample (fewer entries than n: the rest have none): they follow
     # the prompt, count as generated (max_tokens included) and are prefilled with it (gpu/resume.py).
     # resumed_logits: their logits are read (logprobs recomputed), so no cache may serve their positions.

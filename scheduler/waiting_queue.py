@@ -40,6 +40,7 @@ class WaitingQueue:
         self._members: dict[Sequence, Priority] = {}  # live entries: sequence -> class it waits in
         self._counts = dict.fromkeys(Priority, 0)
         self._aging: list[_Entry] = []  # heap of (time of next promotion, order, token, sequence)
+        self._aside: list[tuple[Sequence, bool]] = []  # set_aside(): (sequence, was it a resumed one)
 
     def __len__(self) -> int:
         return len(self._members)
@@ -75,6 +76,24 @@ class WaitingQueue:
         if len(self._aging) > 2 * len(self._members) + _COMPACT_SLACK:
             self._aging = [e for e in self._aging if self._is_live(e[2], e[3])]
             heapq.heapify(self._aging)  # amortized O(1) a removal: at least half the entries go each time
+
+    def set_aside(self, seq: Sequence) -> None:
+        """Take the head out of the queue until `restore()`: an admission pass looks past it (a sequence
+        whose LoRA adapter cannot enter yet) without losing its place."""
+        queue = self._classes[seq.queue_class]
+        resumed = bool(queue.resumed) and queue.resumed[0][1] is seq
+        self.remove(seq)
+        self._aside.append((seq, resumed))
+
+    def restore(self) -> None:
+        """Every sequence set aside back where it was (a resumed one at the front of its class again)."""
+        for seq, resumed in reversed(self._aside):
+            if resumed:
+                self._insert(seq)
+                self._classes[seq.queue_class].resumed.appendleft((seq.queue_token, seq))
+            else:
+                self.add(seq)
+        self._aside.clear()
 
     def peek(self) -> Sequence | None:
         for cls in Priority:

@@ -14,8 +14,21 @@ from pydantic import (
     model_validator,
 )
 
+from schemas.chat import (
+    MAX_TOOLS,
+    ChatMessage,
+    NamedToolChoice,
+    Tool,
+    ToolCall,
+    ToolCallDelta,
+    ToolChoice,
+    ToolMode,
+    tool_mode,
+)
+
 JobStatus = Literal["queued", "running", "succeeded", "failed", "rejected", "cancelled", "expired"]
-FinishReasonName = Literal["stop", "length", "abort", "expired", "rejected", "error"]
+# `tool_calls`: a sample that ended (as `stop` would) having called tools; its choice has `tool_calls`
+FinishReasonName = Literal["stop", "length", "tool_calls", "abort", "expired", "rejected", "error"]
 
 
 # Numbers as JSON has them: a float field takes 1 as well as 1.0, a whole-number field 2.0 as well as 2
@@ -30,14 +43,21 @@ MAX_CHOICES = 256
 MAX_CHOICE_BYTES = 1_000
 
 
+def _none(value: Any) -> bool:
+    return value is None
+
+
+class FieldError(ValueError):
+    """A check across fields that names the one at fault (validation's `param`, the HTTP API's too)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class _Message(BaseModel):
     # NaN and infinities are never valid values of any field (a timeout of Infinity would overflow later)
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class ChatMessage(_Message):
-    role: Literal["system", "user", "assistant"]
-    content: str
 
 
 class JsonSchemaSpec(_Message):
@@ -74,6 +94,9 @@ class JobRequest(_Message):
 
     job_id: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@/+=-]+$")
     tenant: str = Field("default", min_length=1, max_length=128)
+    # The served base model (one of its names), or a LoRA adapter on it: one of the worker's
+    # `--lora-modules`, or of the fleet's registry that this tenant may use. None: the base.
+    model: str | None = Field(None, min_length=1, max_length=256)
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
     # None: the worker's default (Limits.default_max_tokens)
@@ -119,6 +142,12 @@ class JobRequest(_Message):
             "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
         },
     )
+    # Tool calling (chat jobs): the functions the model may call, whether and which it must call, and
+    # whether one turn may make several calls. Calls are parsed from the output into each choice's
+    # `tool_calls`; `required` and a named function are forced through the grammar (schemas/chat.py).
+    tools: list[Tool] | None = Field(None, min_length=1, max_length=MAX_TOOLS)
+    tool_choice: ToolChoice | None = None  # None: `auto` with tools, else `none`
+    parallel_tool_calls: StrictBool = True
 
     @field_validator("max_tokens", "top_k", "seed", "n", "top_logprobs", mode="before")
     @classmethod
@@ -144,19 +173,51 @@ class JobRequest(_Message):
     @model_validator(mode="after")
     def _one_input(self) -> JobRequest:
         if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of 'prompt' and 'messages'")
+            raise FieldError("prompt" if self.prompt is not None else "messages",
+                             "give exactly one of 'prompt' and 'messages'")  # fmt: skip
         if any(not s for s in self.stop):
-            raise ValueError("stop strings must not be empty")
+            raise FieldError("stop", "stop strings must not be empty")
         constraints = [name for name in ("guided_regex", "guided_choice") if getattr(self, name) is not None]
         if self.response_format is not None and self.response_format.type != "text":
             constraints.append("response_format")
         if len(constraints) > 1:
-            raise ValueError(f"give at most one output constraint, got {' and '.join(constraints)}")
+            raise FieldError(
+                constraints[-1], f"give at most one output constraint, got {' and '.join(constraints)}"
+            )
         if any(not c for c in self.guided_choice or ()):
-            raise ValueError("guided_choice entries must not be empty")
+            raise FieldError("guided_choice", "guided_choice entries must not be empty")
         if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs: true")
+            raise FieldError("top_logprobs", "top_logprobs needs logprobs: true")
+        self._check_tools(constraints)
         return self
+
+    def _check_tools(self, constraints: list[str]) -> None:
+        names = [t.function.name for t in self.tools or ()]
+        if len(set(names)) < len(names):
+            raise FieldError("tools", "tools must have distinct function names")
+        mode = self.tool_mode
+        if mode in ("required", "named") and not self.tools:
+            raise FieldError("tool_choice", f"tool_choice {mode!r} needs tools")
+        named = self.named_tool
+        if named is not None and named not in names:
+            raise FieldError("tool_choice", f"tool_choice names {named!r}, which is not in tools")
+        if mode != "none" and self.messages is None:
+            raise FieldError("tools", "tools need messages (a chat job), not prompt")
+        if mode != "none" and constraints:
+            raise FieldError(
+                "tool_choice",
+                f"tool calls cannot be combined with {constraints[0]}; give tool_choice 'none' to use it",
+            )
+
+    @property
+    def tool_mode(self) -> ToolMode:
+        """`none`, `auto`, `required` or `named`: whether and how the job's output calls its tools."""
+        return tool_mode(self.tools, self.tool_choice)
+
+    @property
+    def named_tool(self) -> str | None:
+        """The function a named tool_choice forces, else None."""
+        return self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else None
 
     @property
     def logprobs_k(self) -> int | None:
@@ -221,6 +282,9 @@ class TokenEvent(_Message):
     text_offset: int | None = Field(None, ge=0)  # characters (code points) of its text before text[0]
     # this attempt's output starts over (it could not resume): what earlier attempts sent is not its text
     restarted: bool = False
+    # pieces of the sample's tool calls (a job with tools): `text` is then what is not a call; left out of
+    # the JSON when there are none, so events of jobs without tools are as they were
+    tool_calls: list[ToolCallDelta] | None = Field(None, exclude_if=_none)
 
     @property
     def final(self) -> bool:
@@ -250,6 +314,9 @@ class Choice(_Message):
     text: str
     finish_reason: FinishReasonName | None = None
     logprobs: ChoiceLogprobs | None = None  # when the job asked for logprobs
+    # the calls the sample made (a job with tools); `text` is then the output outside them (left out of
+    # the JSON when there are none)
+    tool_calls: list[ToolCall] | None = Field(None, exclude_if=_none)
 
 
 class JobResult(_Message):

@@ -11,6 +11,7 @@ BULK_OPEN_STATUSES = tuple(s for s in BULK_STATUSES if s not in BULK_FINISHED_ST
 STATUS_OF_FINISH = {
     "stop": "succeeded",
     "length": "succeeded",
+    "tool_calls": "succeeded",
     "abort": "cancelled",
     "expired": "expired",
     "rejected": "rejected",

@@ -25,6 +25,7 @@ __all__ = [
     "BULK_STATUSES",
     "JOB_STATUSES",
     "TERMINAL_STATUSES",
+    "adapters",
     "api_batches",
     "api_files",
     "api_keys",
@@ -59,6 +60,9 @@ jobs = Table(
     Column("admitted_generation", Integer, nullable=False, server_default="0"),
     Column("worker_id", String(128)),
     Column("bulk_id", String(64)),
+    # the model that served the job: the base's (first served) name or the adapter's; for a rejected job,
+    # the name it asked for
+    Column("model", String(256)),
     Column("error", Text),
     Column("source_topic", String(255)),
     Column("source_partition", Integer),
@@ -83,6 +87,7 @@ jobs = Table(
     Index("ix_jobs_status", "status"),
     Index("ix_jobs_finished_at", "finished_at"),
     Index("ix_jobs_bulk_id", "bulk_id"),
+    Index("ix_jobs_model_created_at", "model", "created_at"),  # one model's (an adapter's) history
     Index(
         "ix_jobs_unpublished",
         "finished_at",
@@ -152,7 +157,9 @@ api_files = Table(
     Column("bytes", BigInteger, nullable=False),
     Column("content", LargeBinary, nullable=False),  # in PostgreSQL, so any API process serves any file
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("expires_at", DateTime(timezone=True)),  # no longer served from then on, and deleted; NULL: never
     Index("ix_api_files_tenant_created_at", "tenant", "created_at"),
+    Index("ix_api_files_expires_at", "expires_at", postgresql_where=text("expires_at IS NOT NULL")),
 )
 
 api_batches = Table(
@@ -184,6 +191,18 @@ api_batches = Table(
     Column("cancelled_at", DateTime(timezone=True)),
     Column("cancels_sent_at", DateTime(timezone=True)),  # its unfinished jobs were sent a cancel
     Column("event_published_at", DateTime(timezone=True)),  # its terminal event is on the batches topic
+    Column("output_expires_after", Integer),  # seconds its output and error files live; NULL: no end
     Index("ix_api_batches_tenant_created_at", "tenant", "created_at"),
     Index("ix_api_batches_open", "topic_prefix", "status"),
+)
+
+# ---- the fleet's LoRA adapters (`inferq adapter add|list|remove`) ------------------------------------------
+adapters = Table(
+    "adapters",
+    metadata,
+    Column("name", String(128), primary_key=True),  # what a job's `model` names (schemas/adapters.py)
+    Column("path", Text, nullable=False),  # a PEFT directory every worker can read (a shared volume)
+    Column("tenant", String(128)),  # the only tenant whose jobs may name it; NULL: every tenant's
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_adapters_tenant", "tenant"),
 )

@@ -16,7 +16,15 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from schemas.jobs import MAX_CHOICE_BYTES, MAX_CHOICES, MAX_N, MAX_REGEX_BYTES, CancelRequest, JobRequest
+from schemas.jobs import (
+    MAX_CHOICE_BYTES,
+    MAX_CHOICES,
+    MAX_N,
+    MAX_REGEX_BYTES,
+    CancelRequest,
+    FieldError,
+    JobRequest,
+)
 
 # What no string of a job may hold: U+0000, and U+D800-U+DFFF, which after JSON decoding (a valid pair of
 # escapes becomes one code point) can only be a lone surrogate.
@@ -24,7 +32,12 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 class InvalidMessage(ValueError):
-    """A message that can never be processed; the reason goes to the DLQ headers and the jobs row."""
+    """A message that can never be processed; the reason goes to the DLQ headers and the jobs row.
+    `param`: the field at fault, when one is (`messages[2].content`, `tool_choice`), as OpenAI names it."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True)
@@ -77,10 +90,13 @@ def _depth_and_text(data: object, limits: Limits) -> None:
         value, depth, where = stack.pop()
         if isinstance(value, str):
             if why := _unstorable(value):
-                raise InvalidMessage(f"{where} contains {why}")
+                raise InvalidMessage(f"{where} contains {why}", _where_param(where))
         elif isinstance(value, dict | list):
             if depth > limits.max_depth:
-                raise InvalidMessage(f"message is nested deeper than {limits.max_depth} levels")
+                raise InvalidMessage(
+                    f"message is nested deeper than {limits.max_depth} levels",
+                    _where_param(where.split(".")[0]),
+                )
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for key, item in items:
                 # checked before the key is named in any reason: the reason is stored too
@@ -88,6 +104,11 @@ def _depth_and_text(data: object, limits: Limits) -> None:
                     raise InvalidMessage(f"a key in {where} contains {why}")
                 name = f"{where}.{key}" if where != "message" else str(key)
                 stack.append((item, depth + 1, name))
+
+
+def _where_param(where: str) -> str | None:
+    """`messages.0.content` as OpenAI's `param` writes it (`messages[0].content`); None for the message."""
+    return None if where == "message" else re.sub(r"\.(\d+)", r"[\1]", where)
 
 
 def _decode(value: bytes | None, limits: Limits) -> object:
@@ -125,56 +146,111 @@ def _may_be_deep_or_unstorable(text: str, limits: Limits) -> bool:
 def _explain(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors(include_url=False):
-        where = ".".join(str(p) for p in err["loc"]) or "message"
-        parts.append(f"{where}: {err['msg']}")
+        cause = (err.get("ctx") or {}).get("error")
+        where = ".".join(
+            [*(str(p) for p in err["loc"]), *([cause.field] if isinstance(cause, FieldError) else [])]
+        )
+        parts.append(f"{where or 'message'}: {err['msg'].removeprefix('Value error, ')}")
     return "; ".join(parts)
 
 
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _param(exc: ValidationError) -> str | None:
+    """The field the first error is about, as OpenAI's `param` names one (`messages[0].content`): its
+    location up to the first part that is no field name (a union's member), or the field a check across
+    fields named (FieldError)."""
+    err = exc.errors(include_url=False)[0]
+    cause = (err.get("ctx") or {}).get("error")
+    param = ""
+    for part in err["loc"]:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif _NAME.match(part):
+            param += f".{part}" if param else part
+        else:
+            break
+    if isinstance(cause, FieldError):
+        param = f"{param}.{cause.field}" if param else cause.field
+    return param or None
+
+
+def _prompt_bytes(job: JobRequest) -> int:
+    """What the job puts in the prompt: its text, earlier turns' calls, and its tools' definitions."""
+    if job.prompt is not None:
+        return len(job.prompt.encode())
+    size = 0
+    for m in job.messages or ():
+        size += len((m.content or "").encode())
+        size += sum(len(c.function.arguments.encode()) + len(c.function.name) for c in m.tool_calls or ())
+    if job.tools:
+        size += len(json.dumps([t.model_dump(exclude_none=True) for t in job.tools]).encode())
+    return size
+
+
 def _check_limits(job: JobRequest, limits: Limits) -> None:
-    prompt_bytes = len(job.prompt.encode()) if job.prompt is not None else 0
-    if job.messages is not None:
-        prompt_bytes = sum(len(m.content.encode()) for m in job.messages)
+    prompt_bytes = _prompt_bytes(job)
     if prompt_bytes > limits.max_prompt_bytes:
-        raise InvalidMessage(f"prompt is {prompt_bytes} bytes; the limit is {limits.max_prompt_bytes}")
+        raise InvalidMessage(
+            f"prompt is {prompt_bytes} bytes; the limit is {limits.max_prompt_bytes}",
+            "prompt" if job.prompt is not None else "messages",
+        )
     if job.max_tokens is not None and job.max_tokens > limits.max_tokens:
-        raise InvalidMessage(f"max_tokens {job.max_tokens} is over the limit {limits.max_tokens}")
+        raise InvalidMessage(
+            f"max_tokens {job.max_tokens} is over the limit {limits.max_tokens}", "max_tokens"
+        )
     if job.timeout_s is not None and job.timeout_s > limits.max_timeout_s:
-        raise InvalidMessage(f"timeout_s {job.timeout_s:g} is over the limit {limits.max_timeout_s:g}")
+        raise InvalidMessage(
+            f"timeout_s {job.timeout_s:g} is over the limit {limits.max_timeout_s:g}", "timeout_s"
+        )
     if len(job.stop) > limits.max_stop:
-        raise InvalidMessage(f"{len(job.stop)} stop strings; at most {limits.max_stop}")
+        raise InvalidMessage(f"{len(job.stop)} stop strings; at most {limits.max_stop}", "stop")
     if any(len(s.encode()) > limits.max_stop_bytes for s in job.stop):
-        raise InvalidMessage(f"a stop string is longer than {limits.max_stop_bytes} bytes")
+        raise InvalidMessage(f"a stop string is longer than {limits.max_stop_bytes} bytes", "stop")
     if len(json.dumps(job.metadata)) > limits.max_metadata_bytes:
-        raise InvalidMessage(f"metadata is over {limits.max_metadata_bytes} bytes")
+        raise InvalidMessage(f"metadata is over {limits.max_metadata_bytes} bytes", "metadata")
     _check_generation_options(job, limits)
 
 
 def _check_generation_options(job: JobRequest, limits: Limits) -> None:
     if job.n > limits.max_n:
-        raise InvalidMessage(f"n {job.n} is over the limit {limits.max_n}")
+        raise InvalidMessage(f"n {job.n} is over the limit {limits.max_n}", "n")
     fmt = job.response_format
     if fmt is not None and fmt.type == "json_schema":
         size = len(json.dumps(fmt.json_schema.json_schema, separators=(",", ":")).encode())
         if size > limits.max_schema_bytes:
             raise InvalidMessage(
-                f"response_format.json_schema.schema is {size} bytes; the limit is {limits.max_schema_bytes}"
+                f"response_format.json_schema.schema is {size} bytes; the limit is {limits.max_schema_bytes}",
+                "response_format",
+            )
+    for i, tool in enumerate(job.tools or ()):  # a forced call compiles its schema as response_format's is
+        size = len(json.dumps(tool.function.arguments_schema, separators=(",", ":")).encode())
+        if size > limits.max_schema_bytes:
+            raise InvalidMessage(
+                f"tools[{i}].function.parameters is {size} bytes; the limit is {limits.max_schema_bytes}",
+                f"tools[{i}].function.parameters",
             )
     if job.guided_regex is not None and len(job.guided_regex.encode()) > limits.max_regex_bytes:
-        raise InvalidMessage(f"guided_regex is over {limits.max_regex_bytes} bytes")
+        raise InvalidMessage(f"guided_regex is over {limits.max_regex_bytes} bytes", "guided_regex")
     if job.guided_choice is not None:
         if len(job.guided_choice) > limits.max_choices:
             raise InvalidMessage(
-                f"{len(job.guided_choice)} guided_choice entries; at most {limits.max_choices}"
+                f"{len(job.guided_choice)} guided_choice entries; at most {limits.max_choices}",
+                "guided_choice",
             )
         if any(len(c.encode()) > limits.max_choice_bytes for c in job.guided_choice):
-            raise InvalidMessage(f"a guided_choice entry is longer than {limits.max_choice_bytes} bytes")
+            raise InvalidMessage(
+                f"a guided_choice entry is longer than {limits.max_choice_bytes} bytes", "guided_choice"
+            )
     if job.logprobs_k is not None:
         max_tokens = job.max_tokens or min(limits.default_max_tokens, limits.max_tokens)
         entries = job.n * max_tokens * (job.logprobs_k + 1)
         if entries > limits.max_logprob_entries:
             raise InvalidMessage(
                 f"n x max_tokens x (top_logprobs + 1) is {entries} log probabilities; "
-                f"the limit is {limits.max_logprob_entries}"
+                f"the limit is {limits.max_logprob_entries}",
+                "top_logprobs" if job.logprobs_k else "logprobs",
             )
 
 
@@ -185,7 +261,7 @@ def parse_job(value: bytes | None, limits: Limits) -> JobRequest:
     try:
         job = JobRequest.model_validate(data)
     except ValidationError as exc:
-        raise InvalidMessage(_explain(exc)) from None
+        raise InvalidMessage(_explain(exc), _param(exc)) from None
     _check_limits(job, limits)
     return job
 

@@ -5,7 +5,10 @@ torch's SDPA otherwise (their reference and fallback).
   length; the shapes depend only on the rows, so a decode graph is keyed by batch size alone.
 - Decode rows, SDPA: `decode_attention` gathers a fixed number of blocks per row and masks past each
   row's length, so the shapes depend on (rows, blocks): graphs are keyed by both.
-- Prefill and mixed steps, Triton: one varlen call per layer covers every chunk and decode row.
+- Prefill and mixed steps, Triton: one varlen call per layer covers every prefill chunk; a mixed step's
+  decode rows go to the paged decode kernel where it is chosen too (a one-token row would otherwise take a
+  whole prefill tile, and one long row would run serially where the decode kernel splits it), else they
+  are one-token chunks of the varlen call.
 - Prefill chunks, SDPA: one call per chunk (gpu/attention/prefill.py, as on the CPU).
 """
 
@@ -34,12 +37,17 @@ def paged_decode(
     seats: torch.Tensor | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    max_context: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The Triton kernel: tables [B or seats, blocks], read at row i (or seats[i]) up to lens[i] keys."""
+    """The Triton kernel: tables [B or seats, blocks], read at row i (or seats[i]) up to lens[i] keys;
+    max_context: the longest row where the host knows it (its split count follows it)."""
     from gpu.triton_kernels.decode import paged_decode_attention
 
     k, v = cache.k[layer], cache.v[layer]
-    return paged_decode_attention(q, k, v, tables, lens, scale, seats, window=window, softcap=softcap)
+    return paged_decode_attention(
+        q, k, v, tables, lens, scale, seats, window=window, softcap=softcap, max_context=max_context, out=out
+    )
 
 
 def decode_attention(
@@ -83,24 +91,31 @@ class CudaPlan:
     meta: AttentionMetadata
     decode_tables: torch.Tensor | None  # [B, blocks] on the device (the SDPA decode path)
     prefills: tuple[PrefillPlan, ...]  # the SDPA prefill path
-    varlen: Any = None  # gpu.triton_kernels.prefill.VarlenChunks: the whole step in one call per layer
+    varlen: Any = None  # gpu.triton_kernels.prefill.VarlenChunks: the prefill chunks in one call per layer
 
 
 class CudaPagedAttention:
     """The eager (prefill and mixed-step) backend; same interface as gpu.attention.PagedAttention."""
 
-    def __init__(self, kernels: CudaKernels | None = None, staging: PinnedStaging | None = None) -> None:
-        """staging: the step's pinned buffers, for the varlen plan's one host-to-device copy."""
+    def __init__(
+        self, kernels: CudaKernels | None = None, staging: PinnedStaging | None = None, group: int = 1
+    ) -> None:
+        """staging: the step's pinned buffers, for the varlen plan's host-to-device copies. group: query
+        heads per KV head (the varlen kernel's tiles hold a whole group)."""
         self.kernels = kernels or CudaKernels()
         self.staging = staging
+        self.group = group
         self.decode = "cuda-triton" if self.kernels.decode else "cuda-sdpa"  # the name the engine logs
 
     def plan(self, meta: AttentionMetadata, cache: KVCache) -> CudaPlan:
-        if self.kernels.varlen:
-            from gpu.triton_kernels.prefill import VarlenChunks
+        if self.kernels.varlen and (meta.prefills or not self.kernels.decode):
+            from gpu.triton_kernels.prefill import VarlenChunks, tiles_for
 
             stage = self.staging.to_device if self.staging is not None else None
-            return CudaPlan(meta, None, (), VarlenChunks.from_metadata(meta, stage))
+            tokens = tiles_for(cache.shape.head_dim).tokens(self.group)
+            apart = self.kernels.decode and meta.num_decodes > 0  # decode rows to the paged decode kernel
+            varlen = VarlenChunks.from_metadata(meta, tokens, stage, decodes=not apart)
+            return CudaPlan(meta, meta.block_tables if apart else None, (), varlen)
         prefills = plan_for(meta, cache)
         if meta.num_decodes == 0:
             return CudaPlan(meta, None, prefills)
@@ -124,18 +139,26 @@ class CudaPagedAttention:
         softcap: float | None = None,
     ) -> torch.Tensor:
         meta = plan.meta
-        if plan.varlen is not None:  # decode rows are one-token chunks of the same call
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        if plan.varlen is not None:  # every prefill chunk (and the decode rows, unless decoded apart)
             from gpu.triton_kernels.prefill import varlen_paged_attention
 
             k, v = cache.k[layer], cache.v[layer]
             tables, chunks = meta.block_tables, plan.varlen
-            return varlen_paged_attention(q, k, v, tables, chunks, scale, window=window, softcap=softcap)
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            varlen_paged_attention(q, k, v, tables, chunks, scale, out, window=window, softcap=softcap)
         if plan.decode_tables is not None:
             rows, lens, tables = meta.decode_rows, meta.decode_lens, plan.decode_tables
             if self.kernels.decode:
-                seats = meta.decode_seats
-                out[rows] = paged_decode(q[rows], cache, layer, tables, lens, scale, seats, window, softcap)
+                seats, longest = meta.decode_seats, meta.max_decode_len
+                first = meta.decode_first
+                if first is not None:  # contiguous rows: read and written in place
+                    span = slice(first, first + meta.num_decodes)
+                    options = dict(window=window, softcap=softcap, max_context=longest, out=out[span])
+                    paged_decode(q[span], cache, layer, tables, lens, scale, seats, **options)
+                else:
+                    out[rows] = paged_decode(
+                        q[rows], cache, layer, tables, lens, scale, seats, window, softcap, longest
+                    )
             else:
                 out[rows] = decode_attention(q[rows], cache, layer, tables, lens, scale, window, softcap)
         if plan.prefills:

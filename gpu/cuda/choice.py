@@ -32,7 +32,9 @@ log = logging.getLogger(__name__)
 
 # A representative decode batch and context for the comparison (clipped to the engine's limits).
 PROBE_BATCH, PROBE_CONTEXT = 64, 1024
-PROBE_CHUNKS, PROBE_CHUNK_TOKENS = 8, 128  # a prefill step for the varlen kernel
+# The varlen kernel is timed on a mixed step, as it runs in serving: the decode batch's rows beside prefill
+# chunks (a chunked-prefill step's budget of 2048 tokens, split over a few prompts).
+PROBE_CHUNKS, PROBE_CHUNK_TOKENS = 4, 512
 TOLERANCE = {torch.float32: 2e-4, torch.float16: 2e-2, torch.bfloat16: 4e-2}  # atol and rtol
 
 
@@ -64,7 +66,8 @@ def _choose(
     forward: LlamaForward, shape: KVShape, max_batch: int, max_blocks: int
 ) -> tuple[CudaKernels, list[Trial]]:
     probe = _Probe(forward, shape, max_batch, max_blocks)
-    trials = [probe.decode(), probe.varlen(), probe.argmax()]
+    decode = probe.decode()
+    trials = [decode, probe.varlen(decode.chosen), probe.argmax()]
     if forward.dtype != torch.float32:
         trials += [probe.add_rms_norm(), probe.rope_write(), probe.silu_mul()]
     chosen = {t.name: t.chosen for t in trials}
@@ -158,7 +161,7 @@ class _Probe:
         self.context = min(max_blocks * shape.block_size, 40 if cpu else PROBE_CONTEXT)
         self.chunks, self.chunk_tokens = (2, 9) if cpu else (PROBE_CHUNKS, PROBE_CHUNK_TOKENS)
         per_row = -(-self.context // shape.block_size)
-        blocks = max(self.batch * per_row, self.chunks * -(-self.chunk_tokens // shape.block_size)) + 1
+        blocks = self.batch * per_row + self.chunks * -(-self.chunk_tokens // shape.block_size) + 1
         gen = torch.Generator(device="cpu").manual_seed(0)  # integers, made on the host
         self.floats = torch.Generator(device=self.device).manual_seed(0)  # values, made on the device
         self.cache = KVCache(dataclasses.replace(shape, num_layers=1), blocks, self.device)
@@ -188,29 +191,40 @@ class _Probe:
             self.dtype,
         )
 
-    def varlen(self) -> Trial:
-        f, n = self.f, self.chunk_tokens
-        tokens = self.chunks * n
-        per_chunk = -(-n // self.block_size)
-        tables = torch.arange(self.chunks * per_chunk).view(self.chunks, per_chunk).to(self.device)
-        token = torch.arange(tokens, device=self.device)  # chunk i's tokens fill its own blocks in order
+    def varlen(self, decode: bool) -> Trial:
+        """A mixed step: the decode batch's rows (first, as the scheduler orders them) and prefill chunks,
+        through the step's attention with and without the varlen kernel; `decode`: whether the decode
+        rows go to the Triton decode kernel (its own trial's outcome) on both sides."""
+        f, n, bs = self.f, self.chunk_tokens, self.block_size
+        per_chunk = -(-n // bs)
+        used = self.batch * self.per_row  # the decode rows' blocks come first in the cache
+        chunk_tables = used + torch.arange(self.chunks * per_chunk).view(self.chunks, per_chunk)
+        width = self.tables.shape[1]
+        padded = torch.zeros(self.chunks, width, dtype=torch.long)
+        padded[:, :per_chunk] = chunk_tables
+        tables = torch.cat((self.tables, padded.to(self.device)))
+        token = torch.arange(self.chunks * n, device=self.device)  # chunk i's tokens fill its own blocks
         chunk, position = token // n, token % n
-        slots = tables[chunk, position // self.block_size] * self.block_size + position % self.block_size
-        empty = torch.zeros(0, dtype=torch.long, device=self.device)
+        seat = self.batch + chunk
+        slots = tables[seat, position // bs] * bs + position % bs
+        rows = torch.arange(self.batch, device=self.device)
         meta = AttentionMetadata(
             tables,
-            empty,
-            empty,
-            empty,
-            None,
+            rows,
+            rows,
+            self.lens,
             0,
-            tuple(PrefillChunk(i * n, n, 0, i) for i in range(self.chunks)),
+            int(self.lens.max()),
+            tuple(PrefillChunk(self.batch + i * n, n, 0, self.batch + i) for i in range(self.chunks)),
         )
+        tokens = self.batch + self.chunks * n
         q = self._randn(tokens, f.num_heads, f.head_dim)
         k = self._randn(tokens, f.num_kv_heads, f.head_dim)
         v = self._randn(tokens, f.num_kv_heads, f.head_dim)
-        self.cache.write(0, slots, k, v)
-        fast, reference = CudaPagedAttention(CudaKernels(varlen=True)), CudaPagedAttention(CudaKernels())
+        self.cache.write(0, slots, k[self.batch :], v[self.batch :])
+        group = f.num_heads // f.num_kv_heads
+        fast = CudaPagedAttention(CudaKernels(varlen=True, decode=decode), group=group)
+        reference = CudaPagedAttention(CudaKernels(decode=decode), group=group)
         # Plans (per-step host work, copies included) made once: the timed calls are what a layer runs.
         fast_plan, reference_plan = fast.plan(meta, self.cache), reference.plan(meta, self.cache)
         return _trial(

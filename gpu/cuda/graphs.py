@@ -6,8 +6,17 @@ per-layer kernel launches from Python and no host syncs inside; the greedy argma
 Keys: with the Triton paged decode kernel (which reads each row's blocks in place up to its own length),
 shapes depend on the batch alone, so there is one graph per batch bucket up to max_num_seqs, captured
 largest first at start (`capture_all`). The SDPA fallback gathers a fixed number of blocks per row, so
-its graphs are keyed by (batch bucket, power-of-two block bucket): too many to capture up front, they are
-captured the first time a shape appears.
+its graphs are keyed by (batch bucket, power-of-two block bucket): too many to capture up front (one per
+batch and block bucket, each holding its own gathered K/V), they are captured the first time a shape
+appears, before that step's inputs go into the static buffers: a capture pads every row first.
+
+Capture and replay go through a recorder (`CudaGraphRecorder` here; tests drive the same order with one
+that replays by running the body again), so the order of capture, input copies and replay is testable on
+the CPU.
+
+A step with LoRA rows replays a graph of its own per batch bucket (captured the first time one is needed:
+base-only steps never run a LoRA kernel): the same body with the shrink/expand kernels over the adapters'
+stacked slots, reading which rows use which slot from a static vector the step copies in first.
 
 Rows past the real batch (padding up to the bucket) read one reserved "trash" block and write their K/V
 into it, so they never touch a live sequence's cache. All graphs share one memory pool: they never run at
@@ -20,15 +29,18 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 
+from gpu import triton_kernels
 from gpu.cuda.attention import decode_attention, paged_decode
 from gpu.cuda.kernels import CudaKernels
 from gpu.cuda.staging import PinnedStaging
 from gpu.forward import LlamaForward
 from gpu.kv_cache import KVCache
+from gpu.lora.slots import SlotLora, StackedSlots
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +51,10 @@ IDS, POSITIONS, SLOTS, LENS = range(4)
 
 def bucket_of(n: int, buckets: tuple[int, ...] | list[int]) -> int:
     return next(b for b in buckets if b >= n)
+
+
+def _even(n: int) -> int:
+    return n + n % 2
 
 
 def block_buckets(max_blocks: int) -> list[int]:
@@ -56,6 +72,39 @@ class DecodeOutput:
     greedy: torch.Tensor  # [rows] int64: each row's argmax, computed with the logits
 
 
+class GraphRecorder(Protocol):
+    def capture(
+        self, body: Callable[[], DecodeOutput], warm_ups: int
+    ) -> tuple[Callable[[], None], DecodeOutput]:
+        """Warm `body` up (it runs on whatever the static inputs hold), record it; returns (replay, out):
+        each replay runs the recorded work on the static inputs as they are then, into `out`'s tensors."""
+        ...
+
+
+class CudaGraphRecorder:
+    """torch.cuda graphs sharing one memory pool, warmed up on one side stream: memory the caching allocator
+    hands out on a stream stays cached for that stream, so a new stream per capture would strand each
+    capture's warm-up memory."""
+
+    def __init__(self) -> None:
+        self._pool = torch.cuda.graph_pool_handle()
+        self._side = torch.cuda.Stream()
+
+    def capture(
+        self, body: Callable[[], DecodeOutput], warm_ups: int
+    ) -> tuple[Callable[[], None], DecodeOutput]:
+        # Warm-ups first: kernels compiled, library handles and choices made outside the capture.
+        self._side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self._side):
+            for _ in range(warm_ups):
+                body()
+        torch.cuda.current_stream().wait_stream(self._side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = body()
+        return graph.replay, out
+
+
 class DecodeGraphs:
     def __init__(
         self,
@@ -66,9 +115,12 @@ class DecodeGraphs:
         trash_block: int,
         kernels: CudaKernels | None = None,
         capture: bool = True,
+        recorder: GraphRecorder | None = None,
+        lora_slots: StackedSlots | None = None,
     ) -> None:
         """capture=False runs each step's body eagerly on the same static buffers: the bucketing, padding
-        and kernels without CUDA graphs (how the CPU tests exercise it, on CPU tensors)."""
+        and kernels without CUDA graphs (how the CPU tests exercise it, on CPU tensors). recorder: how
+        graphs are captured and replayed (default: CUDA graphs where capture is on)."""
         device = cache.k.device
         kernels = kernels or CudaKernels()
         self.forward, self.cache = forward, cache
@@ -77,13 +129,22 @@ class DecodeGraphs:
         self.blocks = [max_blocks] if self.paged else block_buckets(max_blocks)
         self.trash_block = trash_block
         self._trash_slot = trash_block * cache.shape.block_size
-        # Static inputs: a graph of batch b reads the first 4 * b elements as [4, b] (ids, positions,
-        # slots, lens), contiguous, so a step's staged [4, b] goes over in one plain copy.
-        self._vector_storage = torch.zeros(4 * max_batch, dtype=torch.long, device=device)
+        # Static inputs: a graph of batch b reads the first 4 * even(b) elements as [4, even(b)] (ids,
+        # positions, slots, lens; rows padded to an even length so each starts 16-byte aligned, as Triton
+        # specialises on alignment), so a step's staged [4, even(b)] goes over in one plain copy.
+        self._vector_storage = torch.zeros(4 * _even(max_batch), dtype=torch.long, device=device)
         self.tables = torch.full((max_batch, max_blocks), trash_block, dtype=torch.long, device=device)
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, DecodeOutput]] = {}
-        self.capture = capture
-        self._pool = torch.cuda.graph_pool_handle() if capture else None
+        self._graphs: dict[tuple[int, int], tuple[Callable[[], None], DecodeOutput]] = {}
+        self.recorder = recorder if recorder is not None else CudaGraphRecorder() if capture else None
+        self.capture = self.recorder is not None
+        # LoRA: the slots, the static vector of rows by slot (gpu/lora/slots.py) and graphs by batch bucket
+        self.lora_slots = lora_slots
+        self._lora_meta: torch.Tensor | None = None
+        if lora_slots is not None:
+            size = 2 * lora_slots.max_loras + max_batch
+            self._lora_meta = torch.zeros(size, dtype=torch.long, device=device)
+        self._lora_kernels = triton_kernels.available(device.type)
+        self._lora_graphs: dict[tuple[int, int], tuple[Callable[[], None], DecodeOutput]] = {}
 
     def covers(self, rows: int, blocks: int) -> bool:
         return rows <= self.batches[-1] and blocks <= self.blocks[-1]
@@ -103,21 +164,25 @@ class DecodeGraphs:
                     key = (b, self.blocks[-1])
                     if key not in self._graphs:
                         self._graphs[key] = self._capture(*key, warm_ups=1 if self._graphs else 2)
-            torch.cuda.synchronize()
+            if self.cache.k.is_cuda:
+                torch.cuda.synchronize()
         return time.perf_counter() - start
 
     def vectors(self, b: int) -> torch.Tensor:
-        """The static [4, b] inputs of batch b's graph (a contiguous view)."""
-        return self._vector_storage[: 4 * b].view(4, b)
+        """The static [4, b] inputs of batch b's graph (a view; its rows contiguous)."""
+        return self._vector_storage[: 4 * _even(b)].view(4, _even(b))[:, :b]
 
     def _pad(self, b: int) -> None:
-        """Every row a padding row (token 0 at position 0, one key, in the trash block): what warm-ups and
-        captures at start read before a step fills them."""
+        """Every row a padding row (token 0 at position 0, one key, in the trash block): what a capture's
+        warm-ups run on, at start or before the step that needs a new shape fills the buffers."""
         vectors = self.vectors(b)
         vectors[IDS:SLOTS] = 0
         vectors[SLOTS], vectors[LENS] = self._trash_slot, 1
+        self.tables[:b] = self.trash_block
+        if self._lora_meta is not None:  # no row under any adapter slot
+            self._lora_meta.zero_()
 
-    def _body(self, b: int, nb: int) -> DecodeOutput:
+    def _body(self, b: int, nb: int, lora: bool = False) -> DecodeOutput:
         ids, positions, slots, lens = self.vectors(b).unbind(0)
         tables, scale = self.tables[:b, :nb], self.forward.scale
         attention = paged_decode if self.paged else decode_attention
@@ -127,26 +192,24 @@ class DecodeGraphs:
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
             return attention(q, self.cache, layer, tables, lens, scale, **options[layer])
 
-        logits = self.forward.run(ids, positions, slots, self.cache, attend, None)
+        apply = None
+        if lora:
+            assert self.lora_slots is not None and self._lora_meta is not None
+            apply = SlotLora(self.lora_slots, self._lora_meta, b, self._lora_kernels)
+        logits = self.forward.run(ids, positions, slots, self.cache, attend, None, apply)
         if self.argmax:
             from gpu.triton_kernels.argmax import greedy_argmax
 
             return DecodeOutput(logits, greedy_argmax(logits))
         return DecodeOutput(logits, logits.argmax(dim=-1))
 
-    def _capture(self, b: int, nb: int, warm_ups: int = 2) -> tuple[torch.cuda.CUDAGraph, DecodeOutput]:
-        # Warm-ups on a side stream first: kernels compiled, library handles and choices made outside.
+    def _capture(
+        self, b: int, nb: int, warm_ups: int = 2, lora: bool = False
+    ) -> tuple[Callable[[], None], DecodeOutput]:
+        """Record batch b's graph over padding rows: it overwrites the static inputs of the first b rows."""
+        assert self.recorder is not None
         self._pad(b)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(warm_ups):
-                self._body(b, nb)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = self._body(b, nb)
-        return graph, out
+        return self.recorder.capture(lambda: self._body(b, nb, lora), warm_ups)
 
     def run(
         self,
@@ -159,13 +222,20 @@ class DecodeGraphs:
         seats: np.ndarray,
         blocks: int,
         before_forward: Callable[[torch.Tensor], None] | None = None,
+        lora_meta: np.ndarray | None = None,
     ) -> DecodeOutput:
         """A decode-only step of `rows` real rows (host arrays), each reading block_tables[seats[i]] up to
-        lens[i] keys, the longest `blocks` blocks. Padding and both copies are prepared on the host."""
+        lens[i] keys, the longest `blocks` blocks. Padding and both copies are prepared on the host.
+        `lora_meta`: the rows under each adapter slot (padding rows are in none); None: no adapter rows."""
         rows = len(ids)
         b, nb = self.key(rows, blocks)
-        staged = staging.buffer("graph_vectors", (4, b), torch.long)
-        vectors = staged.numpy()
+        key, lora = (b, nb), lora_meta is not None
+        graphs = self._lora_graphs if lora else self._graphs
+        if self.capture and key not in graphs:  # LoRA graphs and the SDPA path's shapes come lazily
+            # Before this step's inputs are copied in: the capture pads every row of the static buffers.
+            graphs[key] = self._capture(b, nb, lora=lora)
+        staged = staging.buffer("graph_vectors", (4, _even(b)), torch.long)
+        vectors = staged.numpy()[:, :b]
         vectors[IDS, :rows], vectors[POSITIONS, :rows], vectors[SLOTS, :rows] = ids, positions, slots
         vectors[LENS, :rows] = lens
         # padding rows: token 0 at position 0, one key, in the trash block
@@ -178,16 +248,22 @@ class DecodeGraphs:
         table_rows[:rows, :blocks] = block_tables[seats, :blocks]
         table_rows[:rows, blocks:] = self.trash_block
         table_rows[rows:] = self.trash_block
-        self.vectors(b).copy_(staged, non_blocking=True)
+        self._vector_storage[: 4 * _even(b)].view(4, _even(b)).copy_(staged, non_blocking=True)
         self.tables[:b, :width].copy_(tables, non_blocking=True)
         if before_forward is not None:  # e.g. placeholder tokens filled on the device (gpu/runner.py)
             before_forward(self.vectors(b)[IDS, :rows])
+        if lora_meta is not None:
+            self._stage_lora_meta(staging, lora_meta)
         if not self.capture:
-            out = self._body(b, nb)
+            out = self._body(b, nb, lora)
         else:
-            key = (b, nb)
-            if key not in self._graphs:  # only the SDPA path's lazily captured shapes
-                self._graphs[key] = self._capture(b, nb)
-            graph, out = self._graphs[key]
-            graph.replay()
+            replay, out = graphs[key]
+            replay()
         return DecodeOutput(out.logits[:rows], out.greedy[:rows])
+
+    def _stage_lora_meta(self, staging: PinnedStaging, meta: np.ndarray) -> None:
+        """The step's rows by adapter slot into the static vector the LoRA graphs read."""
+        assert self._lora_meta is not None
+        staged = staging.buffer("graph_lora_meta", (len(meta),), torch.long)
+        staged.numpy()[:] = meta
+        self._lora_meta[: len(meta)].copy_(staged, non_blocking=True)

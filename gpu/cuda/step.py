@@ -12,8 +12,10 @@ import logging
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
+from gpu import triton_kernels
 from gpu.cuda import choice
 from gpu.cuda import kernels as cuda_kernels
 from gpu.cuda.attention import CudaPagedAttention
@@ -23,6 +25,7 @@ from gpu.cuda.staging import PinnedStaging
 from gpu.forward import LlamaForward
 from gpu.inputs import StepInputs
 from gpu.kv_cache import KVCache
+from gpu.lora.slots import SlotLora, StackedSlots
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +46,30 @@ class CudaStep:
         trash_block: int | None,
         capture_graphs: bool = True,
         kernels: CudaKernels | None = None,
+        lora_slots: StackedSlots | None = None,
     ) -> None:
-        """kernels: the Triton kernels to use (installed into `forward` here); None: torch paths only."""
+        """kernels: the Triton kernels to use (installed into `forward` here); None: torch paths only.
+        lora_slots: the adapters' device slots (gpu/lora/slots.py), applied with the Triton LoRA kernels
+        (the torch reference where triton does not import, or on CPU tensors)."""
         self.forward, self.cache = forward, cache
+        self.lora_slots = lora_slots
+        self.lora_kernels = triton_kernels.available(cache.k.device.type)
         self.kernels = kernels or CudaKernels()
         cuda_kernels.install(forward, self.kernels)
         self.staging = PinnedStaging(cache.k.device)
-        self.attention = CudaPagedAttention(self.kernels, self.staging)
+        group = forward.num_heads // forward.num_kv_heads
+        self.attention = CudaPagedAttention(self.kernels, self.staging, group)
         self.graphs = (
-            DecodeGraphs(forward, cache, max_num_seqs, max_blocks, trash_block, self.kernels, capture_graphs)
+            DecodeGraphs(
+                forward,
+                cache,
+                max_num_seqs,
+                max_blocks,
+                trash_block,
+                self.kernels,
+                capture_graphs,
+                lora_slots=lora_slots,
+            )
             if trash_block is not None and forward.graph_safe
             else None
         )
@@ -67,17 +85,26 @@ class CudaStep:
         return self.run(inputs).logits
 
     def run(
-        self, inputs: StepInputs, before_forward: Callable[[torch.Tensor], None] | None = None
+        self,
+        inputs: StepInputs,
+        before_forward: Callable[[torch.Tensor], None] | None = None,
+        lora_meta: np.ndarray | None = None,
     ) -> StepLogits:
         """`before_forward`: called with the device's input ids once the inputs' copies are queued, before
-        the forward (the runner fills async scheduling's placeholder tokens there)."""
+        the forward (the runner fills async scheduling's placeholder tokens there). `lora_meta`: the rows
+        under each adapter slot (gpu/lora/slots.py), None when no row has an adapter."""
         self.staging.begin_step()  # a pinned slot whose last copies have run (gpu/cuda/staging.py)
         try:
-            return self._run(inputs, before_forward)
+            return self._run(inputs, before_forward, lora_meta)
         finally:
             self.staging.end_step()
 
-    def _run(self, inputs: StepInputs, before_forward: Callable[[torch.Tensor], None] | None) -> StepLogits:
+    def _run(
+        self,
+        inputs: StepInputs,
+        before_forward: Callable[[torch.Tensor], None] | None,
+        lora_meta: np.ndarray | None = None,
+    ) -> StepLogits:
         meta = inputs.attention
         rows = inputs.input_ids.numel()
         if self.graphs is not None and meta.num_decodes == rows == len(inputs.sample_chunks):
@@ -93,12 +120,18 @@ class CudaStep:
                     meta.decode_seats.numpy(),
                     blocks,
                     before_forward=before_forward,
+                    lora_meta=lora_meta,
                 )
                 return StepLogits(out.logits, out.greedy)
         staged = self._to_device(inputs)
         if before_forward is not None:
             before_forward(staged.input_ids)
-        return StepLogits(self.forward(staged, self.cache, self.attention), None)
+        lora = None
+        if lora_meta is not None:
+            assert self.lora_slots is not None
+            meta = self.staging.to_device("lora_meta", torch.from_numpy(lora_meta))
+            lora = SlotLora(self.lora_slots, meta, rows, self.lora_kernels)
+        return StepLogits(self.forward(staged, self.cache, self.attention, lora), None)
 
     def _to_device(self, inputs: StepInputs) -> StepInputs:
         stage = self.staging.to_device
@@ -128,6 +161,7 @@ def build_cuda_step(
     trash_block: int,
     kernels: CudaKernels | None = None,
     capture_graphs: bool = True,
+    lora_slots: StackedSlots | None = None,
 ) -> CudaStep:
     """The engine-start sequence on CUDA: kernels measured (unless given), graphs captured, both logged."""
     start = time.perf_counter()
@@ -136,7 +170,9 @@ def build_cuda_step(
         kernels, trials = choice.choose(forward, cache.shape, max_num_seqs, max_blocks)
         choice.log_choice(kernels, trials)
     chosen = time.perf_counter()
-    step = CudaStep(forward, cache, max_num_seqs, max_blocks, trash_block, capture_graphs, kernels)
+    step = CudaStep(
+        forward, cache, max_num_seqs, max_blocks, trash_block, capture_graphs, kernels, lora_slots
+    )
     captured = step.capture_graphs()
     step.start_seconds, step.trials = time.perf_counter() - start, trials
     graphs = len(step.graphs._graphs) if step.graphs is not None else 0

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 
 JSON_KINDS = ("json_schema", "json_object")
+# the grammars closed this way: JSON outputs, and forced tool calls (JSON arguments inside the call's syntax)
+CLOSING_KINDS = (*JSON_KINDS, "tool_calls")
 QUOTE, BACKSLASH = ord('"'), ord("\\")
 MAX_CLOSING_TOKENS = 64  # at most this many last tokens of a budget close; a quarter of smaller budgets
 BRIDGE_CANDIDATES = 32  # a string that may not end yet: how many of its highest allowed tokens to look past
@@ -32,9 +34,13 @@ def closing_window(max_tokens: int) -> int:
     return min(MAX_CLOSING_TOKENS, max_tokens // 4)
 
 
-def closing_token_ids(decoded_vocab: Sequence[bytes]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids that end a string: `"` then only `"]}`; ids that end arrays and objects: only `]}`)."""
-    in_string, outside = [], []
+def closing_token_ids(
+    decoded_vocab: Sequence[bytes], stop_ids: Sequence[int] = ()
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids that end a string: `"` then only `"]}`; ids that end arrays and objects: only `]}`, and the
+    stop tokens, which end the output where its grammar may end: after a number, or a tool call that
+    could be followed by another)."""
+    in_string, outside = [], list(stop_ids)
     for i, text in enumerate(decoded_vocab):
         if not text or not set(text) <= {QUOTE, ord("]"), ord("}")}:
             continue
@@ -55,9 +61,9 @@ class Closing:
         self._on_device: dict[tuple[torch.device, bool], torch.Tensor] = {}
         self._scratch: torch.Tensor | None = None  # one bitmask row for the bridge's lookahead
 
-    def set_vocabulary(self, decoded_vocab: Sequence[bytes]) -> None:
+    def set_vocabulary(self, decoded_vocab: Sequence[bytes], stop_ids: Sequence[int] = ()) -> None:
         self._vocab = decoded_vocab
-        self._ids = closing_token_ids(decoded_vocab)
+        self._ids = closing_token_ids(decoded_vocab, stop_ids)
 
     def add(self, seq_id: str) -> None:
         self.sequences[seq_id] = [False, False]

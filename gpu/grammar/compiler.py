@@ -23,8 +23,9 @@ from gpu.grammar import GrammarError
 from gpu.grammar.schema_check import check_enforceable
 from gpu.grammar.vocab import tokenizer_info
 from gpu.tokenizer import Tokenizer
+from schemas.tool_calls import DIALECTS
 
-KINDS = ("json_schema", "json_object", "regex", "choice")
+KINDS = ("json_schema", "json_object", "regex", "choice", "tool_calls")
 MAX_SOURCE_CHARS = 64 * 1024  # a schema or regex past this is refused before any work is done
 COMPILE_TIMEOUT_S = 10.0  # a compile still running then is abandoned and its job rejected
 MAX_ABANDONED = 2  # compiles past their timeout that may still be running before new ones are refused
@@ -92,6 +93,9 @@ class GrammarCompiler:
             if not source:
                 raise GrammarError("regex is empty")
             return lambda: self._xgr.compile_regex(source)
+        if kind == "tool_calls":
+            grammar = tool_calls_grammar(source)
+            return lambda: self._xgr.compile_grammar(grammar)
         # An EBNF alternation of string literals: JSON string escapes are the EBNF's, whatever the text.
         rule = "root ::= " + " | ".join(json.dumps(choice) for choice in _parse_choices(source))
         return lambda: self._xgr.compile_grammar(rule)
@@ -149,6 +153,9 @@ def precheck(spec: GrammarSpec) -> None:
     if kind == "choice":
         _parse_choices(source)
         return
+    if kind == "tool_calls":
+        tool_calls_grammar(source)
+        return
     if kind == "regex" and not source:
         raise GrammarError("regex is empty")
     if kind == "json_schema":
@@ -187,6 +194,55 @@ def _bound_fractions(ebnf: str) -> str:
         if f'("." {name})' in ebnf:
             ebnf = ebnf.replace(rule.group(0), f"{name} ::= (([0-9]{{1, {MAX_FRACTION_DIGITS}}}))")
     return ebnf
+
+
+def tool_calls_grammar(source: str) -> xgr.Grammar:
+    """The grammar of forced tool calls: `source` is JSON {"dialect", "tools": [{"name", "parameters"}],
+    "parallel"} (workers/serving/intake/sampling.py). Each call is written as the dialect writes it, its name
+    one of the tools' and its arguments valid against that tool's schema (a JSON grammar as a json_schema
+    constraint's); with `parallel`, one call or more, separated as the dialect separates them."""
+    try:
+        spec = json.loads(source)
+        dialect = DIALECTS[spec["dialect"]]
+        tools = [(str(t["name"]), t["parameters"]) for t in spec["tools"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise GrammarError(f"tool_calls must be JSON with dialect, tools and parallel: {exc}") from None
+    if not tools:
+        raise GrammarError("tool_calls needs at least one tool")
+    calls = []
+    try:
+        for name, parameters in tools:
+            schema = json.dumps(parameters)
+            try:
+                _parse_schema(schema)
+            except GrammarError as exc:
+                raise GrammarError(f"function {name}'s parameters: {exc}") from None
+            calls.append(
+                xgr.Grammar.concat(
+                    _literal(dialect.call_prefix(name)),
+                    xgr.Grammar.from_ebnf(_json_ebnf(schema)),
+                    _literal(dialect.call_suffix),
+                )
+            )
+        one = calls[0] if len(calls) == 1 else xgr.Grammar.union(*calls)
+        if not spec.get("parallel") or dialect.separator is None:
+            return one
+        # one call or more: the calls' grammar under a rule of its own, repeated (its root is referenced
+        # nowhere: concat and union rename the roots they combine)
+        ebnf = str(one)
+        name = "tool_call"
+        while re.search(rf"^{name} ::= ", ebnf, re.MULTILINE):
+            name += "_"
+        ebnf = re.sub(r"^root ::= ", f"{name} ::= ", ebnf, count=1, flags=re.MULTILINE)
+        return xgr.Grammar.from_ebnf(f"root ::= {name} ({json.dumps(dialect.separator)} {name})*\n{ebnf}")
+    except GrammarError:
+        raise
+    except Exception as exc:  # xgrammar's own errors (RuntimeError, ValueError): the schema's author's to fix
+        raise GrammarError(f"invalid tool_calls: {_reason(exc)}") from exc
+
+
+def _literal(text: str) -> xgr.Grammar:
+    return xgr.Grammar.from_ebnf(f"root ::= {json.dumps(text)}")  # JSON's string escapes are EBNF's
 
 
 def _parse_schema(source: str) -> None:

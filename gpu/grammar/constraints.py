@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpu.engine_types import GrammarSpec
-from gpu.grammar.closing import JSON_KINDS, Closing
+from gpu.grammar.closing import CLOSING_KINDS, Closing
 from scheduler.output import TokenUpdate
 from scheduler.types import FinishReason
 
@@ -22,10 +22,11 @@ DEAD_END_REASON = FinishReason.REJECTED  # a grammar with no way on (see `advanc
 _STOP = FinishReason.STOP
 
 
-def is_json(grammar: Any) -> bool:
-    """Whether a grammar (a GrammarSpec or what `Constraints.compile` made) asks for JSON."""
+def has_closing(grammar: Any) -> bool:
+    """Whether a grammar (a GrammarSpec or what `Constraints.compile` made) gets the closing window (JSON and
+    tool calls: gpu/grammar/closing.py)."""
     spec = grammar if isinstance(grammar, GrammarSpec) else grammar.spec
-    return spec.kind in JSON_KINDS
+    return spec.kind in CLOSING_KINDS
 
 
 class Constraints:
@@ -35,7 +36,7 @@ class Constraints:
         self._lock = threading.Lock()
         # sequence id -> its grammar's matcher, for as long as it is live (what the runner masks with)
         self.matchers: dict[str, Any] = {}
-        self.closing = Closing()  # the JSON ones among them, closed before their budget runs out
+        self.closing = Closing()  # the JSON ones and tool calls among them, closed before their budget ends
 
     def compile(self, spec: GrammarSpec) -> Any:
         """The spec compiled for this vocabulary. Any thread may call it (the worker's intake thread does,
@@ -45,7 +46,7 @@ class Constraints:
                 from gpu.grammar.compiler import GrammarCompiler  # xgrammar loads only once a grammar is used
 
                 self._compiler = GrammarCompiler(self._tokenizer, self._vocab_size, self._eos)
-                self.closing.set_vocabulary(self._compiler.info.decoded_vocab)
+                self.closing.set_vocabulary(self._compiler.info.decoded_vocab, self._eos)
             compiler = self._compiler
         return compiler.compile(spec)
 
@@ -61,7 +62,7 @@ class Constraints:
         """Constrain a live sequence with a matcher of `grammar` (a GrammarSpec or what `compile` made).
         `closing_state`: a JSON one's state past the tokens the matcher already took (a resumed sample)."""
         self.matchers[seq_id] = matcher
-        if is_json(grammar):
+        if has_closing(grammar):
             self.closing.add(seq_id)
             if closing_state is not None:
                 self.closing.sequences[seq_id] = closing_state

@@ -150,6 +150,16 @@ class Llama:
             window=windows[index],
         )
 
+    def lora_parts(self) -> dict[str, tuple[str, ...]]:
+        """Each product of Layer that LoRA may target: its HF modules (relative to a decoder layer), in the
+        order their outputs are stacked (PEFT names a target by the module's last part, e.g. `q_proj`)."""
+        return {
+            "qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+            "o": ("self_attn.o_proj",),
+            "gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+            "down": ("mlp.down_proj",),
+        }
+
     # --- RoPE ----------------------------------------------------------------------------------------------
     def static_rope(self, model: Any) -> bool:
         return getattr(model.rotary_emb, "rope_type", "default") in STATIC_ROPE

@@ -35,6 +35,16 @@ class Phi3(Llama):
             window=windows[index],
         )
 
+    def lora_parts(self) -> dict[str, tuple[str, ...]]:
+        """LoRA on the checkpoint's own fused products (one adapter matrix pair over q|k|v, one over
+        gate|up), as PEFT trains Phi-3."""
+        return {
+            "qkv": ("self_attn.qkv_proj",),
+            "o": ("self_attn.o_proj",),
+            "gate_up": ("mlp.gate_up_proj",),
+            "down": ("mlp.down_proj",),
+        }
+
     def static_rope(self, model: Any) -> bool:
         return rope_type(self.rope_parameters()) in self.rope_types
 

@@ -3,7 +3,8 @@
 - `decode.py`: paged decode attention (one query per row, GQA, split-K over long contexts, then a reduce);
   replaces `gpu.cuda.attention.decode_attention` (block gather + SDPA; also `gpu.attention.torch_decode`).
 - `prefill.py`: varlen paged attention (packed chunks, each causal over its cached prefix and itself, decode
-  rows as one-token chunks); replaces `gpu.attention.prefill` (one SDPA per chunk over a gathered context).
+  rows as one-token chunks where the decode kernel does not take them; a tile holds every query head of a
+  KV head's group); replaces `gpu.attention.prefill` (one SDPA per chunk over a gathered context).
 - `rms_norm.py`: residual add + RMSNorm, returning the normed rows and the new residual; replaces
   `x + delta` then `gpu.forward.rms_norm`.
 - `rope_cache.py`: RoPE of q and k in place and the K/V cache write at the step's slots; replaces
@@ -17,7 +18,9 @@ triton) on a CPU code path, and this package's `__init__` imports neither. Calle
 keep the torch path otherwise. Which ones the CUDA step uses is measured at engine start against the torch
 paths (gpu/cuda/choice.py). Written against Triton 3.6's language (masked loads and stores, `tl.dot`,
 constexpr tile sizes); verified on the CPU with TRITON_INTERPRET=1 (tests/gpu/test_triton_kernels.py,
-and the whole CUDA step in tests/gpu/test_cuda_triton_step.py), not yet compiled on a GPU.
+and the whole CUDA step in tests/gpu/test_cuda_triton_step.py), and compiled ahead of time for sm_90 and
+sm_80 by Triton 3.6 at the served models' shapes, registers and shared memory checked against the
+hardware's limits (tests/gpu/test_triton_aot.py); not yet run on a GPU since.
 """
 
 from __future__ import annotations

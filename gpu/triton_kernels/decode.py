@@ -8,8 +8,12 @@ for the group, and the G heads fill the rows of one tl.dot), and runs an online 
 the context. With one split it writes the output directly; with several (long contexts, few rows) each
 split writes its partial max, sum and unnormalised output, and a second kernel merges them.
 
+The split count (the grid) is fixed on the host, from the longest context the step can hold (a decode
+graph's table width) or has (an eager step's longest row); each row then divides its own keys (those in
+its window) evenly over the splits, so a row as long as the batch's longest uses every split and a short
+one finishes in the first. No host reads of device data: it can run in a CUDA graph.
+
 Reference: gpu.cuda.attention.decode_attention (gather + SDPA), which it replaces on CUDA.
-No host reads of device data: the split count comes from the tables' width, so it can run in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ MAX_SPLITS = 16
 # beyond it the GPU is already full without splitting.
 TARGET_PROGRAMS = 512
 LOG2E = 1.4426950408889634
-NO_WINDOW = 1 << 40  # the window argument of a layer without one: every key of the context is in it
+# The window argument of a layer without one: every key of any context is in it. Below 2^31 and never
+# specialised on, so windowed and unwindowed layers share one compilation.
+NO_WINDOW = (1 << 31) - 1
 
 
 def choose_num_splits(max_context: int, rows: int, kv_heads: int) -> int:
@@ -39,7 +45,7 @@ def choose_num_splits(max_context: int, rows: int, kv_heads: int) -> int:
 
 # The split count is a runtime argument (never specialised on): the decode graphs' batch buckets use up to
 # eight different counts, and each constant would be one more compilation at engine start.
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit(do_not_specialize=["num_splits", "window"])
 def _decode_kernel(
     q_ptr,
     k_ptr,
@@ -55,7 +61,6 @@ def _decode_kernel(
     softcap,  # attention logit soft-capping (used where SOFTCAP)
     window,  # sliding window: a row reads only its last `window` keys (NO_WINDOW: all)
     num_heads,
-    split_len,  # keys per split, a multiple of BLOCK_N
     num_splits,
     stride_qt,
     stride_qh,
@@ -81,8 +86,11 @@ def _decode_kernel(
     split = tl.program_id(2)
     table_row = tl.load(seats_ptr + row).to(tl.int64) if HAS_SEATS else row.to(tl.int64)
     context = tl.load(lens_ptr + row)
-    hi = tl.minimum(split * split_len + split_len, context)
-    lo = tl.maximum(split * split_len, context - window)  # keys before the window are not read
+    # This row's keys (its window's), divided evenly over the splits in whole key tiles.
+    first = tl.maximum(context - window, 0)
+    split_len = tl.cdiv(tl.cdiv(context - first, num_splits), BLOCK_N) * BLOCK_N
+    lo = first + split * split_len
+    hi = tl.minimum(lo + split_len, context)
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -132,8 +140,8 @@ def _decode_kernel(
             mask=out_mask,
         )
     else:
-        # A split past the row's context or before its window ran no tile: m = -inf, l = 0, acc = 0,
-        # weighted 0 by the reduce.
+        # A split past the row's keys (a short row) ran no tile: m = -inf, l = 0, acc = 0, weighted 0 by
+        # the reduce.
         part = (row * num_heads + heads).to(tl.int64) * num_splits + split  # [G] into [B, H, S]
         tl.store(part_m_ptr + part, m_i, mask=g_mask)
         tl.store(part_l_ptr + part, l_i, mask=g_mask)
@@ -189,28 +197,33 @@ def paged_decode_attention(
     block_n: int = BLOCK_N,
     window: int | None = None,
     softcap: float | None = None,
+    max_context: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of q [B, heads, D] (rows may be strided, heads and dims dense) -> [B, heads, D].
 
     k_cache/v_cache: one layer, [kv_heads, num_blocks, block_size, D]. tables: [B, blocks] block ids per
     row, or with `seats` [B] the persistent [seats, blocks] table read at row seats[i]. lens: [B] keys each
     row attends to, each in 1 .. blocks * block_size; table entries past a row's length are never read.
-    num_splits: None chooses from the tables' width (the longest context they can hold).
+    max_context: the longest row's length if the host knows it (an eager step), else the tables' width
+    (a graph: the longest they can hold); num_splits: None chooses from it.
     window: a sliding window, each row attending to its last `window` keys only.
+    out: where to write (rows may be strided, as q's), else a new tensor.
     """
     rows, heads, dim = q.shape
     kv_heads, _, page, _ = k_cache.shape
     assert heads % kv_heads == 0 and q.stride(2) == 1 and q.stride(1) == dim
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1 and tables.stride(1) == 1
     assert q.dtype == k_cache.dtype == v_cache.dtype
-    out = torch.empty((rows, heads, dim), dtype=q.dtype, device=q.device)
+    if out is None:
+        out = torch.empty((rows, heads, dim), dtype=q.dtype, device=q.device)
+    assert out.shape == q.shape and out.stride(2) == 1 and out.stride(1) == dim
     if rows == 0:
         return out
-    max_context = tables.shape[1] * page
+    longest = min(max_context or tables.shape[1] * page, window or NO_WINDOW)  # the most keys a row reads
     if num_splits is None:
-        num_splits = choose_num_splits(max_context, rows, kv_heads)
-    split_len = triton.cdiv(triton.cdiv(max_context, num_splits), block_n) * block_n
-    num_splits = triton.cdiv(max_context, split_len)  # no split lies wholly past the widest context
+        num_splits = choose_num_splits(longest, rows, kv_heads)
+    num_splits = max(1, min(num_splits, triton.cdiv(longest, block_n)))  # each split at least one key tile
     group = heads // kv_heads
     if num_splits > 1:
         part_acc = torch.empty((rows, heads, num_splits, dim), dtype=torch.float32, device=q.device)
@@ -234,7 +247,6 @@ def paged_decode_attention(
         softcap or 0.0,
         window or NO_WINDOW,
         heads,
-        split_len,
         num_splits,
         q.stride(0),
         q.stride(1),
@@ -254,7 +266,7 @@ def paged_decode_attention(
         BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 stays fp32, as the reference
         SOFTCAP=softcap is not None,
-        num_warps=4,
+        num_warps=8 if block_d > 128 else 4,  # 256 dims at 4 warps: 250-254 registers a thread
     )
     if num_splits > 1:
         _reduce_kernel[(rows, heads)](

@@ -121,6 +121,7 @@ def test_a_cancelled_batch_keeps_the_lines_done_so_far(served):
     counts = batch.request_counts
     assert counts.total == 12 and counts.completed + counts.failed == 12 and counts.failed > 0
     errors = [json.loads(line) for line in client.files.content(batch.error_file_id).text.splitlines()]
+    assert len(errors) == counts.failed  # a line for each request that failed, none left out
     assert {e["error"]["code"] for e in errors} <= {"cancelled", "batch_cancelled"}
     done = client.files.content(batch.output_file_id).text.splitlines() if batch.output_file_id else []
     assert len(done) == counts.completed
@@ -139,21 +140,24 @@ def _completed_batch(client: openai.OpenAI) -> str:
 def test_pagination_of_batches_and_files(served):
     _, api, keys = served
     client = api.client(keys["globex"])
-    made = []
+    made, inputs = [], []
     for i in range(3):
+        inputs.append(upload(client, [chat_line(i)]))
         made.append(
             client.batches.create(
-                input_file_id=upload(client, [chat_line(i)]), endpoint="/v1/chat/completions",
-                completion_window="24h",
+                input_file_id=inputs[-1], endpoint="/v1/chat/completions", completion_window="24h"
             ).id
-        )  # fmt: skip
+        )
     first = client.batches.list(limit=2)
     assert [b.id for b in first.data] == made[::-1][:2] and first.has_more
     rest = client.batches.list(limit=2, after=first.data[-1].id)
     assert made[0] in [b.id for b in rest.data]
     assert [b.id for b in client.batches.list(limit=100)][:3] == made[::-1]
-    files = client.files.list(purpose="batch")
-    assert len(files.data) >= 3
+    # the tenant's input files, newest first: this test's three lead (other tests' are older)
+    files = client.files.list(purpose="batch", limit=2)
+    assert [f.id for f in files.data] == inputs[::-1][:2] and files.has_more
+    rest_files = client.files.list(purpose="batch", limit=2, after=files.data[-1].id)
+    assert [f.id for f in rest_files.data][:1] == inputs[:1]
 
 
 def test_one_tenants_key_cannot_reach_another_tenants_batch_or_files(served):
@@ -196,16 +200,20 @@ def test_files_can_be_deleted_once_no_batch_reads_them(served):
 def test_a_key_revoked_mid_batch_stops_that_key_not_the_tenants_batch(served):
     dep, api, keys = served
     key = create_key(dep, "acme")
-    client = api.client(key)
-    batch = client.batches.create(
-        input_file_id=upload(client, [chat_line(i, max_tokens=200) for i in range(4)]),
-        endpoint="/v1/chat/completions", completion_window="24h",
-    )  # fmt: skip
+    client, other = api.client(key), api.client(keys["acme"])  # other: the tenant's other key
     listed = cli(dep, "api-key", "list", "--tenant", "acme").stdout
     key_id = [line.split()[0] for line in listed.splitlines() if line.startswith("key_")][-1]
+    lines = [chat_line(i, max_tokens=1500) for i in range(8)]  # long enough to outlast the revoke
+    batch = client.batches.create(
+        input_file_id=upload(client, lines), endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    wait_batch(client, batch.id, ("in_progress",))
     assert cli(dep, "api-key", "revoke", key_id).returncode == 0
+    running = other.batches.retrieve(batch.id)  # mid-batch indeed: the revoke did not wait for its end
+    counts = running.request_counts
+    assert running.status == "in_progress" and counts.completed + counts.failed < counts.total == 8
     time.sleep(KEY_CACHE_S)  # the process that saw the key live trusts it that long (auth.py)
     with pytest.raises(openai.AuthenticationError):
         client.batches.retrieve(batch.id)
-    done = wait_batch(api.client(keys["acme"]), batch.id, ("completed", "failed"))  # the tenant's other key
-    assert done.status == "completed" and done.request_counts.completed == 4
+    done = wait_batch(other, batch.id, ("completed", "failed", "cancelled"))
+    assert done.status == "completed" and done.request_counts.completed == 8

@@ -19,6 +19,9 @@ def test_live_options_are_taken_out_of_the_body():
     assert body == {"prompt": "x"}
     assert (live.stream, live.include_usage, live.priority) == (True, True, "high")
     assert split_live_options({"prompt": "x"})[1].priority == "normal"
+    # what current SDKs send: include_obfuscation is taken (no chunk carries obfuscation padding)
+    options = {"include_usage": True, "include_obfuscation": False}
+    assert split_live_options({"prompt": "x", "stream": True, "stream_options": options})[1].include_usage
 
 
 @pytest.mark.parametrize(
@@ -26,7 +29,9 @@ def test_live_options_are_taken_out_of_the_body():
     [
         ({"priority": "urgent"}, "priority"),
         ({"stream": "yes"}, "stream"),
-        ({"stream_options": {"chunk_size": 3}}, "stream_options"),
+        ({"stream_options": {"chunk_size": 3}}, "stream_options.chunk_size"),
+        ({"stream_options": {"include_obfuscation": "no"}}, "stream_options.include_obfuscation"),
+        ({"stream_options": []}, "stream_options"),
     ],
 )
 def test_bad_live_options_are_refused_by_name(extra, param):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.contenders import RunResult
-from bench.flops import ModelShape
-from bench.summary import EngineBenchRaw
+from bench.engine.contenders import RunResult
+from bench.engine.flops import ModelShape
+from bench.engine.summary import EngineBenchRaw
 from bench.workload import BenchRequest, WorkloadSpec, make_workload
 
 

@@ -1,11 +1,11 @@
-"""bench/device_bench.py's report of a run whose phases were cut short by bench/device_check.sh's timeouts.
+"""bench/device/bench.py's report of a run whose phases were cut short by bench/device_check.sh's timeouts.
 (The driver itself is dry-run on the CPU by `DEVICE=cpu TINY=1 bash bench/device_check.sh`.)"""
 
 from __future__ import annotations
 
 import json
 
-from bench import device_bench
+from bench.device import bench as device_bench
 
 
 def test_summary_tables_show_missing_phases_as_dashes(tmp_path):
@@ -43,3 +43,20 @@ def test_summary_tables_show_missing_phases_as_dashes(tmp_path):
     assert "| llama-1.1b-shape | 64 | 1.40 | 1,200 | 300 | 86% | 90% |" in lines
     assert "| varlen | torch | - | - | bad/x |" in lines  # a '|' would break the table
     assert "| 800.0 | 88.0 | `gemm` |" in lines
+
+
+def test_a_failed_phase_is_recorded_and_costs_only_its_own_row(tmp_path):
+    """A phase that never ran on a GPU (async scheduling) fails: the error is in the JSON and the summary,
+    and the phases after it still run."""
+    report = device_bench.Report(tmp_path / "s.json", shape="smollm2-135m-shape")
+    with device_bench._phase(report, "inferq_async"):
+        raise RuntimeError("CUDA error: an illegal memory access")
+    ran_after = []
+    with device_bench._phase(report, "decode_steps_64"):
+        ran_after.append(True)
+    saved = json.loads((tmp_path / "s.json").read_text())
+    assert ran_after and saved["errors"] == {
+        "inferq_async": "RuntimeError: CUDA error: an illegal memory access"
+    }
+    summary = device_bench.summarize([tmp_path / "s.json"])
+    assert "phase inferq_async FAILED: RuntimeError: CUDA error" in summary

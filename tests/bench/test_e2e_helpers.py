@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.e2e_phases import PRINTABLE, make_jobs
-from bench.e2e_stats import (
+from bench.e2e.phases import PRINTABLE, make_jobs
+from bench.e2e.stats import (
     Arrival,
     JobTrace,
     completion_tokens,

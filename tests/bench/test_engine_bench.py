@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.summary import REQUIRED_KEYS
+from bench.engine.summary import REQUIRED_KEYS
 from workers.cli import build_parser
 
 

@@ -1,10 +1,10 @@
-"""`python -m bench.linear_kernels` on the tiny model: every weight shape and row count is timed."""
+"""`python -m bench.engine.linear_kernels` on the tiny model: every weight shape and row count is timed."""
 
 from __future__ import annotations
 
 import json
 
-from bench import linear_kernels
+from bench.engine import linear_kernels
 
 
 def test_linear_kernel_bench_times_every_shape_and_row_count(tmp_path, capsys):

@@ -1,10 +1,11 @@
-"""`bench.n_samples` at a tiny size: the n-sample request computes its prompt once and holds fewer blocks."""
+"""`bench.engine.n_samples` at a tiny size: the n-sample request computes its prompt once and holds fewer
+blocks."""
 
 from __future__ import annotations
 
 import json
 
-from bench.n_samples import main
+from bench.engine.n_samples import main
 
 
 def test_one_request_with_n_samples_computes_the_prompt_once(tmp_path, capsys):

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import torch
 
-from bench.models import load_hf_model
-from bench.near_ties import NEAR_TIE, logit_gaps, near_ties
-from bench.summary import render, summarize
+from bench.engine.models import load_hf_model
+from bench.engine.near_ties import NEAR_TIE, logit_gaps, near_ties
+from bench.engine.summary import render, summarize
 from bench.workload import BenchRequest
 from tests.bench.conftest import make_raw, make_result
 

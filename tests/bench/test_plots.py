@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from bench.e2e_report import figure, latency_groups
-from bench.e2e_stats import per_job
+from bench.e2e.report import figure, latency_groups
+from bench.e2e.stats import per_job
+from bench.engine.summary import summarize
 from bench.plots import engine_figure, png_path, write_or_explain
-from bench.summary import summarize
 from tests.bench.conftest import make_raw, make_result
 from tests.bench.test_e2e_helpers import trace
 

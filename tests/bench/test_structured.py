@@ -1,4 +1,5 @@
-"""`bench.structured` at a tiny size: both runs make the same tokens, the schema jobs end by their grammar."""
+"""`bench.engine.structured` at a tiny size: both runs make the same tokens, the schema jobs end by their
+grammar."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 
 import pytest
 
-from bench.structured import main
+from bench.engine.structured import main
 
 
 @pytest.mark.usefixtures("keep_threads")

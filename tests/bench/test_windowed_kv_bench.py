@@ -1,10 +1,11 @@
-"""`bench.windowed_kv` at a tiny size: the windowed model holds far fewer KV blocks for the same sequences."""
+"""`bench.engine.windowed_kv` at a tiny size: the windowed model holds far fewer KV blocks for the same
+sequences."""
 
 from __future__ import annotations
 
 import json
 
-from bench.windowed_kv import main
+from bench.engine.windowed_kv import main
 
 
 def test_a_windowed_model_holds_fewer_blocks_for_the_same_sequences(tmp_path, capsys):

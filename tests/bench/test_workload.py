@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from bench.flops import ModelShape, request_flops, shape_of, workload_flops
+from bench.engine.flops import ModelShape, request_flops, shape_of, workload_flops
+from bench.engine.summary import REQUIRED_KEYS, render, summarize
 from bench.report import format_table, write_json
-from bench.summary import REQUIRED_KEYS, render, summarize
 from bench.workload import WorkloadSpec, check_lengths, compare_tokens, make_workload, parse_range
 from tests.bench.conftest import make_raw, make_requests, make_result
 
@@ -151,7 +151,7 @@ def test_table_aligns_columns():
 
 
 def test_the_backlog_slope_is_a_least_squares_line():
-    from bench.backlog import slope_mib_per_1k_jobs
+    from bench.e2e.backlog import slope_mib_per_1k_jobs
 
     assert slope_mib_per_1k_jobs([(0, 100.0), (1000, 110.0), (2000, 120.0)]) == pytest.approx(10.0)
     assert slope_mib_per_1k_jobs([(0, 100.0), (1000, 100.0)]) == 0.0

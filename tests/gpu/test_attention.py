@@ -156,6 +156,25 @@ def test_block_tables_persist_and_update_incrementally():
     assert builder.block_tables[b, :2].tolist() == [6, 8]
 
 
+def test_a_compact_step_table_is_its_own_rows_up_to_its_widest_context():
+    """On CUDA (and for async scheduling's steps) a step's table is its chunks' rows, chunk i's in row i,
+    cut to the widest context: what the step reads, not the whole persistent table."""
+    wide = InputBuilder(BLOCK, max_model_len=4096, seats=8)
+    for name, blocks in (("x", [30, 31]), ("y", [40])):  # other sequences hold seats 0 and 1
+        wide.seat_of(chunk(name, 0, 2, blocks))
+    step = SchedulerOutput((chunk("a", 5, 1, [2, 0]), chunk("b", 2, 3, [1, 3])), 4, (), (), 0)
+    persistent = wide.build(step).attention
+    assert persistent.block_tables.shape == (8, 4096 // BLOCK)
+    for compact in (InputBuilder(BLOCK, 4096, seats=8, compact=True), wide):
+        if compact is not wide:
+            for name, blocks in (("x", [30, 31]), ("y", [40])):
+                compact.seat_of(chunk(name, 0, 2, blocks))
+        meta = compact.build(step, previous=None if compact.compact else []).attention
+        assert meta.block_tables.tolist() == [[2, 0], [1, 3]]  # widest context: 6 keys, 2 blocks
+        assert meta.decode_seats.tolist() == [0] and [p.seat for p in meta.prefills] == [1]
+        assert [p.row_start for p in meta.prefills] == [p.row_start for p in persistent.prefills]
+
+
 def test_more_live_sequences_than_seats_grow_the_tables():
     builder = InputBuilder(BLOCK, max_model_len=64, seats=1)
     seats = {builder.seat_of(chunk(f"s{i}", 0, 2, [i])) for i in range(3)}

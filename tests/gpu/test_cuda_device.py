@@ -15,7 +15,7 @@ from gpu.model import LoadedModel
 from tests.gpu.factories import make_model, make_prompts, make_requests
 from tests.gpu.test_gold import OUTPUT_LENS, run_and_check
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="this machine has no CUDA device")
 
 
 def on_cuda(model: LoadedModel, dtype: torch.dtype = torch.float32) -> LoadedModel:
@@ -121,6 +121,28 @@ def test_every_batch_bucket_captured_at_start_with_the_paged_kernel():
     assert len(graphs._graphs) == before  # nothing captured mid-run
 
 
+def test_sdpa_fallback_graphs_captured_mid_run_match_hf():
+    """The decode graphs of the SDPA fallback (the Triton decode kernel not chosen: it failed, disagreed or
+    was slower) are captured when a (batch, blocks) bucket first appears: the step that triggers a capture
+    must decode its own rows, not the capture's padding (tests/gpu/test_cuda_path.py drives the order on
+    the CPU)."""
+    from gpu.cuda.kernels import CudaKernels
+    from gpu.cuda.step import CudaStep
+    from gpu.forward import LlamaForward
+
+    model = on_cuda(make_model())
+    engine = Engine(model, EngineConfig(num_blocks=256, max_num_seqs=5, block_size=4))
+    runner = engine.runner
+    forward = LlamaForward(engine.model, runner.config.max_model_len)
+    step = CudaStep(
+        forward, runner.cache, 5, runner.inputs.max_blocks, runner.num_blocks, True, CudaKernels()
+    )
+    runner.cuda_step = step
+    assert step.capture_graphs() >= 0 and not step.graphs._graphs and not step.graphs.paged
+    run_and_check(engine, model, make_prompts(8, 1, 60), OUTPUT_LENS)
+    assert len(step.graphs._graphs) > 3  # several (batch, blocks) buckets, each captured by a live step
+
+
 def test_every_triton_kernel_agrees_with_torch_in_bfloat16_at_start():
     """The start-up trials in the device's default dtype, at a real model's proportions (GQA 8:2, head
     size 64): each kernel compiled, ran and agreed with its torch path; only speed decided the choice."""
@@ -138,3 +160,38 @@ def test_every_triton_kernel_agrees_with_torch_in_bfloat16_at_start():
     assert all(t.reason in ("faster", "slower") for t in trials), trials
     out = engine.generate(make_requests(make_prompts(6, 5, 40), [12] * 6))
     assert all(len(tokens) == 12 for tokens in out.values())
+
+
+def test_lora_adapters_match_peft_on_cuda_through_the_lora_graphs(tmp_path):
+    """Three adapters over two slots with base rows, float32: greedy equals HF + PEFT on the device; decode
+    steps with adapter rows replayed the LoRA graphs (Triton shrink/expand compiled)."""
+    from tests.gpu.lora_factories import lora_requests
+    from tests.gpu.test_gold_lora import adapters, check
+
+    cpu_model = make_model()
+    loras, references = adapters(cpu_model, tmp_path, count=3, r=8)
+    model = on_cuda(cpu_model)
+    references = {k: on_cuda(v) if k is not None else model for k, v in references.items()}
+    engine = Engine(model, EngineConfig(num_blocks=256, max_loras=2, max_num_seqs=8))
+    requests = lora_requests(
+        make_prompts(8, 1, 40, seed=9), OUTPUT_LENS, [*loras, None, *loras, None, loras[0]]
+    )
+    check(engine, references, requests)
+    graphs = engine.runner.cuda_step.graphs
+    assert graphs._lora_graphs and engine.runner.lora.slots.swaps >= 3
+
+
+def test_lora_graph_replay_equals_eager_steps_in_bfloat16(tmp_path):
+    from tests.gpu.lora_factories import lora_requests
+    from tests.gpu.test_gold_lora import adapters
+
+    cpu_model = make_model()
+    loras, _ = adapters(cpu_model, tmp_path, count=2, r=16)
+    model = on_cuda(cpu_model, torch.bfloat16)
+    prompts = make_prompts(6, 5, 30, seed=10)
+    eager = Engine(model, EngineConfig(num_blocks=256, max_loras=2))
+    eager.runner.cuda_step.graphs = None
+    graphed = Engine(model, EngineConfig(num_blocks=256, max_loras=2))
+    batch = [loras[0], None, loras[1], loras[1], None, loras[0]]
+    want = eager.generate(lora_requests(prompts, [12] * 6, batch))
+    assert graphed.generate(lora_requests(prompts, [12] * 6, batch)) == want

@@ -1,5 +1,6 @@
 """The CUDA path's logic, run on the CPU: SDPA decode attention, the eager mixed-step backend, and the
-decode-graph buckets, padding rows and trash block (graphs replaced by eager runs of the same body).
+decode-graph buckets, padding rows and trash block (graphs replaced by eager runs of the same body), and
+the order of lazy capture, input copies and replay (a recorder that replays by running the body again).
 What needs a GPU (capture, pinned memory, bf16 kernels) is in tests/gpu/test_cuda_device.py."""
 
 from __future__ import annotations
@@ -8,10 +9,11 @@ import pytest
 import torch
 
 from gpu.cuda.attention import CudaPagedAttention, decode_attention
-from gpu.cuda.graphs import block_buckets, bucket_of
+from gpu.cuda.graphs import IDS, LENS, POSITIONS, SLOTS, DecodeGraphs, DecodeOutput, block_buckets, bucket_of
 from gpu.cuda.step import CudaStep
 from gpu.forward import LlamaForward
 from gpu.kv_cache import KVCache, KVShape
+from gpu.lora.manager import LoraManager
 from tests.gpu.factories import make_engine, make_model, make_prompts
 from tests.gpu.test_attention import BLOCK, DIM, HEADS, KV_HEADS, dense_reference, run_step
 from tests.gpu.test_gold import OUTPUT_LENS, run_and_check
@@ -53,14 +55,21 @@ def test_eager_cuda_backend_matches_dense_on_a_mixed_step(monkeypatch):
 
 def cuda_path_engine(model, kernels=None, **config):
     """An engine on the CPU whose runner takes the CUDA step: a trash block, static decode buffers, and the
-    given Triton kernels (None: the torch paths), all without graph capture."""
+    given Triton kernels (None: the torch paths), all without graph capture; LoRA adapters in stacked
+    device slots as on CUDA (applied with the torch reference: LoraKernels on CPU tensors are off)."""
     engine = make_engine(model, **config)
     runner = engine.runner
+    runner.inputs.compact = True  # each step's own block-table rows, as on CUDA
     cache = KVCache(runner.cache.shape, runner.num_blocks + 1, torch.device("cpu"))
     runner.cache = cache
     runner.forward = LlamaForward(model, engine.runner.config.max_model_len)  # the hooks unset: as on CUDA
     seqs, blocks = engine.config.max_num_seqs, runner.inputs.max_blocks
-    runner.cuda_step = CudaStep(runner.forward, cache, seqs, blocks, runner.num_blocks, False, kernels)
+    slots = None
+    if runner.lora is not None:
+        c = engine.config
+        runner.lora = LoraManager(model, c.max_loras, c.max_lora_rank, c.max_cpu_loras, stacked=True)
+        slots = runner.lora.slots
+    runner.cuda_step = CudaStep(runner.forward, cache, seqs, blocks, runner.num_blocks, False, kernels, slots)
     return engine
 
 
@@ -105,3 +114,63 @@ def test_a_graph_body_run_before_any_step_touches_only_the_trash_block():
     assert torch.isfinite(out.logits).all() and out.greedy.shape == (8,)
     assert not cache.k[:, :, :trash].any() and not cache.v[:, :, :trash].any()
     assert cache.k[:, :, trash].any()
+
+
+class RerunRecorder:
+    """Capture and replay as a CUDA graph does them, on the CPU: warm-ups run the body on whatever the
+    static inputs hold; each replay runs it again on the inputs as they are then, into the captured
+    outputs. `seen` logs the static inputs each replay read."""
+
+    def __init__(self, graphs_of: list[DecodeGraphs]) -> None:
+        self.graphs_of, self.captures = graphs_of, 0
+        self.seen: list[torch.Tensor] = []
+
+    def capture(self, body, warm_ups):
+        self.captures += 1
+        for _ in range(warm_ups):
+            body()
+        out = body()
+
+        def replay() -> None:
+            fresh: DecodeOutput = body()
+            rows = fresh.logits.shape[0]
+            self.seen.append(self.graphs_of[0].vectors(rows).clone())
+            out.logits.copy_(fresh.logits)
+            out.greedy.copy_(fresh.greedy)
+
+        return replay, out
+
+
+def test_a_lazily_captured_graph_replays_the_step_that_needed_it():
+    """The SDPA fallback's graphs are captured when a (batch, block) bucket first appears: the capture pads
+    every row of the static inputs, so the step that triggers it must copy its inputs in after the capture.
+    Copied before, that step decodes token 0 at position 0 in every row (into the trash block) and its
+    sequences' cache slots stay stale: greedy output differs from HF's."""
+    model = make_model()
+    engine = cuda_path_engine(model, max_num_seqs=5, block_size=4)
+    step, cache = engine.runner.cuda_step, engine.runner.cache
+    holder: list[DecodeGraphs] = []
+    recorder = RerunRecorder(holder)
+    graphs = DecodeGraphs(
+        step.forward, cache, 5, engine.runner.inputs.max_blocks, engine.runner.num_blocks, step.kernels,
+        recorder=recorder,
+    )  # fmt: skip
+    holder.append(graphs)
+    step.graphs = graphs
+    assert not graphs.paged and graphs.capture  # the SDPA fallback: keyed by (batch, blocks), captured lazily
+    assert graphs.capture_all() >= 0 and not graphs._graphs  # nothing captured up front on this path
+    staged: list[tuple[int, ...]] = []
+    run = graphs.run
+
+    def recording(staging, ids, positions, slots, lens, *args, **kwargs):
+        staged.append((ids.tolist(), positions.tolist(), slots.tolist(), lens.tolist()))
+        return run(staging, ids, positions, slots, lens, *args, **kwargs)
+
+    graphs.run = recording
+    run_and_check(engine, model, make_prompts(8, 1, 60), OUTPUT_LENS)
+    assert recorder.captures == len(graphs._graphs) > 3  # several batch and block buckets, each once
+    assert len(recorder.seen) == len(staged) > 10
+    for vectors, (ids, positions, slots, lens) in zip(recorder.seen, staged, strict=True):
+        rows = len(ids)  # every replay read the step's own inputs, the capturing step's included
+        assert vectors[IDS, :rows].tolist() == ids and vectors[POSITIONS, :rows].tolist() == positions
+        assert vectors[SLOTS, :rows].tolist() == slots and vectors[LENS, :rows].tolist() == lens

@@ -25,7 +25,7 @@ from tests.gpu.test_cuda_path import cuda_path_engine
 from tests.gpu.test_gold import OUTPUT_LENS, run_and_check
 from tests.gpu.triton_interpreter import CUDA, DEVICE, import_kernels, interpreting
 
-import_kernels("decode", "prefill", "argmax", "rms_norm", "rope_cache", "silu_mul")
+import_kernels("decode", "prefill", "argmax", "rms_norm", "rope_cache", "silu_mul", "lora")
 TRITON = CudaKernels.all_triton()
 
 
@@ -58,9 +58,10 @@ def triton_engine(model: LoadedModel, kernels: CudaKernels | None = TRITON, **co
     engine = make_engine(on_device(model), **config)
     runner = engine.runner
     forward = LlamaForward(engine.model, runner.config.max_model_len)  # no kernels installed yet
+    slots = runner.lora.slots if runner.lora is not None else None
     runner.cuda_step = CudaStep(
         forward, runner.cache, engine.config.max_num_seqs, runner.inputs.max_blocks, runner.num_blocks,
-        True, kernels,
+        True, kernels, slots,
     )  # fmt: skip
     runner.cuda_step.capture_graphs()
     return engine
@@ -71,8 +72,10 @@ def record_decode_steps(graphs) -> list[tuple[int, tuple[int, int]]]:
     seen = []
     run = graphs.run
 
-    def recording(staging, ids, positions, slots, lens, block_tables, seats, blocks, before_forward=None):
-        out = run(staging, ids, positions, slots, lens, block_tables, seats, blocks, before_forward)
+    def recording(
+        staging, ids, positions, slots, lens, block_tables, seats, blocks, before_forward=None, **kw
+    ):
+        out = run(staging, ids, positions, slots, lens, block_tables, seats, blocks, before_forward, **kw)
         assert torch.equal(out.greedy, out.logits.argmax(dim=-1))
         seen.append((len(ids), graphs.key(len(ids), blocks)))
         return out
@@ -169,3 +172,20 @@ def test_async_scheduling_through_the_decode_graphs_fills_placeholders_on_the_de
     steps = record_decode_steps(engine.runner.cuda_step.graphs)
     run_and_check(engine, model, make_prompts(6, 1, 40, seed=7), [12, 20, 7, 16, 9, 14])
     assert len(steps) > 10
+
+
+def test_lora_through_the_shrink_and_expand_kernels_matches_peft(tmp_path):
+    """Adapters in the stacked slots applied by the Triton LoRA kernels, in the decode graphs' bodies and
+    the eager mixed steps, with base rows in the same batches and three adapters over two slots."""
+    from tests.gpu.lora_factories import lora_requests
+    from tests.gpu.test_gold_lora import adapters, check
+
+    model = make_model()
+    (a0, a1, a2), references = adapters(model, tmp_path, count=3, r=4)
+    engine = triton_engine(model, max_loras=2, max_num_seqs=4)
+    step = engine.runner.cuda_step
+    step.lora_kernels = step.graphs._lora_kernels = True  # on CPU tensors: in the interpreter
+    loras = [a0, None, a1, a2, a0, None]
+    requests = lora_requests(make_prompts(6, 1, 24, seed=12), [6, 5, 7, 4, 6, 5], loras)
+    check(engine, references, requests)
+    assert engine.runner.lora.slots.swaps >= 3

@@ -56,21 +56,31 @@ def model(request):
     return make_model(seed=11, **ARCHITECTURES[request.param])
 
 
+def kernel_engine(model, kernel: str, **config):
+    """An engine on the CPU kernels a case names ("native": the C decode attention and fused RoPE + cache
+    write; "torch": neither), checked in use: not whatever start-up timing would have picked."""
+    engine = make_engine(model, **native(kernel), **config)
+    assert engine.runner.attention.decode == kernel
+    assert (engine.runner.forward.rope_write is not None) == (kernel == "native")
+    return engine
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_architecture_matches_hf_in_a_mixed_batch(model, kernel):
     # Prompts of 9..30 tokens: all longer than the window; outputs run decoding well past it.
     # (longrope: prompts stay inside its 32-token original context, decoding goes past it.)
     prompts = make_prompts(6, WINDOW + 1, 30, seed=12)
-    run_and_check(make_engine(model, **native(kernel)), model, prompts, OUTPUT_LENS[:6])
+    run_and_check(kernel_engine(model, kernel), model, prompts, OUTPUT_LENS[:6])
 
 
-def test_windowed_chunked_prefill_and_prefix_cache_match_hf(kernel="native"):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_windowed_chunked_prefill_and_prefix_cache_match_hf(kernel):
     """Chunks of 6 tokens (smaller than the window), then a second batch hitting the cached prefix."""
     for name in ("mistral-window", "gemma3_text"):
         model = make_model(seed=11, **ARCHITECTURES[name])
         shared = make_prompts(1, 24, 24, seed=13)[0]
         prompts = [shared + tail for tail in make_prompts(6, 1, 10, seed=14)]
-        engine = make_engine(model, block_size=4, max_num_batched_tokens=6, max_num_seqs=6)
+        engine = kernel_engine(model, kernel, block_size=4, max_num_batched_tokens=6, max_num_seqs=6)
         run_and_check(engine, model, prompts[:3], [10, 5, 14], prefix="a")
         before = engine.stats().prefix_cache_hits
         stats = run_and_check(engine, model, prompts[3:], [6, 12, 4], prefix="b")
@@ -89,14 +99,14 @@ def test_a_model_windowed_on_every_layer_serves_sequences_longer_than_its_cache(
     scheduling too, which gives blocks back as it advances a step, before the step's tokens are known)."""
     model = make_model(seed=11, **ARCHITECTURES[name])
     prompts = make_prompts(3, 30, 40, seed=15)
-    engine = make_engine(
+    engine = kernel_engine(
         model,
+        kernel,
         block_size=4,
         num_blocks=12,
         max_num_batched_tokens=6,
         max_num_seqs=3,
         async_scheduling=async_scheduling,
-        **native(kernel),
     )
     assert engine.scheduler.kv.window == WINDOW
     run_and_check(engine, model, prompts, [30, 44, 36])

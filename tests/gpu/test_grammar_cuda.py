@@ -10,12 +10,12 @@ import json
 import pytest
 import torch
 
-# Both are project dependencies the GPU image lacks (bench/device_image.py); bench/device_carry.sh carries
+# Both are project dependencies the GPU image lacks (bench/device/image.py); bench/device/carry.sh carries
 # them. Without them this file skips with the reason instead of failing the device check's collection.
 jsonschema = pytest.importorskip(
-    "jsonschema", reason="jsonschema is not installed (carry it: bench/device_carry.sh)"
+    "jsonschema", reason="jsonschema is not installed (carry it: bench/device/carry.sh)"
 )
-pytest.importorskip("xgrammar", reason="xgrammar is not installed (carry it: bench/device_carry.sh)")
+pytest.importorskip("xgrammar", reason="xgrammar is not installed (carry it: bench/device/carry.sh)")
 
 from gpu.engine import Engine, EngineConfig, EngineRequest  # noqa: E402
 from gpu.engine_types import GrammarSpec  # noqa: E402
@@ -26,7 +26,7 @@ from gpu.tokenizer import EOS_ID, ByteTokenizer  # noqa: E402
 from tests.gpu.factories import greedy, make_model, make_prompts  # noqa: E402
 from tests.gpu.test_grammar import MAX_TOKENS, PERSON, assert_stopped, run, sampled, schema_spec  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="this machine has no CUDA device")
 
 
 def test_mask_on_cuda_logits_equals_the_cpu_mask():

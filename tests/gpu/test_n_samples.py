@@ -144,7 +144,7 @@ def test_samples_through_the_cuda_step_logic_share_blocks_and_match_hf():
     assert_matches_hf(model, PROMPT, samples[0], 8)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="this machine has no CUDA device")
 def test_samples_on_cuda_are_reproducible_and_greedy_ones_match_hf():
     model = on_cuda(make_model())
     runs = []

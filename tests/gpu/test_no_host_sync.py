@@ -115,7 +115,7 @@ def test_a_whole_step_launches_without_reading_the_device(steps_before, device_c
     draws) and a decode step of sampled, penalised, biased and logprob rows beside greedy ones; penalty
     counts on the host (recorded once the tokens are read) or on the device (counted there)."""
     engine = make_engine()
-    engine._logits = LogitsState(engine.model.config.vocab_size, device_counts)
+    engine._logits = LogitsState(engine.model.config.vocab_size, device_counts, engine._seeds)
     for request in requests((40, 41, 42, 43, 44, 45)):
         engine.add_request(request)
     for _ in range(steps_before):

@@ -221,7 +221,7 @@ def test_preemption_and_recompute_keep_penalties_on_generated_tokens():
 
 def counts_on_device(engine):
     """The engine with the CUDA path's penalty counts (gpu/penalty_counts.py), here on CPU tensors."""
-    engine._logits = LogitsState(engine.model.config.vocab_size, device_counts=True)
+    engine._logits = LogitsState(engine.model.config.vocab_size, True, engine._seeds)
     return engine
 
 
@@ -248,4 +248,4 @@ def test_counts_on_the_device_give_the_host_counts_tokens_with_preemption_n_and_
         assert a.logprob == pytest.approx(b.logprob, abs=1e-5)
     resumed = dataclasses.replace(requests[1], resume=(tuple(tokens_of(host["b"])[:9]),))
     assert tokens_of(run(counts_on_device(make_engine(model)), [resumed])["b"]) == tokens_of(host["b"])
-    assert engine._logits.counts is not None and not engine._logits.counts._slot  # every slot given back
+    assert engine._logits.counts is not None and engine._logits.counts.held == 0  # every slot given back

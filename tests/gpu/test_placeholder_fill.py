@@ -78,9 +78,10 @@ def test_a_step_runs_on_the_previous_steps_device_tokens_alone() -> None:
     assert [launched.tokens(), after.tokens()] == expected
 
 
-def test_the_switch_interval_is_lowered_while_a_step_thread_runs() -> None:
+def test_the_switch_interval_is_lowered_while_a_step_thread_runs(monkeypatch) -> None:
     """The engine thread must not hold the GIL for CPython's 5 ms while the step thread waits to launch."""
-    from gpu.engine import STEP_THREAD_SWITCH_INTERVAL_S, _switch_interval, _SwitchInterval
+    import gpu.engine
+    from gpu.engine import STEP_THREAD_SWITCH_INTERVAL_S, _SwitchInterval
 
     original = sys.getswitchinterval()
     try:
@@ -97,13 +98,15 @@ def test_the_switch_interval_is_lowered_while_a_step_thread_runs() -> None:
         interval.acquire()
         assert sys.getswitchinterval() == pytest.approx(0.001)
         interval.release()
+        # An async engine, counted by a fresh process-wide counter: async engines other tests left open
+        # hold the real one, and would leave nothing to lower.
         sys.setswitchinterval(0.005)
-        users = _switch_interval._users  # async engines another test left open keep it lowered too
+        fresh = _SwitchInterval()
+        monkeypatch.setattr(gpu.engine, "_switch_interval", fresh)
         engine = make_engine(async_scheduling=True)
-        assert _switch_interval._users == users + 1
-        if users == 0:
-            assert sys.getswitchinterval() == pytest.approx(STEP_THREAD_SWITCH_INTERVAL_S)
+        assert fresh._users == 1
+        assert sys.getswitchinterval() == pytest.approx(STEP_THREAD_SWITCH_INTERVAL_S)
         engine.close()
-        assert _switch_interval._users == users
+        assert fresh._users == 0 and sys.getswitchinterval() == pytest.approx(0.005)
     finally:
         sys.setswitchinterval(original)

@@ -249,3 +249,24 @@ def test_a_seeded_request_draws_the_same_tokens_reordered_async_and_preempted():
         [EngineRequest("x", prompt, SamplingParams(**{**params.__dict__, "seed": 1}))]
     )
     assert reseeded["x"] != alone
+
+
+def test_the_sampling_table_counts_its_drawing_rows_and_reuses_rows():
+    from gpu.sampling_table import SamplingTable
+
+    table = SamplingTable(capacity=2)
+    table.add("g", 1, SamplingParams())
+    assert table.drawing == 0
+    for i in range(5):  # past the capacity: the columns grow
+        table.add(f"s{i}", 10 + i, SamplingParams(temperature=0.5, top_k=3, presence_penalty=0.2))
+    assert table.drawing == 5 and table.key("s4") == 14 and table.penalised[table.row("s4")]
+    table.add("s0", 7, SamplingParams())  # settings replaced: greedy now
+    table.drop("s1")
+    table.drop("s1")  # twice: nothing more
+    assert table.drawing == 3
+    table.add("t", 99, SamplingParams(temperature=1.0, logprobs=2))  # takes a freed row
+    assert table.drawing == 4 and table.host[table.row("t")] and not table.penalised[table.row("t")]
+    assert table.rows([type("C", (), {"seq_id": s})() for s in ("t", "g")]).tolist() == [
+        table.row("t"),
+        table.row("g"),
+    ]

@@ -1,11 +1,11 @@
 """The Triton kernels (gpu/triton_kernels/) against the repo's torch paths, which stay their references.
 
-Without a GPU they run in triton's interpreter (TRITON_INTERPRET=1, set here only while the kernel modules
-are imported, since triton reads it when a kernel is decorated) on CPU tensors; with one, compiled on
-CUDA. References always run on the CPU in float32. Shapes are tiny (the interpreter runs each program in
-numpy) but keep what matters: several blocks per sequence in scattered order, uneven lengths, GQA with a
-group (3) that is not a power of two, a head size (24) that is not one either, contexts long enough for
-split-K, chunks resuming at a nonzero position, and several query and key tiles per chunk.
+Without a GPU they run in triton's interpreter (TRITON_INTERPRET=1, set before triton's first import:
+tests/gpu/triton_interpreter.py) on CPU tensors; with one, compiled on CUDA. References always run on the
+CPU in float32. Shapes are tiny (the interpreter runs each program in numpy) but keep what matters: several
+blocks per sequence in scattered order, uneven lengths, GQA with a group (3) that is not a power of two, a
+head size (24) that is not one either, contexts long enough for split-K, chunks resuming at a nonzero
+position, and several query and key tiles per chunk.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ argmax_k, decode_k, prefill_k, rms_norm_k, rope_k, silu_k = import_kernels(
 
 @pytest.fixture(autouse=True, scope="module")
 def interpreter():
-    """Only while this module's tests run: other test modules never see the variable."""
+    """Set while this module's tests run, whatever a test in between did to it."""
     with interpreting():
         yield
 
@@ -54,10 +54,12 @@ TOLERANCE = {
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if CUDA else [])
 
 
-def _cache(num_blocks: int, dtype: torch.dtype, dim: int = DIM, seed: int = 0) -> KVCache:
+def _cache(
+    num_blocks: int, dtype: torch.dtype, dim: int = DIM, seed: int = 0, kv_heads: int = KV_HEADS
+) -> KVCache:
     """A CPU float32 cache of random values, already rounded to dtype (so both sides see the same)."""
     torch.manual_seed(seed)
-    cache = KVCache(KVShape(1, KV_HEADS, dim, BLOCK, torch.float32), num_blocks, torch.device("cpu"))
+    cache = KVCache(KVShape(1, kv_heads, dim, BLOCK, torch.float32), num_blocks, torch.device("cpu"))
     cache.k.copy_(torch.randn(cache.k.shape).to(dtype))
     cache.v.copy_(torch.randn(cache.v.shape).to(dtype))
     return cache
@@ -93,10 +95,11 @@ def test_split_count_follows_context_length_and_occupancy():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("num_splits", [None, 1, 4])
+@pytest.mark.parametrize("num_splits", [None, 1, 4, "longest"])
 def test_decode_matches_sdpa_reference(dtype, num_splits):
     # Uneven lengths: 1 key, part of a block, many blocks, and a long row (150 blocks) that makes the
-    # automatic choice split; with 4 splits the short rows' later splits hold no keys at all.
+    # automatic choice split; each row divides its own keys over the splits, so the short rows' later
+    # splits hold no keys at all. "longest": the split count from the longest row (an eager step's).
     lens = [1, 7, 45, 600]
     width = -(-max(lens) // BLOCK)
     cache = _cache(200, dtype)
@@ -108,8 +111,16 @@ def test_decode_matches_sdpa_reference(dtype, num_splits):
     if num_splits is None:
         assert decode_k.choose_num_splits(width * BLOCK, len(lens), KV_HEADS) == 3
     k, v = _on_device(cache, dtype)
+    longest = max(lens) if num_splits == "longest" else None
     got = decode_k.paged_decode_attention(
-        q.to(DEVICE, dtype), k, v, tables.to(DEVICE), lens_t.to(DEVICE), scale, num_splits=num_splits
+        q.to(DEVICE, dtype),
+        k,
+        v,
+        tables.to(DEVICE),
+        lens_t.to(DEVICE),
+        scale,
+        num_splits=None if num_splits == "longest" else num_splits,
+        max_context=longest,
     )
     assert got.dtype == dtype and got.shape == q.shape
     torch.testing.assert_close(got.cpu().float(), want, **TOLERANCE[dtype])
@@ -145,10 +156,16 @@ def test_decode_head_size_not_a_power_of_two():
     torch.testing.assert_close(got.cpu(), want, **TOLERANCE[torch.float32])
 
 
-@pytest.mark.parametrize("kernels", [CudaKernels(decode=True), CudaKernels(varlen=True)], ids=str)
+@pytest.mark.parametrize(
+    "kernels",
+    [CudaKernels(decode=True), CudaKernels(varlen=True), CudaKernels(decode=True, varlen=True)],
+    ids=str,
+)
 def test_eager_cuda_backend_with_triton_kernels_matches_torch_on_a_mixed_step(kernels):
     """The CUDA backend's eager (mixed-step) path with the Triton decode kernel (decode rows by seat from
-    the persistent tables) or with one varlen call for the whole step, against its SDPA path."""
+    the persistent tables), with one varlen call for the whole step, or with both (the prefill chunks in
+    the varlen call, the decode rows, not contiguous here, through the decode kernel), against its SDPA
+    path."""
     cache, meta, q, new_k, new_v = _mixed_step(torch.float32, seed=4)
     reference = cuda_attention.CudaPagedAttention()
     want = reference(q, new_k, new_v, cache, 0, reference.plan(meta, cache), DIM**-0.5)
@@ -157,7 +174,7 @@ def test_eager_cuda_backend_with_triton_kernels_matches_torch_on_a_mixed_step(ke
         f: getattr(meta, f).to(DEVICE) for f in ("block_tables", "decode_rows", "decode_seats", "decode_lens")
     }
     meta = dataclasses.replace(meta, **moved)
-    backend = cuda_attention.CudaPagedAttention(kernels)
+    backend = cuda_attention.CudaPagedAttention(kernels, group=HEADS // KV_HEADS)
     q, new_k, new_v = q.to(DEVICE), new_k.to(DEVICE), new_v.to(DEVICE)
     got = backend(q, new_k, new_v, cache, 0, backend.plan(meta, cache), DIM**-0.5)
     torch.testing.assert_close(got.cpu(), want, **TOLERANCE[torch.float32])
@@ -166,19 +183,19 @@ def test_eager_cuda_backend_with_triton_kernels_matches_torch_on_a_mixed_step(ke
 # -- varlen paged attention (prefill and mixed steps) --------------------------------------------------------
 
 
-def _mixed_step(dtype: torch.dtype, seed: int = 0):
+def _mixed_step(dtype: torch.dtype, seed: int = 0, kv_heads: int = KV_HEADS):
     """A mixed step in row order: a decode row, a fresh 19-token prefill, a 21-token chunk resuming at
     position 23 (chunked prefill or a prefix-cache hit), another decode row. K/V of every sequence, its
     prefix and its new tokens, are in the cache; new_k/new_v are the step's own rows."""
     specs = [(36, 1), (0, 19), (23, 21), (5, 1)]  # (start position, new tokens) per seat 0..3
-    cache = _cache(64, dtype, seed=seed)
+    cache = _cache(64, dtype, seed=seed, kv_heads=kv_heads)
     tables = _tables([start + n for start, n in specs], 64, 16)
     slots = []
     for seat, (start, n) in enumerate(specs):
         positions = torch.arange(start, start + n)
         slots.append(tables[seat, positions // BLOCK] * BLOCK + positions % BLOCK)
     slots = torch.cat(slots)
-    flat = (KV_HEADS, -1, DIM)
+    flat = (kv_heads, -1, DIM)
     new_k = cache.k[0].view(flat)[:, slots].transpose(0, 1)
     new_v = cache.v[0].view(flat)[:, slots].transpose(0, 1)
     rows = [0, 1, 20, 41]  # first row of each chunk
@@ -195,9 +212,17 @@ def _mixed_step(dtype: torch.dtype, seed: int = 0):
     return cache, meta, q, new_k, new_v
 
 
+def test_varlen_tiles_hold_a_whole_group_and_the_work_list_no_empty_tile():
+    assert prefill_k.tiles_for(64).tokens(1) == 64 and prefill_k.tiles_for(128).tokens(8) == 8
+    assert prefill_k.tiles_for(128).tokens(3) == 16  # 3 heads padded to 4: 64 rows
+    work = prefill_k.VarlenChunks.work_list([1, 19, 1, 21], 8)
+    assert work.tolist() == [[0, 1, 1, 1, 2, 3, 3, 3], [0, 0, 1, 2, 0, 0, 1, 2]]
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("tiles", [(16, 16), (64, 64)], ids=["small-tiles", "default-tiles"])
-def test_varlen_mixed_step_matches_paged_attention(dtype, tiles):
+@pytest.mark.parametrize(("tokens", "block_n"), [(4, 16), (16, None)], ids=["small-tiles", "default-tiles"])
+def test_varlen_mixed_step_matches_paged_attention(dtype, tokens, block_n):
+    """Tiles of `tokens` queries times the group's 3 heads (padded to 4): 16 and 64 rows."""
     cache, meta, q, new_k, new_v = _mixed_step(dtype)
     reference = PagedAttention("torch")  # torch decode buckets + SDPA prefill chunks
     want = reference(q, new_k, new_v, cache, 0, reference.plan(meta, cache), DIM**-0.5)
@@ -208,14 +233,33 @@ def test_varlen_mixed_step_matches_paged_attention(dtype, tiles):
             meta.decode_first,
             meta.max_decode_len,
             meta.prefills,
-        )
+        ),
+        tokens,
     )
-    assert chunks.max_q_len == 21 and chunks.q_lens.tolist() == [1, 1, 19, 21]
+    assert chunks.q_lens.tolist() == [1, 1, 19, 21]
+    assert chunks.num_work == 2 + -(-19 // tokens) + -(-21 // tokens)  # no tile past a chunk's end
     k, v = _on_device(cache, dtype)
     got = prefill_k.varlen_paged_attention(
-        q.to(DEVICE, dtype), k, v, meta.block_tables.to(DEVICE), chunks, DIM**-0.5, None, *tiles
+        q.to(DEVICE, dtype), k, v, meta.block_tables.to(DEVICE), chunks, DIM**-0.5, None, block_n
     )
     torch.testing.assert_close(got.cpu().float(), want, **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (4, 2), (10, 2), (8, 1)], ids=str)
+def test_varlen_matches_the_reference_for_every_kind_of_group(heads, kv_heads):
+    """GQA groups of 1, 2, 5 (padded to 8 rows a token) and 8 query heads per KV head: each program's
+    tile holds its group's heads for several tokens, a decode row and chunks resuming mid-sequence."""
+    cache, meta, _, new_k, new_v = _mixed_step(torch.float32, seed=9, kv_heads=kv_heads)
+    torch.manual_seed(9)
+    q = torch.randn(new_k.shape[0], heads, DIM)
+    reference = PagedAttention("torch")
+    want = reference(q, new_k, new_v, cache, 0, reference.plan(meta, cache), 0.25)
+    group = heads // kv_heads
+    tokens = max(1, 16 // decode_k.next_pow2(group))
+    chunks = prefill_k.VarlenChunks.from_metadata(meta, tokens)
+    k, v = _on_device(cache, torch.float32)
+    got = prefill_k.varlen_paged_attention(q.to(DEVICE), k, v, meta.block_tables.to(DEVICE), chunks, 0.25)
+    torch.testing.assert_close(got.cpu(), want, **TOLERANCE[torch.float32])
 
 
 def test_varlen_prefill_only_from_cu_seqlens_matches_prefill_reference():
@@ -225,11 +269,11 @@ def test_varlen_prefill_only_from_cu_seqlens_matches_prefill_reference():
     want = torch.zeros_like(q)
     prefill_all(q, new_k, new_v, cache, 0, plans, 0.2, want)
     first, end = meta.prefills[0].row_start, meta.prefills[1].row_start + meta.prefills[1].num_tokens
-    chunks = prefill_k.VarlenChunks.from_cu_seqlens([0, 19, 40], [0, 23], [1, 2], DEVICE)
+    chunks = prefill_k.VarlenChunks.from_cu_seqlens([0, 19, 40], [0, 23], [1, 2], DEVICE, tokens=4)
     out = torch.zeros(end - first, HEADS, DIM, device=DEVICE)
     k, v = _on_device(cache, torch.float32)
     got = prefill_k.varlen_paged_attention(
-        q[first:end].to(DEVICE), k, v, meta.block_tables.to(DEVICE), chunks, 0.2, out, 16, 16
+        q[first:end].to(DEVICE), k, v, meta.block_tables.to(DEVICE), chunks, 0.2, out, 16
     )
     assert got is out
     torch.testing.assert_close(got.cpu(), want[first:end], **TOLERANCE[torch.float32])
@@ -271,7 +315,7 @@ def test_sliding_window_decode_and_varlen_match_the_torch_paths(window, softcap)
     cache, meta, q, new_k, new_v = _mixed_step(torch.float32, seed=5)
     reference = PagedAttention("torch")
     want = reference(q, new_k, new_v, cache, 0, reference.plan(meta, cache), DIM**-0.5, window, softcap)
-    chunks = prefill_k.VarlenChunks.from_metadata(meta)
+    chunks = prefill_k.VarlenChunks.from_metadata(meta, tokens=4)
     k, v = _on_device(cache, torch.float32)
     on_device = {f: getattr(meta, f).to(DEVICE) for f in ("block_tables",)}
     got = prefill_k.varlen_paged_attention(
@@ -282,7 +326,6 @@ def test_sliding_window_decode_and_varlen_match_the_torch_paths(window, softcap)
         chunks,
         DIM**-0.5,
         None,
-        16,
         16,
         window=window,
         softcap=softcap,

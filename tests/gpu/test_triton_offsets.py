@@ -21,12 +21,14 @@ SMALL = {
     ("decode.py", "stride_oh", "heads[:, None]"): "out's head stride is head_dim",
     ("decode.py", "stride_ko", "offs_n % PAGE"): "offset inside a block: < block_size * head_dim",
     ("decode.py", "stride_oh", "head"): "out's head stride is head_dim",
-    ("prefill.py", "stride_qh", "head"): "q's head stride is head_dim",
-    ("prefill.py", "stride_oh", "head"): "out's head stride is head_dim",
+    ("prefill.py", "stride_qh", "heads[:, None]"): "q's head stride is head_dim; heads < num_heads",
+    ("prefill.py", "stride_oh", "heads[:, None]"): "out's head stride is head_dim",
     ("prefill.py", "stride_ko", "offs_n % PAGE"): "offset inside a block: < block_size * head_dim",
     ("rope_cache.py", "stride_qkh", "rows[:, None]"): "qk's head stride is head_dim",
     ("rope_cache.py", "stride_vh", "kv[:, None]"): "v's head stride is head_dim",
     ("rope_cache.py", "stride_table", "position"): "loaded from int64 positions",
+    ("lora.py", "stride_a_row", "offs_r[None, :]"): "inside one slot's A: rank * hidden size",
+    ("lora.py", "stride_b_row", "offs_n[None, :]"): "inside one slot's B: output width * rank",
 }
 
 

@@ -1,8 +1,10 @@
 """Importing the Triton kernels in a test module: compiled on a GPU, in triton's interpreter without one.
 
-TRITON_INTERPRET=1 is set only while the kernel modules are imported and while that module's tests run
-(`interpreting()`): triton reads it when first imported (its own library functions, tl.sum and the like,
-are kernels too), when a kernel is decorated and when one runs. Other test modules never see it.
+Triton reads TRITON_INTERPRET when first imported (its own library functions, tl.sum and the like, are
+kernels too), when a kernel is decorated and when one runs. Without CUDA, tests/conftest.py sets it for
+the whole session just before triton's first import, whoever imports it: a module collected earlier that
+imports torch._dynamo (which imports triton) cannot leave these modules uninterpreted. `interpreting()`
+keeps it set while a kernel module's tests run even if a test in between removed it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from gpu import triton_kernels
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
-_first_imported_here = False  # triton was first imported by import_kernels, under the interpreter
 
 
 @contextlib.contextmanager
@@ -33,24 +34,17 @@ def interpreting() -> Iterator[None]:
 
 
 def import_kernels(*names: str) -> list[ModuleType]:
-    """gpu.triton_kernels.<name> for each name, or the calling module skipped where they cannot run."""
-    # Imported earlier in this process without the interpreter (nothing in the repo does): cannot interpret.
-    # Another test module importing it here first, under the interpreter, is fine.
-    global _first_imported_here
-    imported = "triton" in sys.modules
-    interpreted = _first_imported_here or os.environ.get("TRITON_INTERPRET") == "1"
-    too_late = not CUDA and imported and not interpreted
+    """gpu.triton_kernels.<name> for each name; the calling module skipped only where triton does not
+    import (CI has it: there the skip fails the run, tests/conftest.py)."""
+    if not CUDA and "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            "triton was imported without TRITON_INTERPRET=1 on a machine without CUDA, so its kernels "
+            "cannot be interpreted: tests/conftest.py sets it before triton's first import; what imported "
+            "triton before the conftest did (a pytest plugin?)"
+        )
     with interpreting():
         if not triton_kernels.importable():
             pytest.skip(
                 "triton does not import here: the Triton kernels cannot be tested", allow_module_level=True
             )
-        if too_late:
-            pytest.skip(
-                "triton was imported before this module could turn on its interpreter: run this file on "
-                "its own or with TRITON_INTERPRET=1",
-                allow_module_level=True,
-            )
-        modules = [importlib.import_module(f"gpu.triton_kernels.{name}") for name in names]
-        _first_imported_here = _first_imported_here or not imported
-        return modules
+        return [importlib.import_module(f"gpu.triton_kernels.{name}") for name in names]

@@ -119,6 +119,10 @@ class Checker:
             seen_prefill |= not is_decode
             num_decodes += is_decode
         assert output.num_decodes == num_decodes
+        adapters = {q.lora for q in s.running_sequences() if q.lora is not None}
+        assert len(adapters) <= cfg.max_loras, f"{len(adapters)} LoRA adapters running"
+        assert len({c.lora for c in output.chunks if c.lora is not None}) <= cfg.max_loras
+        assert all(c.lora == self.requests[c.seq_id].lora for c in output.chunks)
         for finished in output.finished:
             request = self.requests[finished.seq_id]
             if finished.reason is FinishReason.EXPIRED:
@@ -153,7 +157,13 @@ class Checker:
         """Everyone admitted this step is of a class at least as good as everyone left waiting."""
         s = self.scheduler
         admitted = [s.sequence(c.seq_id) for c in output.chunks if c.seq_id in was_waiting]
-        still_waiting = [q for q in s.waiting_sequences() if q.seq_id not in output.preempted]
+        # While every LoRA slot is taken, a sequence under an adapter may wait for one behind others.
+        slots_full = len({q.lora for q in s.running_sequences() if q.lora}) >= self.config.max_loras
+        still_waiting = [
+            q
+            for q in s.waiting_sequences()
+            if q.seq_id not in output.preempted and not (slots_full and q.lora is not None)
+        ]
         if admitted and still_waiting:
             assert max(q.queue_class for q in admitted) <= min(q.queue_class for q in still_waiting)
 
@@ -184,9 +194,10 @@ class Checker:
             seen_from = 0 if self.config.kv_window is None else chunk.start_position - self.config.kv_window
             for pos in range(max(0, seen_from), chunk.start_position):
                 assert chunk.block_table[pos // bs] != NO_BLOCK, f"{chunk.seq_id} lost a block it reads"
-                tenant, prefix = self.slots.get((chunk.block_table[pos // bs], pos % bs), ("", ()))
+                tenant, lora, prefix = self.slots.get((chunk.block_table[pos // bs], pos % bs), ("", "", ()))
                 assert prefix == tuple(seq.token_ids[: pos + 1]), f"{chunk.seq_id} reads foreign KV at {pos}"
                 assert share or tenant == seq.tenant, f"{chunk.seq_id} reads another tenant's KV"
+                assert lora == seq.lora, f"{chunk.seq_id} reads KV computed under another LoRA adapter"
             for pos in range(chunk.start_position, chunk.start_position + len(chunk.token_ids)):
                 block = chunk.block_table[pos // bs]
                 assert block != NO_BLOCK, f"{chunk.seq_id} writes a place given back"
@@ -196,7 +207,7 @@ class Checker:
                     f"two chunks write block {block}"
                 )
                 slot = (block, pos % bs)
-                self.slots[slot] = (seq.tenant, tuple(seq.token_ids[: pos + 1]))
+                self.slots[slot] = (seq.tenant, seq.lora, tuple(seq.token_ids[: pos + 1]))
 
     def check_long_prefill_cap(self, output: SchedulerOutput, was_waiting: set[str]) -> None:
         """A running sequence's prefill chunk stays within the cap while a better-class sequence waits."""

@@ -47,6 +47,7 @@ def make_request(
     eos_token_ids: frozenset[int] = frozenset({EOS}),
     ignore_eos: bool = True,
     stop_token_ids: tuple[int, ...] = (),
+    lora: str | None = None,
 ) -> SequenceRequest:
     """A request whose prompt is unique to its id (no accidental prefix hits) unless `prompt` is given."""
     if prompt is None:
@@ -60,6 +61,7 @@ def make_request(
         arrival=arrival,
         deadline=deadline,
         eos_token_ids=eos_token_ids,
+        lora=lora,
     )
 
 

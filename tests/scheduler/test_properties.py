@@ -36,6 +36,7 @@ def configs(draw) -> SchedulerConfig:
         aging_s=draw(st.sampled_from([math.inf, 3.0, 10.0])),
         long_prefill_token_threshold=draw(st.sampled_from([None, 0, 1, 3, 8])),
         kv_window=draw(st.sampled_from([None, None, 1, 3, 8])),  # a model windowed on every layer
+        max_loras=draw(st.sampled_from([1, 2, 4])),
     )
 
 
@@ -57,6 +58,7 @@ def arrivals(draw, n_max: int = 14) -> list[Arrival]:
             sampling=SamplingParams(max_tokens=draw(st.integers(1, 12)), ignore_eos=draw(st.booleans())),
             priority=draw(st.sampled_from(list(Priority))),
             tenant=draw(st.sampled_from(["a", "b", "c"])),
+            lora=draw(st.sampled_from([None, None, "x", "y", "z"])),  # the same prompts under several
             arrival=float(step),
             deadline=deadline,
             # Often tokens the fake model will produce at some step, so EOS endings happen.

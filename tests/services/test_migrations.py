@@ -12,7 +12,7 @@ from workers.db import migrate
 pytestmark = pytest.mark.services
 
 
-TABLES = {"jobs", "bulk_jobs", "api_keys", "api_files", "api_batches", "job_progress"}
+TABLES = {"jobs", "bulk_jobs", "api_keys", "api_files", "api_batches", "adapters", "job_progress"}
 
 
 def _tables(url: str) -> set[str]:
@@ -64,3 +64,4 @@ def test_history_indexes_exist(scratch_database: str) -> None:
     assert indexes["ix_jobs_tenant_created_at"] == ["tenant", "created_at"]
     assert indexes["ix_jobs_status"] == ["status"]
     assert indexes["ix_jobs_finished_at"] == ["finished_at"]
+    assert indexes["ix_jobs_model_created_at"] == ["model", "created_at"]

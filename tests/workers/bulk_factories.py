@@ -23,7 +23,7 @@ CHAT = "/v1/chat/completions"
 
 def batch_line(custom_id: str, url: str = COMPLETIONS, **body: Any) -> dict[str, Any]:
     """A valid Batch request line; body fields override a small default body."""
-    base: dict[str, Any] = {"model": "inferq-tiny", "max_tokens": 4}
+    base: dict[str, Any] = {"model": "tiny", "max_tokens": 4}  # the test workers' --model, their served name
     if url == COMPLETIONS:
         base["prompt"] = f"prompt of {custom_id}"
     else:

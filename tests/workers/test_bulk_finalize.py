@@ -54,7 +54,7 @@ def test_outputs_follow_input_order_and_split_successes_from_errors(tmp_path):
     assert completion["body"]["choices"][0] == {"index": 0, "text": "out c", "logprobs": None,
                                                 "finish_reason": "length"}  # fmt: skip
     assert completion["body"]["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
-    assert completion["body"]["model"] == "inferq-tiny" and completion["request_id"] == "bulk-t:c"
+    assert completion["body"]["model"] == "tiny" and completion["request_id"] == "bulk-t:c"
     assert chat["body"]["choices"][0]["message"] == {"role": "assistant", "content": "chat answer"}
 
     errors = read_jsonl(err)
@@ -100,3 +100,18 @@ def test_a_job_the_worker_refused_is_an_invalid_line_as_run_batch_reports_it(tmp
     error = {"code": "invalid_request", "message": f"line 1: {refused}", "line": 1}
     assert oov == {"id": None, "custom_id": "oov", "response": None, "error": error}
     assert dead["error"]["code"] == "rejected" and dead["id"] == f"batch_req_{job_id_for(BULK, 'dead')}"
+
+
+def test_an_adapter_answers_by_its_name_the_base_by_the_served_name(tmp_path):
+    lines = [
+        batch_line("ad", model="acme/extract"),
+        batch_line("alias", model="base-alias"),
+        batch_line("none"),
+    ]
+    path = write_batch(tmp_path / "in.jsonl", lines)
+    # the rows keep the model that served each job: the adapter's name, or the base's (first) served name
+    rows = [row("ad", model="acme/extract"), row("alias", model="served-x"), row("none", model="served-x")]
+    out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
+    write_results(read_batch(path), BULK, lookup_from(rows), out, err, model_name="served-x")
+    models = {o["custom_id"]: o["response"]["body"]["model"] for o in read_jsonl(out)}
+    assert models == {"ad": "acme/extract", "alias": "served-x", "none": "served-x"}

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -14,6 +16,7 @@ import psutil
 import pytest
 
 from schemas.jobs import TokenEvent
+from tests.workers.late_topics import CountingProducer, late_topic
 from tests.workers.worker_factories import make_deployment, now_ms, read_topic, token_events, wait_until
 from workers.serving.streaming import relay as event_relay
 from workers.serving.streaming.sender import TokenEventSender, relay_environment
@@ -68,36 +71,18 @@ def _confirmed(sent) -> bool:
 
 
 @pytest.mark.services
-def test_a_topics_first_event_waits_for_its_metadata_rather_than_being_dropped(monkeypatch):
+def test_a_topics_first_event_waits_for_its_metadata_rather_than_being_dropped(settings, monkeypatch):
     """A busy broker can take longer than a send's block (0.5 s, meant for a broker that is away) to give a
     topic's metadata: a fresh worker's first token events were then dropped, its streams empty (seen once
-    under the suite's load). A topic's first send waits for its metadata, once."""
-    from kafka.errors import KafkaTimeoutError
-
+    under the suite's load). A topic's first send waits for its metadata, once: here a topic of the real
+    broker that appears only after the relay's first look-ups timed out."""
     import workers.kafka_io as kafka_io
 
-    known_at = time.monotonic() + 1.0  # the broker gives the topic's metadata a second from now
-    sent: list[tuple[str, bytes]] = []
+    made: list[CountingProducer] = []
 
-    class SlowMetadataProducer:
-        def __init__(self, *args, **kwargs) -> None:
-            pass
-
-        def await_topic(self, topic: str, timeout_s: float) -> bool:
-            time.sleep(max(0.0, min(timeout_s, known_at - time.monotonic())))
-            return time.monotonic() >= known_at
-
-        def send(self, topic, key, value, headers=(), check_size=None):
-            if time.monotonic() < known_at:
-                raise KafkaTimeoutError("Failed to update metadata after 0.5 secs.")
-            sent.append((topic, key))
-            return None
-
-        def flush(self, timeout_s=None) -> None:
-            pass
-
-        def close(self, timeout_s=10.0) -> None:
-            pass
+    def producer(*args, **kwargs) -> CountingProducer:  # the real one, counting its metadata timeouts
+        made.append(CountingProducer(*args, **kwargs))
+        return made[-1]
 
     class Replies:
         def __init__(self) -> None:
@@ -107,13 +92,25 @@ def test_a_topics_first_event_waits_for_its_metadata_rather_than_being_dropped(m
             if outcome == event_relay.DROPPED:
                 self.dropped.append((track, message))
 
-    monkeypatch.setattr(kafka_io, "Producer", SlowMetadataProducer)
+    monkeypatch.setattr(kafka_io, "Producer", producer)
+    monkeypatch.setattr(event_relay, "FIRST_METADATA_S", 120.0)  # a loaded broker may take its time
     frames = event_relay.message_frame(0, b"job-1", b"{}") + event_relay.message_frame(0, b"job-2", b"{}")
     replies = Replies()
-    conn = KafkaConnection("127.0.0.1:1")
-    event_relay.relay("t.tokens", "relay-test", conn, io.BytesIO(frames), replies)
-    assert sent == [("t.tokens", b"job-1"), ("t.tokens", b"job-2")]
+    with late_topic(settings) as (topic, release):
+        run = threading.Thread(
+            target=event_relay.relay,
+            args=(topic, "relay-test", settings.kafka_connection, io.BytesIO(frames), replies),
+        )
+        run.start()
+        wait_until(lambda: (made and made[0].misses >= 1) or not run.is_alive(), timeout_s=60)
+        assert run.is_alive(), f"the relay did not wait for {topic}: {replies.dropped}"
+        since = now_ms()
+        release()
+        run.join(120)
+        assert not run.is_alive()
+        records = read_topic(settings, topic, since, lambda rs: len(rs) >= 2)
     assert replies.dropped == []
+    assert [r.key for r in records] == [b"job-1", b"job-2"]
 
 
 def test_a_topic_whose_metadata_is_refused_is_answered_not_fatal(monkeypatch):
@@ -198,17 +195,24 @@ def test_close_stops_the_relay_process(settings):
 
 @pytest.mark.parametrize("niceness", [0, 7])
 def test_the_relay_runs_as_much_nicer_than_its_worker_as_asked(niceness):
-    """Its CPU priority below the worker's: where cores are short, the engine loop gets one first."""
+    """Its CPU priority below the worker's: where cores are short, the engine loop gets one first. Read once
+    the relay is past the point where it sets its priority (it ignores SIGINT and SIGTERM right after), so
+    niceness 0 is checked too: a relay that ignored the setting, or took a default for 0, would show."""
     sender = TokenEventSender(KafkaConnection("127.0.0.1:9"), "inferq-test", "nowhere", niceness=niceness)
     try:
         pid, ours = sender._relay.proc.pid, os.getpriority(os.PRIO_PROCESS, 0)
-        if niceness:
-            wait_until(lambda: os.getpriority(os.PRIO_PROCESS, pid) != ours, timeout_s=10)
-        time.sleep(0.5)  # and it stays there (0: never moves)
+        wait_until(lambda: _ignored_signals(pid) >= {signal.SIGINT, signal.SIGTERM}, timeout_s=60)
         assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, ours + niceness)
         assert sender._relay.proc.poll() is None
     finally:
         sender.close(timeout_s=1.0)
+
+
+def _ignored_signals(pid: int) -> set[int]:
+    """The signals a process ignores (SigIgn of /proc/PID/status, a bit mask by signal number)."""
+    with open(f"/proc/{pid}/status") as f:
+        mask = int(next(line for line in f if line.startswith("SigIgn:")).split()[1], 16)
+    return {n for n in range(1, 65) if mask >> (n - 1) & 1}
 
 
 def test_a_relay_waiting_for_an_absent_broker_exits_when_its_worker_is_killed(tmp_path):

@@ -319,13 +319,19 @@ def test_run_batch_answers_n_choices_with_logprobs_in_each_endpoints_shape(tmp_p
 
 def test_bulk_jobs_through_celery_answer_every_choice_with_logprobs(deployment, tmp_path):
     dep, _, _, _ = deployment
-    lines = [
-        batch_line("c", COMPLETIONS, max_tokens=6, n=2, logprobs=2, temperature=1.0, seed=5),
+    lines = [  # the worker's model by its name (body.model chooses the base or an adapter)
+        batch_line("c", COMPLETIONS, max_tokens=6, n=2, logprobs=2, temperature=1.0, seed=5, model="smollm2"),
         batch_line(
-            "h", CHAT, max_tokens=40, logprobs=True, top_logprobs=1, response_format={"type": "json_object"}
+            "h",
+            CHAT,
+            max_tokens=40,
+            logprobs=True,
+            top_logprobs=1,
+            response_format={"type": "json_object"},
+            model="smollm2",
         ),
         batch_line("bad", CHAT, guided_regex="(unclosed"),  # refused when the file is read
-        batch_line("oov", CHAT, max_tokens=4, logit_bias={"60000": 1}),  # refused by the worker (vocabulary)
+        batch_line("oov", CHAT, max_tokens=4, logit_bias={"60000": 1}, model=None),  # refused by the worker
     ]
     path = write_batch(tmp_path / "in.jsonl", lines)
     env = cli_env(dep, tmp_path / "state")

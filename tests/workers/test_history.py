@@ -137,11 +137,28 @@ def test_cli_prints_json_csv_and_a_table(db, scratch_database, monkeypatch, caps
     assert [(r["priority"], r["jobs"]) for r in data["jobs"]] == [("high", 1), ("normal", 10), ("normal", 1)]
     assert main([*args, "--csv", "--report", "jobs"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("bucket_start,tenant,priority,jobs,") and len(lines) == 4
+    assert lines[0].startswith("bucket_start,tenant,priority,model,jobs,") and len(lines) == 4
     assert main([*args, "--by", "day", "--report", "jobs"]) == 0
     table = capsys.readouterr().out
     assert "2026-11-30 00:00  acme" in table and "ttft p50" in table
     assert main([*args, "--csv"]) == 2  # CSV needs one report
+
+
+def test_job_stats_by_model_and_the_cli_model_filter(db, scratch_database, monkeypatch, capsys):
+    with db.begin() as conn:
+        insert_jobs(conn, [make_job(f"x{i}", model="acme/extract", ttft_ms=7.0) for i in range(3)])
+    window = history.Window(T0, T0 + timedelta(hours=1), "hour")
+    with db.connect() as conn:
+        rows = history.job_stats(conn, window, tenant="acme").records()
+        only = history.job_stats(conn, window, model="acme/extract").records()
+    by_model = {(r["priority"], r["model"]): r["jobs"] for r in rows}
+    assert by_model == {("normal", None): 10, ("high", None): 1, ("normal", "acme/extract"): 3}
+    assert [(r["model"], r["jobs"], r["ttft_p50_ms"]) for r in only] == [("acme/extract", 3, 7.0)]
+    monkeypatch.setenv("INFERQ_DATABASE_URL", scratch_database)
+    args = ["history", "--since", "2026-11-30T09:00", "--until", "2026-11-30T12:00", "--report", "jobs"]
+    assert main([*args, "--model", "acme/extract"]) == 0
+    table = capsys.readouterr().out
+    assert "acme/extract" in table and table.count("acme  ") == 1  # one row: the adapter's
 
 
 def test_parse_time_accepts_durations_and_iso_times():

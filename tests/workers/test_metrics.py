@@ -44,12 +44,27 @@ def test_success_counter_and_latencies_carry_vllm_labels():
     m = WorkerMetrics("smollm2")
     m.observe_job("succeeded", "length", "high", Timings(ttft_ms=20, e2e_ms=100, queue_ms=5))
     m.observe_finished("cancelled", "abort")
+    m.observe_job("succeeded", "stop", "low", Timings(e2e_ms=10), lora_name="acme/extract")
     s = samples(m)
     success = "inferq:request_success_total"
-    assert s[success + '{finished_reason="length",model_name="smollm2",status="succeeded"}'] == 1
-    assert s[success + '{finished_reason="abort",model_name="smollm2",status="cancelled"}'] == 1
+    assert s[success + '{finished_reason="length",lora_name="",model_name="smollm2",status="succeeded"}'] == 1
+    assert s[success + '{finished_reason="abort",lora_name="",model_name="smollm2",status="cancelled"}'] == 1
+    labels = 'finished_reason="stop",lora_name="acme/extract",model_name="smollm2",status="succeeded"'
+    assert s[success + "{" + labels + "}"] == 1
     assert s['inferq:time_to_first_token_seconds_count{model_name="smollm2",priority="high"}'] == 1
     assert s['inferq:time_to_first_token_seconds_sum{model_name="smollm2",priority="high"}'] == 0.02
+
+
+def test_lora_requests_info_names_the_adapters_of_running_and_waiting_jobs_in_one_series():
+    m = WorkerMetrics("m", max_loras=2)
+    m.observe_loras(["b", "a", "b"], ["c"])
+    m.observe_loras(["a"], [])
+    info = {k: v for k, v in samples(m).items() if k.startswith("inferq:lora_requests_info")}
+    # vLLM's gauge: the labels name the adapters (comma-separated), the value is when; the stale one is gone
+    assert list(info) == [
+        'inferq:lora_requests_info{max_lora="2",running_lora_adapters="a",waiting_lora_adapters=""}'
+    ]
+    assert list(info.values())[0] > 1.7e9
 
 
 def test_itl_is_observed_per_token_gap_not_per_job():

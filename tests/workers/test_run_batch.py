@@ -15,19 +15,20 @@ NEUTRAL = {"n": 1, "logprobs": False, "user": "u", "presence_penalty": 0, "strea
            "stream_options": {"include_usage": True}}  # fmt: skip
 
 
-def lines() -> list:
+def lines(model: str) -> list:
+    """Lines naming `model`, the served model's name (a line naming another is refused: see below)."""
     return [
-        batch_line("first", max_tokens=5, **NEUTRAL),
-        batch_line("chat", CHAT, max_tokens=3, frequency_penalty=0.0),
-        batch_line("bad", n=17),
-        batch_line("long", prompt="x" * 3000, max_tokens=2),  # over the context (512 or 2048 positions)
+        batch_line("first", max_tokens=5, model=model, **NEUTRAL),
+        batch_line("chat", CHAT, max_tokens=3, frequency_penalty=0.0, model=model),
+        batch_line("bad", n=17, model=model),
+        batch_line("long", prompt="x" * 3000, max_tokens=2, model=model),  # over the context (512 or 2048)
         "{not json",
-        *[batch_line(f"more-{i}", max_tokens=2 + i) for i in range(4)],
+        *[batch_line(f"more-{i}", max_tokens=2 + i, model=model if i % 2 else None) for i in range(4)],
     ]
 
 
 def test_answers_come_in_input_order_with_the_served_model_name(tmp_path):
-    path = write_batch(tmp_path / "in.jsonl", lines())
+    path = write_batch(tmp_path / "in.jsonl", lines("served-x"))
     runner = BatchRunner(make_engine(max_num_seqs=2), "served-x", window=2)  # lines overtake each other
     told = []
     answers = list(runner.run(read_batch(path), on_answer=told.append))
@@ -59,7 +60,7 @@ def test_answers_come_in_input_order_with_the_served_model_name(tmp_path):
 
 
 def test_the_command_writes_the_output_and_errors_files(tmp_path):
-    path = write_batch(tmp_path / "in.jsonl", lines())
+    path = write_batch(tmp_path / "in.jsonl", lines("my-model"))
     out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
     done = run_cli("run-batch", "-i", str(path), "-o", str(out), "--errors-file", str(err),
                    "--model", "tiny", "--served-model-name", "my-model")  # fmt: skip
@@ -72,3 +73,30 @@ def test_the_command_writes_the_output_and_errors_files(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
     missing = run_cli("run-batch", "-i", str(tmp_path / "nope.jsonl"), "-o", str(out), check=False)
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_lines_name_the_base_or_a_lora_module_and_another_model_is_an_invalid_line(tmp_path):
+    from gpu.model import load_model
+    from tests.gpu.lora_factories import make_adapter
+
+    tiny = load_model("tiny", "float32", "cpu", 0)
+    adapter, _ = make_adapter(tiny, tmp_path, "extract", seed=1)
+    same = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}
+    path = write_batch(tmp_path / "in.jsonl", [
+        batch_line("base", model="tiny", **same), batch_line("adapter", model="acme/extract", **same),
+        batch_line("other", model="gpt-4o", **same),
+    ])  # fmt: skip
+    out = tmp_path / "out.jsonl"
+    done = run_cli("run-batch", "-i", str(path), "-o", str(out), "--model", "tiny",
+                   "--lora-modules", f"acme/extract={adapter.path}")  # fmt: skip
+    assert "2 succeeded, 0 failed, 1 invalid lines" in done.stderr
+    by_id = {line["custom_id"]: line for line in map(json.loads, out.read_text().splitlines())}
+    base, tuned = by_id["base"]["response"]["body"], by_id["adapter"]["response"]["body"]
+    assert (base["model"], tuned["model"]) == ("tiny", "acme/extract")
+    assert base["choices"][0]["text"] != tuned["choices"][0]["text"]  # the adapter's weights ran
+    assert by_id["other"]["error"]["message"] == (
+        "line 3: the model 'gpt-4o' does not exist: this run serves tiny, acme/extract"
+    )
+    bad = run_cli("run-batch", "-i", str(path), "-o", str(out), "--model", "tiny",
+                  "--lora-modules", f"tiny={adapter.path}", check=False)  # fmt: skip
+    assert bad.returncode == 2 and "'tiny' is a name of the served base model" in bad.stderr

@@ -23,6 +23,7 @@ from schemas.jobs import JobResult, TokenEvent
 from schemas.tables import TERMINAL_STATUSES, jobs
 from workers.client import JobClient
 from workers.kafka_io import TopicReader
+from workers.kafka_io.records import to_record
 from workers.services.kafka import ensure_topics, wait_for_workers
 from workers.settings import Settings
 
@@ -130,6 +131,33 @@ def read_topic(settings: Settings, topic: str, since_ms: int, until: callable, t
             records += reader.poll(0.2)
     finally:
         reader.close()
+    return records
+
+
+def read_topic_to_end(settings: Settings, topic: str, since_ms: int, timeout_s: float = 60) -> list:
+    """Every record of every partition of a topic from a time on, up to each partition's end offset as of
+    the call: what an absence is checked against (reading until some other record arrives can leave a
+    partition unread)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        **settings.kafka_connection.client_options(), client_id="inferq-test", enable_auto_commit=False
+    )
+    records: list = []
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        assert tps, f"no partitions known for {topic}"
+        consumer.assign(tps)
+        ends = consumer.end_offsets(tps)
+        starts = consumer.offsets_for_times(dict.fromkeys(tps, since_ms))
+        for tp in tps:
+            consumer.seek(tp, starts[tp].offset if starts[tp] is not None else ends[tp])
+        deadline = time.monotonic() + timeout_s
+        while unread := [tp for tp in tps if consumer.position(tp) < ends[tp]]:
+            assert time.monotonic() < deadline, f"{unread} not read to their end offsets {ends}"
+            records += [to_record(r) for rs in consumer.poll(timeout_ms=200).values() for r in rs]
+    finally:
+        consumer.close(autocommit=False)
     return records
 
 

@@ -22,6 +22,7 @@ from workers.api.context import APIContext
 from workers.api.events import BatchEvents
 from workers.api.limits import TenantLimits
 from workers.api.metrics import HTTPMetrics, metrics_endpoint
+from workers.api.models import adapter_cards, model_not_found
 from workers.api.protocol import model_card, page
 from workers.api.serving_chat import ServingChat
 from workers.api.serving_completion import ServingCompletion
@@ -81,14 +82,20 @@ def build_app(settings: Settings, models: tuple[str, ...], *, run_driver: bool =
 
     @app.get("/v1/models")
     async def list_models(request: Request, tenant: str = Depends(auth.tenant)) -> dict:
-        return page([model_card(m) for m in request.app.state.api.models], False)
+        ctx: APIContext = request.app.state.api
+        adapters = await run_in_threadpool(adapter_cards, ctx.db, tenant, ctx.default_model)
+        return page([model_card(m) for m in ctx.models] + adapters, False)
 
-    @app.get("/v1/models/{model}")
+    @app.get("/v1/models/{model:path}")  # adapter names may hold '/'
     async def get_model(request: Request, model: str, tenant: str = Depends(auth.tenant)) -> dict:
-        if model not in request.app.state.api.models:
-            raise errors.APIError(404, f"The model '{model}' does not exist", param="model",
-                                  code="model_not_found")  # fmt: skip
-        return model_card(model)
+        ctx: APIContext = request.app.state.api
+        if model in ctx.models:
+            return model_card(model)
+        cards = await run_in_threadpool(adapter_cards, ctx.db, tenant, ctx.default_model)
+        card = next((c for c in cards if c["id"] == model), None)
+        if card is None:
+            raise model_not_found(model)
+        return card
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request, tenant: str = Depends(auth.tenant)):

@@ -15,15 +15,18 @@ import os
 import signal
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from schemas.jobs import JobRequest
 from schemas.statuses import TERMINAL_STATUSES
 from workers.api.context import APIContext
 from workers.api.events import BatchEvents
+from workers.api.models import ModelNames, job_model
 from workers.api.protocol import batch_object
 from workers.bulk.batch_format import BatchLine, LineError, job_id_for, read_lines, to_job
 from workers.bulk.finalize import write_results
@@ -38,6 +41,7 @@ CANCEL_GRACE_S = 30.0  # after a cancel, how long jobs already running may finis
 # tests only (INFERQ_FAILPOINT): kill -9 this API process after a batch's first checkpoint short of its end
 KILL_AFTER_CHECKPOINT = "api-kill-after-checkpoint"
 MAX_ERRORS = 100  # errors.data entries kept of a batch that failed validation
+PURGE_EVERY_S = 60.0  # how often a driver deletes expired files (reads leave them out at once)
 
 
 def request_counts(conn: Any, row: Row) -> dict[str, int]:
@@ -61,6 +65,7 @@ class BatchDriver:
         self.tick_s = tick_s
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._next_purge = 0.0
         self._thread = threading.Thread(target=self._run, name="inferq-batch-driver", daemon=True)
 
     def start(self) -> None:
@@ -85,7 +90,10 @@ class BatchDriver:
             self._wake.clear()
 
     def tick(self) -> None:
-        with self.ctx.db.connect() as conn:
+        with self.ctx.db.begin() as conn:
+            if time.monotonic() >= self._next_purge:  # files past their expires_at
+                self._next_purge = time.monotonic() + PURGE_EVERY_S
+                api_files.purge_expired(conn)
             found = api_batches.open_batches(conn, self.ctx.settings.topic_prefix)
         for batch in found:
             if self._stop.is_set():
@@ -135,8 +143,9 @@ class BatchDriver:
         if content is None:
             errors.append(_error("missing_file", f"input file {row['input_file_id']} no longer exists", None))
         else:
+            names = ModelNames(self.ctx.db, self.ctx.models, row["tenant"])
             for item in _items(content):
-                problem = self._line_problem(row, item)
+                problem = self._line_problem(row, item, names)
                 if problem is not None and len(errors) < MAX_ERRORS:
                     errors.append(_error(*problem))
                 total += 1
@@ -159,7 +168,9 @@ class BatchDriver:
         log.info("batch %s: %s (%d lines)", row["batch_id"], "failed" if errors else "in_progress", total)
         self.wake()
 
-    def _line_problem(self, row: Row, item: BatchLine | LineError) -> tuple[str, str, int | None] | None:
+    def _line_problem(
+        self, row: Row, item: BatchLine | LineError, names: ModelNames
+    ) -> tuple[str, str, int | None] | None:
         if isinstance(item, LineError):
             return "invalid_request", item.message, item.line_no
         if item.url != row["endpoint"]:
@@ -168,10 +179,10 @@ class BatchDriver:
                 f"line {item.line_no}: url {item.url} is not the batch's endpoint",
                 item.line_no,
             )
-        if item.model is not None and item.model not in self.ctx.models:
+        if not names.allows(item.model):  # the base, or an adapter of the batch's tenant
             return (
                 "model_not_found",
-                f"line {item.line_no}: the model '{item.model}' does not exist",
+                f"line {item.line_no}: the model '{item.model}' does not exist or you have no access to it",
                 item.line_no,
             )
         return None
@@ -187,7 +198,7 @@ class BatchDriver:
         lines = islice((i for i in _items(content) if isinstance(i, BatchLine)), row["submitted"], None)
         done = row["submitted"]
         while chunk := list(islice(lines, CHECKPOINT_LINES)):
-            jobs = [to_job(line, bulk_id=row["batch_id"], tenant=row["tenant"]) for line in chunk]
+            jobs = [self._job(line, row) for line in chunk]
             self.ctx.client.submit_many(jobs, "low")
             for job in jobs:
                 self.ctx.client.forget(job.job_id)
@@ -200,6 +211,12 @@ class BatchDriver:
                 os.kill(os.getpid(), signal.SIGKILL)  # tests: mid-production, its advisory lock held
             if status != "in_progress":
                 return
+
+    def _job(self, line: BatchLine, row: Row) -> JobRequest:
+        """A line's job: the base unnamed, an adapter by its name (validated; if it was removed since,
+        the worker refuses the job and the line is an error in the output)."""
+        job = to_job(line, bulk_id=row["batch_id"], tenant=row["tenant"])
+        return job.model_copy(update={"model": job_model(line.model, self.ctx.models)})
 
     def _job_ids(self, row: Row, content: bytes) -> Iterator[list[str]]:
         lines = (i for i in _items(content) if isinstance(i, BatchLine))
@@ -263,8 +280,9 @@ class BatchDriver:
             "completed": final["succeeded"],
             "failed": final["failed"] + final["invalid"] + final["unfinished"],
         }
+        lifetime = row.get("output_expires_after")  # the files live that long from their creation
         try:
-            self._commit_files(batch_id, tenant, from_statuses, to, request, output, errors)
+            self._commit_files(batch_id, tenant, from_statuses, to, request, output, errors, lifetime)
         except _Overtaken:
             return
         log.info("batch %s: %s, %s", batch_id, to, request)
@@ -272,17 +290,17 @@ class BatchDriver:
 
     def _commit_files(
         self, batch_id: str, tenant: str, from_statuses: tuple[str, ...], to: str, request: dict[str, int],
-        output: bytes, errors: bytes,
+        output: bytes, errors: bytes, lifetime_s: int | None = None,
     ) -> None:  # fmt: skip
         with self.ctx.db.begin() as conn:
             files: dict[str, Any] = {"output_file_id": None, "error_file_id": None}
             if output or not errors:
                 files["output_file_id"] = api_files.create(
-                    conn, tenant, "batch_output", f"{batch_id}_output.jsonl", output
+                    conn, tenant, "batch_output", f"{batch_id}_output.jsonl", output, lifetime_s
                 )["file_id"]
             if errors:
                 files["error_file_id"] = api_files.create(
-                    conn, tenant, "batch_output", f"{batch_id}_error.jsonl", errors
+                    conn, tenant, "batch_output", f"{batch_id}_error.jsonl", errors, lifetime_s
                 )["file_id"]
             moved = api_batches.transition(
                 conn, batch_id, from_statuses, to, final_counts=request, **files, **{f"{to}_at": utcnow()}

@@ -52,6 +52,7 @@ async def create_batch(request: Request, tenant: str = Depends(auth.tenant)) -> 
                 endpoint=asked.endpoint, input_file_id=asked.input_file_id,
                 completion_window=asked.completion_window, metadata=asked.metadata, created_at=now,
                 expires_at=expiry(ctx, now),
+                output_expires_after=asked.output_expires_after and asked.output_expires_after.seconds,
             )  # fmt: skip
             return batch_object(row, {"total": 0, "completed": 0, "failed": 0})
 

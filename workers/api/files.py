@@ -10,7 +10,7 @@ from starlette.datastructures import UploadFile
 
 from workers.api import auth
 from workers.api.errors import APIError, not_found
-from workers.api.protocol import FILE_PURPOSES, file_object, page
+from workers.api.protocol import FILE_PURPOSES, check_file_form, file_object, page, upload_lifetime
 from workers.db import api_batches, api_files
 
 router = APIRouter()
@@ -32,6 +32,7 @@ async def create_file(request: Request, tenant: str = Depends(auth.tenant)) -> d
         form = await request.form(max_files=1, max_fields=4)
     except Exception as exc:  # noqa: BLE001 - not multipart, or a broken one
         raise APIError(400, f"Expected a multipart/form-data body: {exc}") from None
+    check_file_form(form.keys())
     purpose, upload = form.get("purpose"), form.get("file")
     if purpose != "batch":
         raise APIError(
@@ -39,6 +40,7 @@ async def create_file(request: Request, tenant: str = Depends(auth.tenant)) -> d
         )
     if not isinstance(upload, UploadFile):
         raise APIError(400, "Missing the 'file' part", param="file", code="missing_required_parameter")
+    lifetime = upload_lifetime(form)
     content = await upload.read(ctx.max_file_bytes + 1)
     if len(content) > ctx.max_file_bytes:
         raise _too_large(ctx.max_file_bytes)
@@ -48,7 +50,7 @@ async def create_file(request: Request, tenant: str = Depends(auth.tenant)) -> d
 
     def store() -> dict:
         with ctx.db.begin() as conn:
-            return api_files.create(conn, tenant, "batch", filename, content)
+            return api_files.create(conn, tenant, "batch", filename, content, lifetime)
 
     return file_object(await run_in_threadpool(store))
 

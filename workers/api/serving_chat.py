@@ -16,6 +16,9 @@ class ServingChat(ServingEngine):
 
     def chunk_choice(self, event: TokenEvent, first: bool) -> dict[str, Any]:
         delta: dict[str, Any] = {"content": event.text}
+        if event.tool_calls:  # OpenAI's: the call's first delta names it, later ones add to its arguments
+            delta = {"content": event.text or None}
+            delta["tool_calls"] = [call.model_dump(exclude_none=True) for call in event.tool_calls]
         if first:  # a choice's first chunk names the role, as OpenAI's does
             delta = {"role": "assistant", **delta}
         logprobs = None

@@ -24,13 +24,13 @@ from starlette.concurrency import run_in_threadpool
 
 from schemas.jobs import JobRequest, JobResult, TokenEvent
 from schemas.statuses import TERMINAL_STATUSES
-from schemas.validation import InvalidMessage
+from workers.api.bodies import job_of_body
 from workers.api.context import APIContext
 from workers.api.errors import APIError, not_found
 from workers.api.limits import Slot
+from workers.api.models import ModelNames, job_model
 from workers.api.protocol import LiveOptions, split_live_options, usage
-from workers.bulk.batch_fields import check_body
-from workers.bulk.batch_format import BatchLine, checked_job
+from workers.bulk.batch_format import BatchLine
 from workers.bulk.output import response_body
 from workers.client import DeliveryFailed, JobTimeout, Submitted
 from workers.db.job_queries import job_row
@@ -97,9 +97,11 @@ class ServingEngine:
         """The response; a stream releases `slot` when it ends (or its generator is collected unstarted)."""
         body, live = split_live_options(await json_body(request))
         model = body.get("model")
-        if model is not None and model not in self.ctx.models:
-            raise APIError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
+        if isinstance(model, str) and model not in self.ctx.models:  # an adapter, or 404: the registry says
+            names = ModelNames(self.ctx.db, self.ctx.models, tenant)
+            await run_in_threadpool(names.job_model, model)
         line, job = self.to_job(body, tenant)
+        job = job.model_copy(update={"model": job_model(job.model, self.ctx.models)})
         request.state.job_id = job.job_id
         if live.stream:  # only a streamed answer reads token events (a Batch line's job has none)
             job = job.model_copy(update={"stream": True})
@@ -113,7 +115,7 @@ class ServingEngine:
             )
         result, queue_s = await run_in_threadpool(self._run, job, live.priority)
         # Server-Timing: the time spent in the queue (JobClient's submit and wait); the rest of a request's
-        # latency is the API's own (bench/api_overhead.py)
+        # latency is the API's own (bench/api/overhead.py)
         headers = {"X-Job-Id": job.job_id, "Server-Timing": f"queue;dur={queue_s * 1000:.3f}"}
         return JSONResponse(self.answer(line, result), headers=headers)
 
@@ -139,18 +141,8 @@ class ServingEngine:
     def to_job(self, body: dict[str, Any], tenant: str) -> tuple[BatchLine, JobRequest]:
         """The job of a body, checked by the Batch path's rules (fields refused by name, the job's limits,
         the output constraint): a body means here what it means as a Batch line."""
-        problem = check_body(self.url, body)
-        if problem is None and body.get("model") is not None and not isinstance(body["model"], str):
-            problem = "body.model must be a string"
-        if problem is not None:
-            raise APIError(400, problem.removeprefix("body."), code="invalid_request")
         job_id = f"{self.id_prefix}-{uuid.uuid4().hex}"
-        line = BatchLine(1, job_id, self.url, body.get("model") or self.ctx.default_model, body)
-        try:
-            job = checked_job(line, bulk_id="api", tenant=tenant)
-        except InvalidMessage as exc:
-            raise APIError(400, str(exc).removeprefix("body."), code="invalid_request") from None
-        return line, job.model_copy(update={"job_id": job_id, "bulk_id": None, "metadata": {}})
+        return job_of_body(self.url, body, tenant, self.ctx.default_model, job_id)
 
     def _run(self, job: JobRequest, priority: str) -> tuple[JobResult, float]:
         """Submit and wait, in one trip to a worker thread; and the seconds that took."""

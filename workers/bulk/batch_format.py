@@ -17,7 +17,7 @@ from typing import Any
 
 from schemas.jobs import JobRequest
 from schemas.validation import InvalidMessage, Limits, parse_job
-from workers.bulk.batch_fields import OPTIONS, check_body
+from workers.bulk.batch_fields import CHAT_OPTIONS, OPTIONS, check_body
 from workers.serving.intake.sampling import constraint_field, grammar_spec
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
@@ -66,15 +66,18 @@ def to_job(line: BatchLine, *, bulk_id: str, tenant: str) -> JobRequest:
         "metadata": {"custom_id": line.custom_id},
         "stream": False,  # its result is what is read: token events would only cost the broker and workers
     }
+    if line.model is not None:  # the base (one of its names) or an adapter: the worker decides which
+        fields["model"] = line.model
     if line.url == "/v1/completions":
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1:
             prompt = prompt[0]
         if not isinstance(prompt, str):
-            raise InvalidMessage("body.prompt must be a string (or a list of exactly one string)")
+            raise InvalidMessage("body.prompt must be a string (or a list of exactly one string)", "prompt")
         fields["prompt"] = prompt
     else:
         fields["messages"] = [_message(m, i) for i, m in enumerate(_list(body.get("messages"), "messages"))]
+        fields.update({key: body[key] for key in CHAT_OPTIONS if body.get(key) is not None})
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
         fields["max_tokens"] = max_tokens
@@ -96,7 +99,7 @@ def _logprobs(url: str, body: dict[str, Any]) -> dict[str, Any]:
         if given is None or given is False:
             return {}
         if type(given) is not int or not 0 <= given <= 20:
-            raise InvalidMessage(f"body.logprobs must be an integer 0-20 or null, got {given!r}")
+            raise InvalidMessage(f"body.logprobs must be an integer 0-20 or null, got {given!r}", "logprobs")
         return {"logprobs": True, "top_logprobs": given}
     top = body.get("top_logprobs")
     if given is not True and top == 0:  # `"top_logprobs": 0` beside no logprobs asks for nothing
@@ -106,23 +109,40 @@ def _logprobs(url: str, body: dict[str, Any]) -> dict[str, Any]:
 
 def _list(value: Any, name: str) -> list[Any]:
     if not isinstance(value, list) or not value:
-        raise InvalidMessage(f"body.{name} must be a non-empty list")
+        raise InvalidMessage(f"body.{name} must be a non-empty list", name)
     return value
 
 
-def _message(message: Any, index: int) -> dict[str, str]:
-    where = f"body.messages[{index}]"
-    if not isinstance(message, dict) or set(message) - {"role", "content", "name"}:
-        raise InvalidMessage(f"{where} must be an object with 'role' and 'content'")
+# A message's fields beyond role, content and the tool fields: `name` (a participant's name) and
+# `annotations` (of an earlier answer) are taken and not shown to the model; `refusal`, `audio` and the
+# deprecated `function_call`, which an earlier answer sent back as it came carries as null, only as null.
+_MESSAGE_KEYS = {"role", "content", "tool_calls", "tool_call_id", "name", "annotations"}
+_NULL_ONLY = ("refusal", "audio", "function_call")
+
+
+def _message(message: Any, index: int) -> dict[str, Any]:
+    where = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise InvalidMessage(f"body.{where} must be an object with 'role' and 'content'", where)
+    unknown = sorted(set(message) - _MESSAGE_KEYS - set(_NULL_ONLY))
+    if unknown:
+        raise InvalidMessage(
+            f"body.{where}: unsupported fields {', '.join(unknown)}", f"{where}.{unknown[0]}"
+        )
+    for key in _NULL_ONLY:
+        if message.get(key) is not None:
+            raise InvalidMessage(f"body.{where}.{key} is not supported (only null)", f"{where}.{key}")
     content = message.get("content")
     if isinstance(content, list):  # content parts: only text is supported
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                    for p in content):  # fmt: skip
-            raise InvalidMessage(f"{where}.content: only text parts are supported")
+            raise InvalidMessage(f"body.{where}.content: only text parts are supported", f"{where}.content")
         content = "".join(p["text"] for p in content)
-    if not isinstance(content, str):
-        raise InvalidMessage(f"{where}.content must be a string")
-    return {"role": message.get("role"), "content": content}
+    if content is not None and not isinstance(content, str):
+        raise InvalidMessage(f"body.{where}.content must be a string", f"{where}.content")
+    kept = {"role": message.get("role"), "content": content}
+    kept.update({k: message[k] for k in ("tool_calls", "tool_call_id") if message.get(k) is not None})
+    return kept
 
 
 def _check_envelope(data: Any) -> tuple[str, str, dict[str, Any]]:
@@ -144,9 +164,9 @@ def _check_envelope(data: Any) -> tuple[str, str, dict[str, Any]]:
         raise InvalidMessage("body must be a JSON object")
     problem = check_body(url, body)
     if problem is not None:
-        raise InvalidMessage(problem)
+        raise InvalidMessage(problem[1], problem[0])
     if body.get("model") is not None and not isinstance(body["model"], str):
-        raise InvalidMessage("body.model must be a string")
+        raise InvalidMessage("body.model must be a string", "model")
     return custom_id, url, body
 
 
@@ -186,7 +206,8 @@ def _check_constraint(job: JobRequest) -> None:
     try:
         precheck(spec)
     except GrammarError as exc:
-        raise InvalidMessage(f"{constraint_field(spec)} cannot be compiled: {exc}") from None
+        field = constraint_field(spec)
+        raise InvalidMessage(f"{field} cannot be compiled: {exc}", field) from None
 
 
 def read_batch(path: Path) -> Iterator[BatchLine | LineError]:

@@ -52,16 +52,28 @@ def text_offsets(entries: list[dict[str, Any]]) -> list[int]:
     return offsets
 
 
+def _message(choice: dict[str, Any]) -> dict[str, Any]:
+    """A choice as OpenAI's assistant message: with its tool calls, if it made any (its content is then
+    null unless it wrote text beside them)."""
+    calls = choice.get("tool_calls")
+    if not calls:
+        return {"role": "assistant", "content": choice["text"]}
+    return {"role": "assistant", "content": choice["text"] or None, "tool_calls": calls}
+
+
 def response_body(line: BatchLine, row: Row, model_name: str | None = None) -> dict[str, Any]:
     """The body OpenAI's endpoint would have returned for this request, every sample a choice; `model`
-    is the served model's name when known (as vLLM answers), else the name the request gave."""
+    is the adapter's name when one served it (the row's model is the one the request named), else the
+    served model's name when known (as vLLM answers), else the name the request gave."""
+    if line.model is not None and row.get("model") == line.model:
+        model_name = line.model
     stored = choices_of(row.get("output_text") or "", row.get("finish_reason"), row.get("choices"))
     if line.url == "/v1/chat/completions":
         kind = "chat.completion"
         choices = [
             {
                 "index": c["index"],
-                "message": {"role": "assistant", "content": c["text"]},
+                "message": _message(c),
                 "logprobs": c["logprobs"],
                 "finish_reason": c["finish_reason"],
             }

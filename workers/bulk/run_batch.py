@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu.engine import Engine, EngineRequest, RequestOutput
+from schemas.jobs import JobRequest
 from schemas.statuses import STATUS_OF_FINISH
 from schemas.topics import Topics
 from schemas.validation import InvalidMessage, Limits
 from workers.bulk.batch_format import BatchLine, LineError, job_id_for, to_job
 from workers.bulk.output import failed_line, invalid_line, success_line
 from workers.clock import utcnow
+from workers.serving.admission.models import ServedModel, ServedModels
 from workers.serving.intake.sampling import sampling_params
 from workers.serving.intake.validation import Intake
 from workers.serving.loop.choices import REQUEST_ENDS, Choices, LogprobFormatter
@@ -33,14 +35,22 @@ class _Running:
     job_id: str
     prompt_tokens: int
     choices: Choices = field(default_factory=Choices)
+    model: str | None = None  # what served it: the base's name or the adapter's
 
 
 class BatchRunner:
     def __init__(
-        self, engine: Engine, model_name: str, limits: Limits | None = None, window: int | None = None
+        self,
+        engine: Engine,
+        model_name: str,
+        limits: Limits | None = None,
+        window: int | None = None,
+        models: ServedModels | None = None,
     ) -> None:
         self.engine = engine
         self.model_name = model_name
+        # what a line's body.model may name: the base's names and the --lora-modules adapters
+        self.models = models or ServedModels((model_name,))
         max_len = engine.scheduler.config.max_model_len
         self.intake = Intake(
             Topics(),
@@ -92,6 +102,7 @@ class BatchRunner:
         job = to_job(item, bulk_id=self.run_id, tenant="default")
         job_id = job_id_for(self.run_id, item.custom_id)
         try:
+            served = self._model(job)
             _, ids, max_tokens = self.intake.prepare(job)
             grammar = self.intake.grammar(job)
         except InvalidMessage as exc:  # what only the model can tell (vocabulary, context): an invalid line,
@@ -99,21 +110,36 @@ class BatchRunner:
             return invalid_line(LineError(item.line_no, item.custom_id, f"line {item.line_no}: {exc}")), False
         sampling = sampling_params(job, max_tokens, self.engine)
         self.engine.add_request(
-            EngineRequest(job_id, ids, sampling, stop=tuple(job.stop), n=job.n, grammar=grammar)
+            EngineRequest(
+                job_id, ids, sampling, stop=tuple(job.stop), n=job.n, grammar=grammar, lora=served.lora
+            )
         )
-        running[job_id] = (
-            index,
-            _Running(item, job_id, len(ids), Choices(job.n, self.logprob_format if job.logprobs else None)),
-        )
+        dialect = self.intake.tool_dialect(job)
+        tools = (dialect, f"default/{job_id}") if dialect is not None else None
+        choices = Choices(job.n, self.logprob_format if job.logprobs else None, tools)
+        running[job_id] = (index, _Running(item, job_id, len(ids), choices, served.name))
         return None
+
+    def _model(self, job: JobRequest) -> ServedModel:
+        """The base or one of the --lora-modules adapters (this run reads no registry), or InvalidMessage."""
+        served = self.models.local(job)
+        if served is None:
+            names = ", ".join([*self.models.base_names, *self.models.own])
+            raise InvalidMessage(f"the model {job.model!r} does not exist: this run serves {names}")
+        return served
 
     def _on_output(self, out: RequestOutput, running: dict) -> tuple[int, Answer] | None:
         if out.request_id not in running:  # a sample's output after its request ended (aborted, expired)
             return None
         index, job = running[out.request_id]
-        job.choices.add(out.index, len(out.new_token_ids), out.text_delta, out.logprobs)
+        text = out.text_delta
+        if job.choices.parses_tools:
+            text = job.choices.parse(out.index, text).content
+        job.choices.add(out.index, len(out.new_token_ids), text, out.logprobs)
         if out.finish_reason is None:
             return None
+        if job.choices.parses_tools:
+            job.choices.add(out.index, 0, job.choices.parse_end(out.index).content)
         finish = job.choices.end(out.index, out.finish_reason.value)
         if finish is None:
             return None
@@ -137,6 +163,7 @@ class BatchRunner:
             "completion_tokens": job.choices.completion_tokens,
             "finished_at": utcnow(),
             "error": error,
+            "model": job.model,
         }
         if row["status"] == "succeeded":
             return index, (success_line(job.line, row, self.model_name), True)

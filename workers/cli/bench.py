@@ -12,7 +12,11 @@ import argparse
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     # light: argparse only; torch comes when the verb runs
-    from bench import e2e, engine, host_overhead, pipeline, resume
+    from bench import pipeline, resume
+    from bench.e2e import command as e2e
+    from bench.engine import command as engine
+    from bench.engine import lora
+    from bench.host_overhead import command as host_overhead
 
     bench = subparsers.add_parser("bench", help="run a benchmark and write its results as JSON")
     bench.set_defaults(func=lambda _args: _usage(bench))
@@ -23,6 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
          "priority", True),
         ("pipeline", pipeline, "one-token and short jobs through Kafka, one worker and PostgreSQL, real and "
          "instant engine, vs the engine alone; CPU by thread, database round trips per job", False),
+        ("lora", lora, "one workload on the base, over 4 LoRA adapters and over 16 adapters in 4 slots, "
+         "ranks 8 and 16: tok/s and ratios", False),
         ("host-overhead", host_overhead, "the engine's host time per decode step by phase, forward stubbed "
          "(runs on CPU)", False),
         ("resume", resume, "a long job whose worker is killed -9 half-way: resumed from its saved tokens vs "

@@ -1,8 +1,9 @@
 """The worker `bench.pipeline` measures: `python -m workers.cli.bench_worker ARGS` runs `inferq worker ARGS`.
 
 Two additions, both for the benchmark only:
-- INFERQ_BENCH_INSTANT=1: the model's forward is stubbed (bench.host_steps.StubForward: fixed logits, one
-  printable token, never EOS), so every job runs to its max_tokens and the worker's own cost is what is left;
+- INFERQ_BENCH_INSTANT=1: the model's forward is stubbed (bench.host_overhead.steps.StubForward: fixed
+  logits, one printable token, never EOS), so every job runs to its max_tokens and the worker's own cost
+  is what is left;
 - INFERQ_BENCH_STATS=PATH: every 0.25 s (and at exit) PATH gets the process's CPU seconds by thread name and
   its database traffic so far (workers.db.traffic: statements, round trips, transactions) and its engine's
   step count;
@@ -74,7 +75,7 @@ _ENGINE: list = []  # the worker's engine, once built (its step count goes into 
 
 def wrap_engine(instant: bool) -> None:
     """Wrap the worker's engine builder: keep the engine, and (instant) stub its forward."""
-    from bench.host_steps import StubForward
+    from bench.host_overhead.steps import StubForward
     from bench.pipeline import stub_forward
     from workers.cli import worker
 
@@ -104,7 +105,7 @@ def wrap_engine(instant: bool) -> None:
 def build_warm_engine_for_bench(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
     """In the engine's own process (so: module level): the worker's engine, its forward stubbed when the
     bench asks for the instant engine (the child inherits the environment)."""
-    from bench.host_steps import StubForward
+    from bench.host_overhead.steps import StubForward
     from bench.pipeline import stub_forward
     from workers.cli.engine_options import build_warm_engine
 

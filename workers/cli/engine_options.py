@@ -9,6 +9,7 @@ import re
 import time
 from pathlib import Path
 
+from workers.cli.lora_options import add_lora_options, load_lora_modules, lora_engine_options
 from workers.cli.options import HIDDEN
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         help="parse control tokens spelt in prompts and messages (e.g. <|im_start|>) as control tokens; "
         "by default they stay plain text, so users cannot forge chat roles",
     )
+    add_lora_options(parser)
 
 
 def input_limits(args: argparse.Namespace):
@@ -105,6 +107,13 @@ def input_limits(args: argparse.Namespace):
 
 def served_model_name(args: argparse.Namespace, settings) -> str:
     return args.served_model_name or settings.served_model_name or args.model
+
+
+def served_model_names(args: argparse.Namespace, settings) -> tuple[str, ...]:
+    """The names a job's `model` may give for the base (comma-separated, as INFERQ_SERVED_MODEL_NAME
+    is for the API); the first is the one rows, responses and metrics carry."""
+    names = tuple(n.strip() for n in served_model_name(args, settings).split(",") if n.strip())
+    return names or (args.model,)
 
 
 def convert_model(spec: str, cache_dir: Path | None, show_progress: bool) -> None:
@@ -130,6 +139,7 @@ def build_engine(args: argparse.Namespace, cache_dir: Path | None = None, show_p
         block_size=args.block_size,
         enable_prefix_caching=args.enable_prefix_caching,
         async_scheduling=getattr(args, "async_scheduling", False),
+        **lora_engine_options(args),
     )
     # Only when given, so the engine's own defaults (and their sizing rules) apply otherwise.
     if args.kv_cache_memory is not None:
@@ -142,6 +152,7 @@ def build_engine(args: argparse.Namespace, cache_dir: Path | None = None, show_p
         model=args.model, dtype=args.dtype, device=args.device, cache_dir=cache_dir, **options
     )
     log.info("model %s ready in %.1f s", args.model, time.perf_counter() - start)
+    load_lora_modules(engine, args)  # in the engine's own process: a bad adapter stops it from starting
     return engine
 
 

@@ -20,6 +20,7 @@ TABLE_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
         ("bucket_start", "bucket (UTC)"),
         ("tenant", "tenant"),
         ("priority", "class"),
+        ("model", "model"),
         ("jobs", "jobs"),
         ("succeeded", "ok"),
         ("failed", "failed"),
@@ -76,12 +77,15 @@ DESCRIPTION = (
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "history",
-        help="job history: per tenant/class/bucket, per worker, per bulk job",
+        help="job history: per tenant/class/model/bucket, per worker, per bulk job",
         description=DESCRIPTION,
     )
     p.add_argument("--since", default="24h", help="start: 24h, 7d, 90m (ago) or an ISO time (default: 24h)")
     p.add_argument("--until", default=None, help="end: same forms as --since (default: now)")
     p.add_argument("--tenant", default=None, help="only this tenant (jobs and bulk reports)")
+    p.add_argument(
+        "--model", default=None, help="only this model, the base's name or an adapter's (jobs report)"
+    )
     p.add_argument("--by", choices=("hour", "day"), default="hour", help="bucket size (default: hour)")
     p.add_argument("--report", choices=(*REPORTS, "all"), default="all",
                    help="which summary (default: all; --csv needs one)")  # fmt: skip
@@ -168,7 +172,7 @@ def _history(args: argparse.Namespace) -> int:
     try:
         with engine.connect() as conn:
             queries = {
-                "jobs": lambda: history.job_stats(conn, window, args.tenant),
+                "jobs": lambda: history.job_stats(conn, window, args.tenant, args.model),
                 "workers": lambda: history.worker_stats(conn, window),
                 "bulk": lambda: history.bulk_progress(conn, since=since, tenant=args.tenant),
             }

@@ -25,6 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--file", type=Path, help="JSONL file, one JobRequest per line")
     p.add_argument("--priority", default="normal", choices=PRIORITY_CLASSES, help="(default: normal)")
     p.add_argument("--tenant", default=None, help="(default: the job's, else default)")
+    p.add_argument(
+        "--model", default=None, help="the base model or a LoRA adapter (default: the job's, else the base)"
+    )
     p.add_argument("--job-id", default=None, help="idempotency key (default: a new UUID)")
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--temperature", type=float, default=None)
@@ -72,6 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     j.add_argument("--priority", default=None, choices=PRIORITY_CLASSES)
     j.add_argument("--tenant", default=None)
     j.add_argument("--bulk-id", default=None)
+    j.add_argument("--model", default=None, help="only jobs of this model (the base's name or an adapter's)")
     j.add_argument("--limit", type=int, default=20, help="(default: 20)")
     j.add_argument("--json", action="store_true", help="one JSON object per line")
     j.set_defaults(func=list_jobs)
@@ -145,6 +149,7 @@ def _jobs_from_args(args: argparse.Namespace) -> list:
         for k, v in {
             **_generation_fields(args),
             "tenant": args.tenant,
+            "model": args.model,
             "max_tokens": args.max_tokens,
             "temperature": args.temperature,
             "top_p": args.top_p,
@@ -286,9 +291,10 @@ def list_jobs(args: argparse.Namespace) -> int:
         "priority": args.priority,
         "tenant": args.tenant,
         "bulk_id": args.bulk_id,
+        "model": args.model,
     }
     with make_engine(Settings.from_env().database_url).connect() as conn:
-        rows = recent(conn, args.limit, ("created_at", "output_text", "error"), **filters)
+        rows = recent(conn, args.limit, ("model", "created_at", "output_text", "error"), **filters)
     if args.json:
         for r in rows:
             print(json.dumps(r, default=str))

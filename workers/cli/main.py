@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "workers.cli.tenants",  # tenant add
     "workers.cli.api",  # api
     "workers.cli.api_keys",  # api-key create|list|revoke
+    "workers.cli.adapters",  # adapter add|list|remove
 )
 
 

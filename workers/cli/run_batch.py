@@ -49,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     from workers.bulk.batch_format import read_batch, summarize
     from workers.bulk.run_batch import BatchRunner, Tally
     from workers.cli import progress_bars as progress
-    from workers.cli.engine_options import build_engine, input_limits, served_model_name
+    from workers.cli.engine_options import build_engine, input_limits, served_model_names
+    from workers.cli.lora_options import served_models
     from workers.settings import Settings
 
     logs.configure(args.log_level, args.log_format, f"run-batch-{os.getpid()}")
@@ -58,8 +59,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     settings = Settings.from_env()
     show = args.log_format == "text" and progress.wanted()
-    engine = build_engine(args, settings.cache_dir, show)
-    runner = BatchRunner(engine, served_model_name(args, settings), input_limits(args))
+    base_names = served_model_names(args, settings)
+    try:
+        models = served_models(args, base_names)
+        engine = build_engine(args, settings.cache_dir, show)
+    except ValueError as exc:  # a bad --lora-modules adapter (gpu.lora.LoraError is a ValueError)
+        print(f"inferq run-batch: {exc}", file=sys.stderr)
+        return 2
+    runner = BatchRunner(engine, base_names[0], input_limits(args), models=models)
     total = summarize(args.input_file, keep_errors=0).total
     tally = Tally()
     start = time.perf_counter()

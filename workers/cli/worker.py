@@ -16,9 +16,10 @@ from workers.cli.engine_options import (
     build_engine,
     build_warm_engine,
     input_limits,
-    served_model_name,
+    served_model_names,
     warm_up,
 )
+from workers.cli.lora_options import served_models
 from workers.cli.options import add_log_options
 
 log = logging.getLogger(__name__)
@@ -117,16 +118,13 @@ def run(args: argparse.Namespace) -> int:
         settings = dataclasses.replace(settings, tenant_topics=args.tenant_topics)
     sys.setswitchinterval(settings.switch_interval_s)
     show_progress = args.log_format == "text" and progress.wanted()
-    if args.engine_process:
-        from functools import partial
-
-        from gpu.engine_process import EngineProcess
-
-        build = partial(build_warm_engine, args, settings.cache_dir, settings.failpoint, worker_id)
-        engine = EngineProcess(build)
-    else:
-        engine = build_engine(args, settings.cache_dir, show_progress)
-        warm_up(engine)
+    base_names = served_model_names(args, settings)
+    try:  # the models jobs may name; a bad --lora-modules adapter stops the worker before it joins the group
+        models = served_models(args, base_names)
+        engine = _start_engine(args, settings, worker_id, show_progress)
+    except (ValueError, EngineStartFailed) as exc:  # gpu.lora.LoraError is a ValueError
+        print(f"inferq worker: {exc}", file=sys.stderr)
+        return 2
     # the model, tokenizer and start-up objects live as long as the process: out of the collector's
     # generations, so a full collection no longer walks them (a pause of ~0.3 s every few thousand steps)
     gc.collect()
@@ -135,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     # default (a young collection every 700 allocations) the collector took 6-8% of a loaded worker's
     # wall time, all of it holding the GIL; every 20,000: 2-3%, and 12% less CPU per one-token job.
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
-    metrics = WorkerMetrics(served_model_name(args, settings))
+    metrics = WorkerMetrics(base_names[0], args.max_loras)
     metrics_port = args.metrics_port if args.metrics_port is not None else settings.metrics_port
     if metrics_port:
         metrics.serve(metrics_port)
@@ -147,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
         drain_timeout_s=max(0.0, args.drain_timeout),
         save_interval_s=max(0.0, args.save_interval_ms) / 1000,
         limits=input_limits(args),
+        models=models,
     )
     worker = Worker(settings, engine, options, metrics)
 
@@ -165,3 +164,24 @@ def run(args: argparse.Namespace) -> int:
         log.critical("exiting with code 3: %s", worker.gave_up)
         return 3  # the orchestrator restarts or replaces the worker; its jobs are redone by the others
     return 0
+
+
+class EngineStartFailed(RuntimeError):
+    """The engine's process could not build its engine (the model, a --lora-modules adapter): why."""
+
+
+def _start_engine(args: argparse.Namespace, settings, worker_id: str, show_progress: bool):
+    """The engine, warmed up: in a process of its own (--engine-process) or in this one."""
+    if not args.engine_process:
+        engine = build_engine(args, settings.cache_dir, show_progress)
+        warm_up(engine)
+        return engine
+    from functools import partial
+
+    from gpu.engine_process import EngineProcess
+
+    build = partial(build_warm_engine, args, settings.cache_dir, settings.failpoint, worker_id)
+    try:
+        return EngineProcess(build)
+    except RuntimeError as exc:  # what the child raised while building, as text
+        raise EngineStartFailed(str(exc)) from exc

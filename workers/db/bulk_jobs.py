@@ -102,7 +102,7 @@ def rows_for(conn: Connection, tenant: str, job_ids: list[str]) -> dict[str, Row
     query = select(
         jobs.c.job_id, jobs.c.status, jobs.c.output_text, jobs.c.choices, jobs.c.finish_reason,
         jobs.c.prompt_tokens, jobs.c.completion_tokens, jobs.c.error, jobs.c.created_at, jobs.c.finished_at,
-        jobs.c.attempts,
+        jobs.c.attempts, jobs.c.model,
     ).where(jobs.c.job_id.in_(job_ids), jobs.c.tenant == tenant)  # fmt: skip
     return {r["job_id"]: dict(r) for r in conn.execute(query).mappings()}
 

@@ -65,12 +65,17 @@ def _report(conn: Connection, name: str, sql: str, params: dict[str, Any]) -> Re
     return Report(name, tuple(result.keys()), tuple(tuple(r) for r in result))
 
 
-def job_stats(conn: Connection, window: Window, tenant: str | None = None) -> Report:
-    """Per bucket × tenant × class: counts by status, tokens, TTFT/ITL/e2e/queue p50/p95/p99."""
-    where = "WHERE tenant = :tenant" if tenant else ""
-    sql = f"SELECT * FROM job_stats(:bucket, :since, :until) {where} ORDER BY bucket_start, tenant, priority"
-    params = {"bucket": window.bucket, "since": window.since, "until": window.until, "tenant": tenant}
-    return _report(conn, "jobs", sql, params)
+def job_stats(
+    conn: Connection, window: Window, tenant: str | None = None, model: str | None = None
+) -> Report:
+    """Per bucket × tenant × class × model (the base's name or an adapter's): counts by status, tokens,
+    TTFT/ITL/e2e/queue p50/p95/p99."""
+    clauses = [f"{column} = :{column}" for column, value in (("tenant", tenant), ("model", model)) if value]
+    where = "WHERE " + " AND ".join(clauses) if clauses else ""
+    order = "ORDER BY bucket_start, tenant, priority, model"
+    sql = f"SELECT * FROM job_stats(:bucket, :since, :until) {where} {order}"
+    params = {"bucket": window.bucket, "since": window.since, "until": window.until}
+    return _report(conn, "jobs", sql, {**params, "tenant": tenant, "model": model})
 
 
 def worker_stats(conn: Connection, window: Window) -> Report:

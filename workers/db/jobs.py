@@ -53,6 +53,7 @@ class Admission:
     worker_id: str
     source: Coordinates
     generation: int = 0  # the consumer-group generation the record was fetched in (0: not known)
+    model: str | None = None  # the model that serves it: the base's name or the adapter's
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def admit(conn: Connection, rows: Sequence[Admission]) -> dict[JobKey, Admitted]
 
 _QUEUED_COLUMNS = (
     "job_id", "tenant", "priority", "prompt", "params", "bulk_id", "created_at", "queued_at", "worker_id",
-    "source_topic", "source_partition", "source_offset", "admitted_generation",
+    "source_topic", "source_partition", "source_offset", "admitted_generation", "model",
 )  # fmt: skip
 _QUEUED_FIELDS = tuple((name, array_type(jobs.c[name])) for name in _QUEUED_COLUMNS)
 _TERMINAL_SQL = ", ".join(f"'{s}'" for s in TERMINAL_STATUSES)
@@ -136,7 +137,7 @@ SELECT v.*, 'queued', 1 FROM {unnest(_QUEUED_FIELDS)}
 ON CONFLICT (job_id, tenant) DO UPDATE SET status = 'queued', attempts = jobs.attempts + 1,
   worker_id = excluded.worker_id, queued_at = excluded.queued_at, source_topic = excluded.source_topic,
   source_partition = excluded.source_partition, source_offset = excluded.source_offset,
-  updated_at = excluded.queued_at, admitted_generation = excluded.admitted_generation,
+  updated_at = excluded.queued_at, admitted_generation = excluded.admitted_generation, model = excluded.model,
   params = CASE WHEN jobs.params ->> 'seed' IS NULL AND excluded.params ->> 'seed' IS NOT NULL
     THEN jsonb_set(coalesce(jobs.params, '{{}}'), '{{seed}}', excluded.params -> 'seed') ELSE jobs.params END
 WHERE jobs.status NOT IN ({_TERMINAL_SQL}) AND jobs.cancel_requested_at IS NULL
@@ -157,7 +158,7 @@ def _queued_row(r: Admission) -> tuple:
     """An admission's values in _QUEUED_COLUMNS order."""
     return (
         r.job_id, r.tenant, r.priority, r.prompt, r.params, r.bulk_id, r.created_at, r.queued_at, r.worker_id,
-        r.source[0], r.source[1], r.source[2], r.generation,
+        r.source[0], r.source[1], r.source[2], r.generation, r.model,
     )  # fmt: skip
 
 
@@ -290,6 +291,30 @@ def insert_terminal(
         .returning(*jobs.c)
     )
     return conn.execute(stmt).first()
+
+
+def reject_admitted(
+    conn: Connection, tenant: str, job_id: str, source: Coordinates, values: dict[str, Any]
+) -> Row | None:
+    """End as `rejected` the live row that this very record (`source`) admitted before, when the record's
+    verdict has changed since (its adapter was removed, and a redelivery of it is refused): that row is
+    this job's, and nobody would end it otherwise. None when there is no such row. `values`: a rejected
+    row's; the admitted row keeps what it says of the job's arrival (prompt, created_at, class)."""
+    ending = {k: v for k, v in values.items() if k not in _ARRIVAL}
+    topic, partition, offset = source
+    stmt = (
+        jobs.update()
+        .where(_live(tenant, job_id, None), jobs.c.source_topic == topic)
+        .where(jobs.c.source_partition == partition, jobs.c.source_offset == offset)
+        .values(**ending, status="rejected")
+        .returning(*jobs.c)
+    )
+    return conn.execute(stmt).first()
+
+
+_ARRIVAL = frozenset(
+    ("prompt", "created_at", "priority", "source_topic", "source_partition", "source_offset")
+)
 
 
 def request_cancel(

@@ -31,7 +31,7 @@ from schemas.tables import TERMINAL_STATUSES, jobs
 from workers.db.sets import KEYS, KEYS_MATCH, key_arrays
 
 # Engine finish reasons that are not in the contract's FinishReasonName map to these.
-_FINISH_REASONS = {"stop", "length", "abort", "expired", "rejected", "error"}
+_FINISH_REASONS = {"stop", "length", "tool_calls", "abort", "expired", "rejected", "error"}
 
 # Starts the `error` of a row whose full result the results topic refused for its size.
 COMPACT_NOTE = "result too large for the results topic"

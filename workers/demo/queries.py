@@ -26,11 +26,11 @@ GROUP BY priority
 ORDER BY array_position(ARRAY['high', 'normal', 'low'], priority::text)""",
     ),
     (
-        "The hourly history function (migration 0002): this day's buckets by tenant and class",
-        """SELECT bucket_start, tenant, priority, jobs, succeeded, completion_tokens,
+        "The hourly history function (migration 0002): this day's buckets by tenant, class and model",
+        """SELECT bucket_start, tenant, priority, model, jobs, succeeded, completion_tokens,
        round(ttft_p99_ms::numeric) AS ttft_p99_ms
 FROM job_stats('hour', now() - interval '1 day', now())
-ORDER BY bucket_start DESC, tenant, priority
+ORDER BY bucket_start DESC, tenant, priority, model
 LIMIT 10""",
     ),
 )

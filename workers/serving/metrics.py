@@ -1,9 +1,13 @@
 """Prometheus metrics of one worker, named and labelled after vLLM's (`vllm:` → `inferq:`) where they mean
 the same: engine and request metrics carry `model_name`, the success counter `finished_reason`, so
-dashboards and alerts written for vLLM read them with the prefix changed."""
+dashboards and alerts written for vLLM read them with the prefix changed. LoRA adapters: vLLM's
+`lora_requests_info` gauge (the adapters of running and waiting jobs), and the success counter's
+`lora_name` (the adapter's, "" for the base), the name vLLM's LoRARequest gives it."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -19,8 +23,9 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0
 
 
 class WorkerMetrics:
-    def __init__(self, model_name: str = "unknown") -> None:
+    def __init__(self, model_name: str = "unknown", max_loras: int = 4) -> None:
         self.model_name = model_name
+        self.max_loras = max_loras
         self.registry = CollectorRegistry()
         r = self.registry
         by_class = ["model_name", "priority"]
@@ -64,7 +69,14 @@ class WorkerMetrics:
         self.finished = Counter(
             "inferq:request_success",
             "Jobs ended, by finish reason (stop, length, abort, expired, rejected, error) and job status.",
-            ["model_name", "finished_reason", "status"],
+            ["model_name", "finished_reason", "status", "lora_name"],
+            registry=r,
+        )
+        self.lora_info = Gauge(
+            "inferq:lora_requests_info",
+            "Adapters of the jobs running and waiting here (comma-separated), as vLLM's; the value is when "
+            "that was seen (unix seconds).",
+            ["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
             registry=r,
         )
         self.rejected = Counter(
@@ -156,6 +168,7 @@ class WorkerMetrics:
         self._prefix_hits_seen = 0
         self._lag_labels: set[tuple[str, str]] = set()
         self._loop_seen: dict[str, float] = {}
+        self._lora_labels: tuple[str, str, str] | None = None
 
     def serve(self, port: int) -> None:
         """/metrics and /health on this port (all interfaces), from a thread of their own."""
@@ -206,11 +219,13 @@ class WorkerMetrics:
         self._child(self.attempts, self.model_name, "restarted", reason).inc()
         self._child(self.recomputed_tokens, self.model_name).inc(saved_tokens)
 
-    def observe_finished(self, status: str, finish_reason: str) -> None:
-        self._child(self.finished, self.model_name, finish_reason, status).inc()
+    def observe_finished(self, status: str, finish_reason: str, lora_name: str = "") -> None:
+        self._child(self.finished, self.model_name, finish_reason, status, lora_name).inc()
 
-    def observe_job(self, status: str, finish_reason: str, priority: str, timings: Timings) -> None:
-        self.observe_finished(status, finish_reason)
+    def observe_job(
+        self, status: str, finish_reason: str, priority: str, timings: Timings, lora_name: str = ""
+    ) -> None:
+        self.observe_finished(status, finish_reason, lora_name)
         for hist, value in (
             (self.ttft, timings.ttft_ms),
             (self.e2e, timings.e2e_ms),
@@ -218,6 +233,16 @@ class WorkerMetrics:
         ):
             if value is not None:
                 self._child(hist, self.model_name, priority).observe(value / 1000)
+
+    def observe_loras(self, running: Iterable[str], waiting: Iterable[str]) -> None:
+        """The adapters of the jobs running and waiting here: one series, its labels replaced as they
+        change (vLLM adds one per combination and keeps them all; a scrape then has to find the newest)."""
+        labels = (str(self.max_loras), ",".join(sorted(set(running))), ",".join(sorted(set(waiting))))
+        if labels != self._lora_labels:
+            if self._lora_labels is not None:
+                self.lora_info.remove(*self._lora_labels)
+            self._lora_labels = labels
+        self.lora_info.labels(*labels).set(time.time())
 
     def observe_intake(
         self, lag: dict[tuple[str, int], int], depth: int, oldest_age_s: float, unpublished: int

@@ -21,6 +21,7 @@ from workers.db import Engine
 from workers.db.jobs import Admission, Admitted, admit
 from workers.db.progress import saved_progress
 from workers.kafka_io import Partition
+from workers.serving.admission.models import ServedModels
 from workers.serving.errors import Backoff, describe_error, is_transient
 from workers.serving.intake.rejected import Rejected
 from workers.serving.intake.validation import Accepted, rejection
@@ -35,9 +36,10 @@ class Decision:
 
 
 class Admitter:
-    def __init__(self, db: Engine, worker_id: str) -> None:
+    def __init__(self, db: Engine, worker_id: str, models: ServedModels | None = None) -> None:
         self._db = db
         self._worker_id = worker_id
+        self._models = models or ServedModels()  # what a job's `model` may name (the base, adapters)
         self._pending: list[Accepted] = []
         self._backoff = Backoff(base_s=0.2, cap_s=10.0)
         self._retry_at = 0.0
@@ -71,19 +73,24 @@ class Admitter:
         batch, self._pending = _first_of_each_id([a for a in self._pending if not is_held(a)])
         if not batch:
             return held, []
+        try:  # each job's model, before its row: a model refused to it gets a `rejected` row instead
+            batch, refused = self._models.resolve(self._db, batch)
+        except Exception as exc:  # noqa: BLE001 - only a transient failure leaves resolve()
+            self._later(batch, exc)
+            return held, []
         try:
-            decisions, rejected = self._admit(batch), []
+            decisions, rejected = (self._admit(batch) if batch else []), []
         except Exception as exc:  # noqa: BLE001
             if is_transient(exc):
                 self._later(batch, exc)
-                return held, []
+                return held, refused
             log.warning(
                 "admitting %d jobs failed (%s); admitting them one by one", len(batch), describe_error(exc)
             )
             decisions, rejected = self._one_by_one(batch)
         if time.monotonic() >= self._retry_at:  # no transient failure part way
             self._backoff.reset()
-        return held + decisions, rejected
+        return held + decisions, refused + rejected
 
     def _admit(self, batch: list[Accepted]) -> list[Decision]:
         now = utcnow()
@@ -137,6 +144,7 @@ class Admitter:
             worker_id=self._worker_id,
             source=a.record.coordinates,
             generation=a.record.generation,
+            model=a.model or self._models.base.name,  # an adapter's name, or the base's
         )
 
     def _params(self, a: Accepted) -> dict:

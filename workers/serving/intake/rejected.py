@@ -8,7 +8,7 @@ from typing import Any
 
 from schemas.jobs import JobResult
 from workers.db import Connection
-from workers.db.jobs import insert_terminal
+from workers.db.jobs import insert_terminal, reject_admitted
 from workers.kafka_io import Record
 from workers.serving.outbox.writes import DeadLettered, Source, Stored, WriteContext, outbox_row, storable
 
@@ -25,6 +25,7 @@ class Rejected(DeadLettered):
     reason: str  # a short category for metrics: invalid, too_long, wrong_tenant, unstorable, ...
     store_row: bool = True  # False when there is no job row to write (a control message)
     announce: bool = True  # publish a `rejected` result (False for control messages: no job to report)
+    model: str | None = None  # the model the job named, when it was read
 
     @property
     def sources(self) -> tuple[Source, ...]:
@@ -33,8 +34,13 @@ class Rejected(DeadLettered):
     def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
         if not self.store_row:
             return Stored(direct=[self.result()] if self.announce else [])
-        # an id that already has a row keeps it: that row speaks for the id
-        return outbox_row(insert_terminal(conn, self.tenant, self.job_id, "rejected", self._values(ctx)))
+        # an id that already has a row keeps it: that row speaks for the id, unless this very record
+        # was admitted before (a verdict that changed: an adapter removed since): its live row ends here
+        values = self._values(ctx)
+        row = insert_terminal(conn, self.tenant, self.job_id, "rejected", values)
+        if row is None:
+            row = reject_admitted(conn, self.tenant, self.job_id, self.record.coordinates, values)
+        return outbox_row(row)
 
     def fallback(self, conn: Connection, ctx: WriteContext, error: str) -> Stored:
         values = {
@@ -59,6 +65,7 @@ class Rejected(DeadLettered):
             "source_partition": rec.partition,
             "source_offset": rec.offset,
             "worker_id": ctx.worker_id,
+            "model": self.model,
         }
 
     def result(self) -> JobResult:

@@ -9,6 +9,7 @@ from typing import Any
 from gpu.engine_types import GrammarSpec
 from scheduler.types import SamplingParams
 from schemas.jobs import JobRequest
+from schemas.tool_calls import DEFAULT_DIALECT, ToolDialect
 
 # When neither the job nor the model says: greedy decoding, no top-p/top-k filtering, no repetition penalty.
 HOUSE_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0}
@@ -34,8 +35,20 @@ def sampling_params(job: JobRequest, max_tokens: int, engine: Any) -> SamplingPa
     )
 
 
-def grammar_spec(job: JobRequest) -> GrammarSpec | None:
-    """The job's output constraint (validation allows at most one), or None for free text."""
+def grammar_spec(job: JobRequest, dialect: ToolDialect = DEFAULT_DIALECT) -> GrammarSpec | None:
+    """The job's output constraint (validation allows at most one), or None for free text. Tool calls
+    that must be made (tool_choice `required` or a named function) are one, written in `dialect`: the
+    named function alone, else any of the tools; more than one only with parallel_tool_calls (and never
+    in a dialect of one call a turn)."""
+    if job.tool_mode in ("required", "named"):
+        named = job.named_tool
+        tools = [t.function for t in job.tools or () if named is None or t.function.name == named]
+        source = {
+            "dialect": dialect.name,
+            "tools": [{"name": f.name, "parameters": f.arguments_schema} for f in tools],
+            "parallel": named is None and job.parallel_tool_calls and dialect.separator is not None,
+        }
+        return GrammarSpec("tool_calls", json.dumps(source, separators=(",", ":")))
     fmt = job.response_format
     if fmt is not None and fmt.type == "json_schema":
         return GrammarSpec("json_schema", json.dumps(fmt.json_schema.json_schema, separators=(",", ":")))
@@ -50,4 +63,6 @@ def grammar_spec(job: JobRequest) -> GrammarSpec | None:
 
 def constraint_field(spec: GrammarSpec) -> str:
     """The job field a constraint came from, as reasons name it."""
+    if spec.kind == "tool_calls":
+        return "tools"  # the functions' parameters
     return "response_format" if spec.kind.startswith("json") else f"guided_{spec.kind}"

@@ -15,13 +15,15 @@ from typing import Any
 
 from gpu.engine import Engine
 from gpu.engine_process import EngineProcess
-from gpu.engine_types import GrammarSpec
+from gpu.engine_types import GrammarSpec, LoraRequest
 from gpu.tokenizer import Tokenizer
 from schemas.job_key import JobKey, RequestId
 from schemas.jobs import JobRequest
+from schemas.tool_calls import DEFAULT_DIALECT, ToolDialect
 from schemas.topics import Topics
 from schemas.validation import InvalidMessage, Limits, parse_job, peek_job_id, peek_tenant
 from workers.kafka_io import Record
+from workers.serving.intake.chat_prompt import chat_turns, prompt_text
 from workers.serving.intake.rejected import Rejected
 from workers.serving.intake.sampling import constraint_field, grammar_spec
 
@@ -49,6 +51,11 @@ class Accepted:
     prompt_token_ids: tuple[int, ...]
     max_tokens: int  # the request's, clamped to what the context has room for
     grammar: Any = None  # the job's output constraint, compiled here (None: free text)
+    tool_dialect: ToolDialect | None = None  # how its output's tool calls are written (None: no tools)
+    # the adapter it runs on, as admission resolved it (admission/models.py): its name and where it is;
+    # None: the base
+    model: str | None = None
+    lora: LoraRequest | None = None
 
     @property
     def tenant(self) -> str:
@@ -157,13 +164,21 @@ class Intake:
             return rejection(record, priority, str(exc), "too_long", job_id, job.tenant)
         except InvalidGrammar as exc:
             return rejection(record, priority, str(exc), "invalid_grammar", job_id, job.tenant)
-        return Accepted(record, job_id, priority, job, prompt_text, ids, max_tokens, grammar)
+        dialect = self.tool_dialect(job)
+        return Accepted(record, job_id, priority, job, prompt_text, ids, max_tokens, grammar, dialect)
+
+    def tool_dialect(self, job: JobRequest) -> ToolDialect | None:
+        """How the job's output writes tool calls (its template's dialect, else inferq's default format);
+        None for a job whose output calls nothing (no tools, or tool_choice none)."""
+        if job.tool_mode == "none":
+            return None
+        return self.tokenizer.tool_dialect or DEFAULT_DIALECT
 
     def grammar(self, job: JobRequest) -> Any:
         """The job's output constraint compiled (the engine caches it by its source), or None; raises
         InvalidGrammar with the grammar engine's reason. Runs here, off the engine thread: compiling a
         schema can take far longer than a step."""
-        spec = grammar_spec(job)
+        spec = grammar_spec(job, self.tool_dialect(job) or DEFAULT_DIALECT)
         if spec is None:
             return None
         field = constraint_field(spec)
@@ -202,10 +217,9 @@ class Intake:
             if not job.prompt:
                 raise InvalidMessage("prompt is empty")
             return job.prompt, self.tokenizer.encode(job.prompt, self.limits.special_tokens_in_text)
-        messages = [m.model_dump() for m in job.messages or ()]
-        text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+        turns, tools = chat_turns(job, self.tokenizer.tool_dialect)
         try:
-            ids = self.tokenizer.apply_chat_template(messages, self.limits.special_tokens_in_text)
+            ids = self.tokenizer.apply_chat_template(turns, self.limits.special_tokens_in_text, tools)
         except ValueError as exc:  # e.g. a model without a chat template, or roles it does not accept
             raise InvalidMessage(f"messages cannot be rendered for this model: {exc}") from None
-        return text, ids
+        return prompt_text(job), ids

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu.engine_types import TokenLogprob
+from schemas.tool_calls import Parsed, ToolCallParser, ToolDialect, call_id
 
 # Finish reasons that end the whole request, whatever its other samples were doing.
 REQUEST_ENDS = frozenset({"abort", "expired", "rejected", "error"})
@@ -75,15 +76,45 @@ class Sample:
     finish_reason: str | None = None
     logprobs: list[Kept] | None = None  # one per token, when asked
     last_token_mono: float | None = None
+    tools: ToolCallParser | None = None  # takes its tool calls out of its text (a job with tools)
 
 
 class Choices:
     """The samples of one job; the job is over when every sample has ended, or one ended the request.
-    `logprobs`: the formatter of the job's log probabilities, None when it asked for none."""
+    `logprobs`: the formatter of the job's log probabilities, None when it asked for none. `tools`: the
+    dialect the job's tool calls are written in and the seed of their ids (its tenant and job id), for a
+    job with tools: each sample's text is then parsed (`parse`), its text is what is not a call, and a
+    sample that stops having made calls ends `tool_calls`."""
 
-    def __init__(self, n: int = 1, logprobs: LogprobFormatter | None = None) -> None:
+    def __init__(
+        self,
+        n: int = 1,
+        logprobs: LogprobFormatter | None = None,
+        tools: tuple[ToolDialect, str] | None = None,
+    ) -> None:
         self.samples = [Sample(i, logprobs=[] if logprobs else None) for i in range(n)]
         self.logprob_format = logprobs
+        if tools is not None:
+            dialect, seed = tools
+            for s in self.samples:
+                s.tools = ToolCallParser(dialect, lambda position, i=s.index: call_id(seed, i, position))
+
+    @property
+    def parses_tools(self) -> bool:
+        return self.samples[0].tools is not None
+
+    def parse(self, index: int, text: str) -> Parsed:
+        """A new piece of sample `index`'s text (a job with tools): its content and pieces of calls; what
+        may be the start of a call is held back until it is known."""
+        parser = self.samples[index].tools
+        assert parser is not None
+        return parser.feed(text)
+
+    def parse_end(self, index: int) -> Parsed:
+        """What sample `index` held back, decided at its end (before `end`)."""
+        parser = self.samples[index].tools
+        assert parser is not None
+        return parser.finish()
 
     @property
     def with_logprobs(self) -> bool:
@@ -100,9 +131,13 @@ class Choices:
     def end(self, index: int, reason: str) -> str | None:
         """Record how sample `index` ended; the job's finish reason once the job is over, else None.
 
-        That is the first reason that ends the request (abort, expired, ...), else sample 0's.
+        That is the first reason that ends the request (abort, expired, ...), else sample 0's. A sample
+        that stopped having made tool calls ends `tool_calls`, as OpenAI's do.
         """
-        self.samples[index].finish_reason = reason
+        sample = self.samples[index]
+        if reason == "stop" and sample.tools is not None and sample.tools.calls:
+            reason = "tool_calls"
+        sample.finish_reason = reason
         if reason in REQUEST_ENDS:
             return reason
         if all(s.finish_reason is not None for s in self.samples):
@@ -123,8 +158,9 @@ class Choices:
 
     @property
     def worth_storing(self) -> bool:
-        """Whether the row needs its `choices` column: one sample without logprobs is its output_text."""
-        return len(self.samples) > 1 or self.with_logprobs
+        """Whether the row needs its `choices` column: one sample without logprobs or tools is its
+        output_text."""
+        return len(self.samples) > 1 or self.with_logprobs or self.parses_tools
 
     def as_json(self, job_finish: str) -> list[dict[str, Any]]:
         """`choices` of the row and the result; a sample cut short by the job's end carries its reason."""
@@ -139,6 +175,7 @@ class Choices:
                     if fmt is not None and s.logprobs is not None
                     else None
                 ),
+                **({"tool_calls": s.tools.calls or None} if s.tools is not None else {}),
             }
             for s in self.samples
         ]

@@ -11,6 +11,7 @@ from gpu.engine_types import EngineRequest, TokenLogprob
 from schemas.job_key import JobKey
 from schemas.jobs import JobRequest, Timings, Usage
 from schemas.statuses import STATUS_OF_FINISH
+from schemas.tool_calls import ToolDialect
 from workers.clock import utcnow
 from workers.db.jobs import Terminal
 from workers.kafka_io import Coordinates
@@ -34,6 +35,8 @@ class InFlightJob:
     first_token_mono: float | None = None
     last_token_mono: float | None = None
     logprob_format: LogprobFormatter | None = None  # turns the job's logprobs into OpenAI's, if it asked
+    tool_dialect: ToolDialect | None = None  # how its output writes tool calls (None: it has no tools)
+    lora_name: str = ""  # the adapter it runs with ("": the base), as metrics label it
     choices: Choices = field(init=False)
     progress: JobProgress = field(init=False)  # its tokens since they were last saved
     resumed: dict[int, int] = field(default_factory=dict)  # by sample: tokens this attempt continued from
@@ -44,7 +47,10 @@ class InFlightJob:
         return JobKey(self.request.tenant, self.job_id)
 
     def __post_init__(self) -> None:
-        self.choices = Choices(self.request.n, self.logprob_format if self.request.logprobs else None)
+        tools = None
+        if self.tool_dialect is not None:  # call ids: the same for the job whoever runs it
+            tools = (self.tool_dialect, f"{self.request.tenant}/{self.job_id}")
+        self.choices = Choices(self.request.n, self.logprob_format if self.request.logprobs else None, tools)
         self.progress = JobProgress(self.request.n)
 
     def on_tokens(

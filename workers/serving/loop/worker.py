@@ -6,7 +6,7 @@ import logging
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from gpu.engine import Engine, EngineStats, RequestOutput
@@ -20,6 +20,7 @@ from workers.clock import utcnow
 from workers.db.connect import make_engine
 from workers.kafka_io import BroadcastReader, Delivery, GroupConsumer, KeyLookup, Producer
 from workers.naming import worker_client_id, worker_group
+from workers.serving.admission.models import ServedModels
 from workers.serving.errors import describe_error, until_available
 from workers.serving.failpoints import step_fault
 from workers.serving.intake.dead_letter import dead_letter_message
@@ -67,6 +68,8 @@ class WorkerOptions:
     # small machine: the loop waited 0.11 ms a job for a core), the loop gets one first; 0: the same
     relay_nice: int = 10
     limits: Limits = Limits()
+    # what a job's `model` may name: the base's names and the worker's own adapters (and the registry's)
+    models: ServedModels = field(default_factory=ServedModels)
 
 
 class Worker:
@@ -142,6 +145,7 @@ class Worker:
             write=self.persister.submit,
             send_event=self.send_token_event,
             save_interval_s=options.save_interval_s,
+            models=options.models,
         )
         self.guard = StepGuard()
         self.gave_up: str | None = None  # why the worker stopped because its steps kept failing
@@ -390,6 +394,9 @@ class Worker:
         self.metrics.observe_intake(self.intake_thread.lag, p.depth, p.oldest_age_s, p.unpublished)
         self.metrics.observe_membership(self.intake_thread.membership)
         self.metrics.observe_loop(self.clock.seconds, thread_seconds())
+        jobs = [j for j in self.lifecycle.jobs.values() if j.lora_name]
+        running = [j.lora_name for j in jobs if j.started_at is not None]
+        self.metrics.observe_loras(running, [j.lora_name for j in jobs if j.started_at is None])
 
     def _shutdown(self) -> None:
         """Hand over and leave, within the drain timeout: every job running here stops without a terminal

@@ -28,6 +28,7 @@ class _Delta:
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the job asked for them
     offset: int = 0  # tokens of the sample sent before these (its next event's `offset`)
     text_offset: int = 0  # characters of the sample's text sent before these
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's deltas (a job with tools)
 
 
 @dataclass
@@ -105,8 +106,10 @@ class TokenStreamer:
         token_ids: tuple[int, ...],
         index: int = 0,
         logprobs: Sequence[TokenLogprob] | None = None,
+        tool_calls: Sequence[dict[str, Any]] | None = None,
     ) -> None:
-        """`logprobs`: None when the job asked for none (its events carry none), else one per token id."""
+        """`logprobs`: None when the job asked for none (its events carry none), else one per token id.
+        `tool_calls`: pieces of the sample's calls (`text` is then what is not a call)."""
         p = self._jobs[request_id]
         if p.since is None:
             # the first delta of a job is due at once: coalescing must not add to time to first token
@@ -121,6 +124,8 @@ class TokenStreamer:
             if delta.logprobs is None:
                 delta.logprobs = []
             delta.logprobs.extend(logprobs)
+        if tool_calls:
+            _merge_calls(delta.tool_calls, tool_calls)
 
     def end_sample(self, request_id: str, index: int, finish_reason: str) -> None:
         """Sample `index` ended and the job goes on (its other samples run): its last event, now."""
@@ -161,7 +166,7 @@ class TokenStreamer:
         """One event per sample with unsent output, in index order."""
         sent = None
         for index, delta in sorted(p.deltas.items()):
-            if delta.text or delta.token_ids:
+            if delta.text or delta.token_ids or delta.tool_calls:
                 sent = self._send_sample(p, index, delta, finish_reason, usage)
         p.tokens = 0
         p.since = None
@@ -181,13 +186,15 @@ class TokenStreamer:
             text_to = len(text) if last else len(text) * end // len(ids)
             part_logprobs = None if logprobs is None else logprobs[start:end]
             reason, used = (finish_reason, usage) if last else (None, None)
+            calls = list(delta.tool_calls) if last and delta.tool_calls else None  # whole, on its last part
             sent = self._send_event(
-                p, index, delta, text[text_from:text_to], ids[start:end], part_logprobs, reason, used
+                p, index, delta, text[text_from:text_to], ids[start:end], part_logprobs, calls, reason, used
             )
         p.tokens -= len(ids)
         delta.text.clear()
         delta.token_ids.clear()
         delta.logprobs = None
+        delta.tool_calls.clear()
         if not p.tokens:
             p.since = None
         return sent
@@ -200,6 +207,7 @@ class TokenStreamer:
         text: str,
         token_ids: list[int],
         logprobs: list[TokenLogprob] | None,
+        tool_calls: list[dict[str, Any]] | None,
         finish_reason: str | None,
         usage: Usage | None,
     ) -> Any:
@@ -216,6 +224,7 @@ class TokenStreamer:
             usage=usage,
             index=index,
             logprobs=entries,
+            tool_calls=tool_calls,
             offset=delta.offset,
             text_offset=delta.text_offset,
             restarted=p.restarted,
@@ -225,3 +234,17 @@ class TokenStreamer:
         delta.offset += len(token_ids)
         delta.text_offset += len(text)
         return sent
+
+
+def _merge_calls(pending: list[dict[str, Any]], new: Sequence[dict[str, Any]]) -> None:
+    """Add call deltas to those not sent yet: arguments of the call the last one belongs to are appended
+    to it (one delta a call per event, as OpenAI's chunks have them)."""
+    for delta in new:
+        last = pending[-1] if pending else None
+        if last is not None and last["index"] == delta["index"] and "id" not in delta:
+            last["function"] = {
+                **last["function"],
+                "arguments": last["function"]["arguments"] + delta["function"]["arguments"],
+            }
+        else:
+            pending.append(delta)

@@ -1,0 +1,1 @@
+"""Benchmarks of the HTTP API (`inferq api`)."""

@@ -1,0 +1,7 @@
+"""`python -m bench.e2e`."""
+
+import sys
+
+from bench.e2e.command import main
+
+sys.exit(main())

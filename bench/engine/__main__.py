@@ -1,0 +1,7 @@
+"""`python -m bench.engine`."""
+
+import sys
+
+from bench.engine.command import main
+
+sys.exit(main())
