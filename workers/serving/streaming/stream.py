@@ -89,14 +89,15 @@ class TokenStreamer:
         text: str,
         token_ids: tuple[int, ...],
         logprobs: Sequence[TokenLogprob] | None = None,
+        tool_calls: Sequence[dict[str, Any]] | None = None,
     ) -> None:
         """A resumed sample's output so far, sent now from offset 0, apart from what it generates next (a
         consumer that restarts its text on a new attempt gets the whole output again; one that keeps
-        each position's first text drops it)."""
+        each position's first text drops it). `tool_calls`: its calls so far, each from its first delta."""
         p = self._jobs.get(request_id)
         if p is None:
             return
-        self.add(request_id, text, token_ids, index, logprobs)
+        self.add(request_id, text, token_ids, index, logprobs, tool_calls)
         self._send_sample(p, index, p.deltas[index], None, None)
 
     def add(
