@@ -64,6 +64,7 @@ class LiveSequence:
     num_tokens: int = 0  # tokens generated so far
     started: bool = False
     lora: str | None = None  # the adapter it holds (gpu.lora.manager.lora_id), released when it ends
+    cached_tokens: int = 0  # prompt tokens its first scheduling found computed (prefix cache hits)
 
 
 @dataclass(slots=True)
@@ -424,6 +425,8 @@ class EngineCore:
             state = live[chunk.seq_id]
             if not state.started:
                 state.started = True
+                # its first chunk starts past the blocks the prefix cache (or a sibling sample) had
+                state.cached_tokens = min(chunk.start_position, state.num_prompt_tokens)
                 started[chunk.seq_id] = state
         return started
 
@@ -535,6 +538,7 @@ class EngineCore:
             live.num_tokens,
             detail,
             live.index,
+            cached_tokens=live.cached_tokens,
         )
 
     # ---- bookkeeping -----------------------------------------------------------------------------

@@ -117,6 +117,8 @@ class RequestOutput:
     # first) new_token_ids are all of them, text_delta exactly the deltas an uninterrupted run emitted for
     # them joined, logprobs theirs (recomputed by the resuming prefill). Later outputs are as that run's.
     resumed: bool = False
+    # prompt tokens its first scheduling found in the prefix cache (not computed); set on its last output
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,7 @@ class JobRequest(_Message):
     model: str | None = Field(None, min_length=1, max_length=256)
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
-    # None: the worker's default (Limits.default_max_tokens)
+    # None: up to the context left after the prompt (or a deployment's cap, Limits.max_tokens)
     max_tokens: int | None = Field(None, ge=1)
     # Sampling fields left out (None) take the model's generation_config default, else greedy decoding.
     temperature: Number | None = Field(None, ge=0.0, le=2.0)  # 0 = greedy
@@ -237,6 +237,9 @@ class CancelRequest(_Message):
 class Usage(_Message):
     prompt_tokens: int
     completion_tokens: int
+    # of prompt_tokens, those the engine found in its prefix cache (OpenAI's
+    # prompt_tokens_details.cached_tokens); None: not known (a job that never ran, an older worker's row)
+    cached_tokens: int | None = None
 
     @property
     def total_tokens(self) -> int:

@@ -7,6 +7,7 @@ from sqlalchemy import (
     Column,
     DateTime,
     Float,
+    ForeignKey,
     Index,
     Integer,
     LargeBinary,
@@ -27,12 +28,15 @@ __all__ = [
     "TERMINAL_STATUSES",
     "adapters",
     "api_batches",
+    "api_file_chunks",
     "api_files",
     "api_keys",
+    "api_requests",
     "bulk_jobs",
     "job_progress",
     "jobs",
     "metadata",
+    "served_models",
 ]
 
 
@@ -55,6 +59,7 @@ jobs = Table(
     Column("finish_reason", String(32)),
     Column("prompt_tokens", Integer),
     Column("completion_tokens", Integer),
+    Column("cached_tokens", Integer),  # prompt tokens served from the prefix cache (NULL: not known)
     Column("attempts", Integer, nullable=False, server_default="0"),
     # the consumer-group generation the current attempt's record was fetched in (0: not known)
     Column("admitted_generation", Integer, nullable=False, server_default="0"),
@@ -155,11 +160,24 @@ api_files = Table(
     Column("purpose", String(32), nullable=False),  # batch (uploaded) | batch_output (written by a batch)
     Column("filename", Text, nullable=False),
     Column("bytes", BigInteger, nullable=False),
-    Column("content", LargeBinary, nullable=False),  # in PostgreSQL, so any API process serves any file
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("expires_at", DateTime(timezone=True)),  # no longer served from then on, and deleted; NULL: never
+    # uploading: its chunks are being written (no reader sees it); processed: complete
+    Column("status", String(16), nullable=False, server_default="processed"),
     Index("ix_api_files_tenant_created_at", "tenant", "created_at"),
     Index("ix_api_files_expires_at", "expires_at", postgresql_where=text("expires_at IS NOT NULL")),
+)
+
+FILE_CHUNK_BYTES = 1024 * 1024  # every chunk of a file but its last holds exactly this many bytes
+
+# A file's content in order, in chunks of FILE_CHUNK_BYTES: in PostgreSQL, so any API process serves
+# any file, and written and read a chunk at a time, so no process holds a whole file in memory.
+api_file_chunks = Table(
+    "api_file_chunks",
+    metadata,
+    Column("file_id", String(40), ForeignKey("api_files.file_id", ondelete="CASCADE"), primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    Column("data", LargeBinary, nullable=False),
 )
 
 api_batches = Table(
@@ -179,6 +197,10 @@ api_batches = Table(
     Column("metadata", JSONB),
     Column("total", Integer, nullable=False, server_default="0"),  # request_counts.total: the valid lines
     Column("submitted", Integer, nullable=False, server_default="0"),  # lines handed to Kafka (a checkpoint)
+    # where the line after the last submitted one starts in the input file: production resumes there
+    Column("input_offset", BigInteger, nullable=False, server_default="0"),
+    Column("model", String(256)),  # the model its lines name (the first line's), else the served one
+    Column("usage", JSONB),  # OpenAI's Batch `usage` once its files are written (before: from its jobs)
     Column("final_counts", JSONB),  # request_counts once the files are written
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("expires_at", DateTime(timezone=True), nullable=False),
@@ -205,4 +227,34 @@ adapters = Table(
     Column("tenant", String(128)),  # the only tenant whose jobs may name it; NULL: every tenant's
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Index("ix_adapters_tenant", "tenant"),
+)
+
+# Requests a retry reattaches to instead of posting another job: an `Idempotency-Key` (request_key
+# "key:<key>", written before its job is posted), or an SDK's retry of a request answered without its result
+# (a 504: request_key "retry:<fingerprint>", written when that answer is sent).
+api_requests = Table(
+    "api_requests",
+    metadata,
+    Column("tenant", String(128), primary_key=True),
+    Column("request_key", String(300), primary_key=True),
+    Column("fingerprint", String(64), nullable=False),  # sha256 of the endpoint and the body
+    Column("job_id", String(128), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Index("ix_api_requests_expires_at", "expires_at"),
+)
+
+# ---- the fleet -------------------------------------------------------------------------------------------
+# Each live worker's model: written at start, its heartbeat renewed while it runs, removed at a graceful
+# stop; a row whose heartbeat is old belongs to a worker that died (ignored, and removed by the next start).
+served_models = Table(
+    "served_models",
+    metadata,
+    Column("worker_id", String(128), primary_key=True),
+    Column("topic_prefix", String(128), nullable=False),  # the deployment whose topics it reads
+    Column("model", String(256), nullable=False),  # its served model name (`--served-model-name`)
+    Column("max_model_len", Integer),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("heartbeat_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_served_models_prefix", "topic_prefix", "heartbeat_at"),
 )

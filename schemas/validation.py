@@ -44,8 +44,10 @@ class InvalidMessage(ValueError):
 class Limits:
     max_message_bytes: int = 1_000_000
     max_prompt_bytes: int = 256_000
-    max_tokens: int = 4096  # cap on a job's max_tokens
-    default_max_tokens: int = 128  # for a job that names none (never above the cap)
+    # A deployment's cap on a job's max_tokens (a job asking for more is refused; one naming none gets up
+    # to it). None, the default: no cap but the model's context (prompt + max_tokens <= max_model_len),
+    # and a job naming no max_tokens generates up to the context left, as OpenAI's and vLLM's do.
+    max_tokens: int | None = None
     max_stop: int = 8  # stop strings per job
     max_stop_bytes: int = 256  # per stop string
     max_metadata_bytes: int = 16_000
@@ -196,7 +198,7 @@ def _check_limits(job: JobRequest, limits: Limits) -> None:
             f"prompt is {prompt_bytes} bytes; the limit is {limits.max_prompt_bytes}",
             "prompt" if job.prompt is not None else "messages",
         )
-    if job.max_tokens is not None and job.max_tokens > limits.max_tokens:
+    if job.max_tokens is not None and limits.max_tokens is not None and job.max_tokens > limits.max_tokens:
         raise InvalidMessage(
             f"max_tokens {job.max_tokens} is over the limit {limits.max_tokens}", "max_tokens"
         )
@@ -243,8 +245,8 @@ def _check_generation_options(job: JobRequest, limits: Limits) -> None:
             raise InvalidMessage(
                 f"a guided_choice entry is longer than {limits.max_choice_bytes} bytes", "guided_choice"
             )
-    if job.logprobs_k is not None:
-        max_tokens = job.max_tokens or min(limits.default_max_tokens, limits.max_tokens)
+    max_tokens = job.max_tokens or limits.max_tokens  # none named: the context decides (logprob_room)
+    if job.logprobs_k is not None and max_tokens is not None:
         entries = job.n * max_tokens * (job.logprobs_k + 1)
         if entries > limits.max_logprob_entries:
             raise InvalidMessage(
@@ -252,6 +254,27 @@ def _check_generation_options(job: JobRequest, limits: Limits) -> None:
                 f"the limit is {limits.max_logprob_entries}",
                 "top_logprobs" if job.logprobs_k else "logprobs",
             )
+
+
+def check_tenant(tenant: str) -> str:
+    """`tenant` if a job may name it (JobRequest.tenant's rule, and storable); InvalidMessage otherwise.
+    What makes API keys, whose tenant every request of theirs posts as, refuse a name no job could carry."""
+    try:
+        JobRequest.model_validate({"tenant": tenant, "prompt": "x"})
+    except ValidationError as exc:
+        raise InvalidMessage(f"tenant {tenant[:140]!r}: {_explain(exc).removeprefix('tenant: ')}") from None
+    if why := _unstorable(tenant):
+        raise InvalidMessage(f"tenant contains {why}")
+    return tenant
+
+
+def logprob_room(job: JobRequest, limits: Limits) -> int | None:
+    """The most tokens a job that asked for log probabilities may generate so that they stay within
+    `max_logprob_entries` (None: it asked for none). A job naming max_tokens is refused past it (above);
+    one naming none generates at most this many."""
+    if job.logprobs_k is None:
+        return None
+    return max(1, limits.max_logprob_entries // (job.n * (job.logprobs_k + 1)))
 
 
 def parse_job(value: bytes | None, limits: Limits) -> JobRequest:

@@ -54,6 +54,13 @@ ENV_VARIABLES = (
     "INFERQ_API_BATCH_WINDOW",
     "INFERQ_API_TENANT_MAX_IN_FLIGHT",
     "INFERQ_API_TENANT_RPM",
+    "INFERQ_API_QUEUE_TIMEOUT",
+    "INFERQ_API_GENERATION_TIMEOUT",
+    "INFERQ_API_HEARTBEAT",
+    "INFERQ_API_CANCEL_ON_DISCONNECT",
+    "INFERQ_API_MAX_BODY_BYTES",
+    "INFERQ_API_BATCH_IN_FLIGHT",
+    "INFERQ_API_BAD_KEY_RPM",
 )
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 # What inferq's producers compress record batches with; every one of them is read whatever this says.
@@ -214,15 +221,25 @@ class Settings:
     failpoint: str = (
         ""  # tests only: a named fault to inject (crash-before-publish, crash-after-publish, step-error)
     )
-    # `inferq api`: the largest Batch input file taken (bytes), how long a non-streaming request waits for
-    # its job before answering 504, and (tests) a batch completion window shorter than the 24h asked for
+    # `inferq api`: the largest Batch input file taken (bytes), the largest other request body, and (tests) a
+    # batch completion window shorter than the 24h asked for
     api_max_file_bytes: int = 200 * 1024 * 1024
-    api_request_timeout_s: float = 600.0
+    api_max_body_bytes: int = 8 * 1024 * 1024
     api_batch_window_s: float | None = None
+    # How long a request waits for its job: to start (a stream's first event, else its row running), then
+    # to finish; past either, 504 naming the job, which goes on and stays queryable (a retry reattaches).
+    # INFERQ_API_REQUEST_TIMEOUT sets both at once (each of the two settings wins over it).
+    api_queue_timeout_s: float = 600.0
+    api_generation_timeout_s: float = 600.0
+    api_heartbeat_s: float = 15.0  # a stream with nothing to send says so (an SSE comment) this often
+    api_cancel_on_disconnect: bool = True  # a client that leaves before its answer cancels its job
+    api_batch_in_flight: int = 512  # a batch's lines queued or running at once (the rest wait their turn)
     # `inferq api`, per tenant and per API process (0: off): chat/completion requests in flight at once, and
     # /v1 requests per minute; over either, 429 with Retry-After (workers/api/limits.py)
     api_tenant_max_in_flight: int = 0
     api_tenant_rpm: int = 0
+    # requests with a key that is missing, unknown or revoked, per client address and minute (0: off)
+    api_bad_key_rpm: int = 60
 
     def __post_init__(self) -> None:
         check_compression(self.kafka_compression)
@@ -274,10 +291,24 @@ class Settings:
             cache_dir=_cache_dir(env),
             failpoint=env.get("INFERQ_FAILPOINT", ""),
             api_max_file_bytes=int(env.get("INFERQ_API_MAX_FILE_BYTES", defaults.api_max_file_bytes)),
-            api_request_timeout_s=float(
-                env.get("INFERQ_API_REQUEST_TIMEOUT", defaults.api_request_timeout_s)
-            ),
+            api_max_body_bytes=int(env.get("INFERQ_API_MAX_BODY_BYTES", defaults.api_max_body_bytes)),
             api_batch_window_s=_optional_float(env.get("INFERQ_API_BATCH_WINDOW")),
+            api_queue_timeout_s=float(
+                env.get(
+                    "INFERQ_API_QUEUE_TIMEOUT",
+                    env.get("INFERQ_API_REQUEST_TIMEOUT", defaults.api_queue_timeout_s),
+                )
+            ),
+            api_generation_timeout_s=float(
+                env.get(
+                    "INFERQ_API_GENERATION_TIMEOUT",
+                    env.get("INFERQ_API_REQUEST_TIMEOUT", defaults.api_generation_timeout_s),
+                )
+            ),
+            api_heartbeat_s=float(env.get("INFERQ_API_HEARTBEAT", defaults.api_heartbeat_s)),
+            api_cancel_on_disconnect=_flag(env.get("INFERQ_API_CANCEL_ON_DISCONNECT", "1")),
+            api_batch_in_flight=int(env.get("INFERQ_API_BATCH_IN_FLIGHT", defaults.api_batch_in_flight)),
             api_tenant_max_in_flight=int(env.get("INFERQ_API_TENANT_MAX_IN_FLIGHT", "0")),
             api_tenant_rpm=int(env.get("INFERQ_API_TENANT_RPM", "0")),
+            api_bad_key_rpm=int(env.get("INFERQ_API_BAD_KEY_RPM", defaults.api_bad_key_rpm)),
         )

@@ -122,6 +122,18 @@ def start_api(settings: Settings, tmp: Path, **env: str) -> APIProcess:
     raise AssertionError(f"inferq api never became healthy:\n{api.output()[-3000:]}")
 
 
+def wait_models(api: APIProcess, key: str, models: list[str], timeout_s: float = 180) -> None:
+    """Until /v1/models lists `models`: the deployment's workers have started and announced them."""
+    deadline = time.monotonic() + timeout_s
+    listed: list[str] = []
+    while time.monotonic() < deadline:
+        listed = [m.id for m in api.client(key).models.list()]
+        if listed == models:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"/v1/models lists {listed}, not {models}:\n{api.output()[-3000:]}")
+
+
 def wait_batch(client: openai.OpenAI, batch_id: str, statuses: tuple[str, ...], timeout_s: float = 180):
     deadline = time.monotonic() + timeout_s
     while True:

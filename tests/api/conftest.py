@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from tests.api.api_factories import create_key, migrated_database, start_api
+from tests.api.api_factories import MODEL, create_key, migrated_database, start_api, wait_models
 from tests.workers.worker_factories import make_deployment, start_worker
 
 
@@ -22,10 +22,11 @@ def served(settings, api_database, tmp_path_factory):
     """(deployment, API process, keys by tenant) with one tiny-model worker."""
     dep = make_deployment(dataclasses.replace(settings, database_url=api_database))
     tmp = tmp_path_factory.mktemp("api")
-    worker = start_worker(dep, tmp, "w-api")
+    worker = start_worker(dep, tmp, "w-api", "--served-model-name", MODEL)
     api = start_api(dep, tmp)
     keys = {t: create_key(dep, t) for t in ("acme", "globex")}
     try:
+        wait_models(api, keys["acme"], [MODEL])  # the worker announced its model: it serves
         yield dep, api, keys
     finally:
         code = api.stop()

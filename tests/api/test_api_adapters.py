@@ -66,7 +66,7 @@ def test_a_request_runs_on_the_adapter_it_names_and_another_tenants_is_not_found
             models = dict(conn.execute(query).all())
     finally:
         db.dispose()
-    assert models == {on_adapter.id: PRIVATE, on_base.id: "tiny"}  # the worker's name for its base
+    assert models == {on_adapter.id: PRIVATE, on_base.id: MODEL}  # the worker's name for its base
     with pytest.raises(openai.NotFoundError) as caught:
         globex.chat.completions.create(model=PRIVATE, messages=[{"role": "user", "content": "hi"}])
     assert caught.value.body["code"] == "model_not_found" and PRIVATE in caught.value.body["message"]

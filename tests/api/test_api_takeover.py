@@ -34,13 +34,22 @@ TERMINAL = ("succeeded", "failed", "cancelled", "rejected", "expired")
 def fleet(settings, api_database, tmp_path_factory):
     dep = make_deployment(dataclasses.replace(settings, database_url=api_database))
     tmp = tmp_path_factory.mktemp("api-takeover")
-    worker = start_worker(dep, tmp, "w-takeover")
+    worker = start_worker(dep, tmp, "w-takeover", "--served-model-name", MODEL)
     db = create_engine(api_database)
     try:
+        wait_announced(db, dep.topic_prefix, MODEL)  # the worker serves: a job runs at once
         yield dep, db, create_key(dep, "acme")
     finally:
         db.dispose()
         assert worker.stop() == 0, worker.output()[-3000:]
+
+
+def wait_announced(db, topic_prefix: str, model: str, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not _rows(db, "SELECT 1 FROM served_models WHERE topic_prefix = :p AND model = :m", p=topic_prefix,
+                    m=model):  # fmt: skip
+        assert time.monotonic() < deadline, "the worker never announced its model"
+        time.sleep(0.3)
 
 
 def _rows(db, query: str, **params) -> list:

@@ -86,3 +86,19 @@ def test_sampled_requests_with_unseeded_params_still_finish():
         [EngineRequest("s", (5, 6, 7), SamplingParams(max_tokens=6, temperature=0.7, top_k=20))]
     )
     assert len(got["s"]) == 6
+
+
+def test_a_request_reports_the_prompt_tokens_its_prefix_cache_served():
+    """Per request, on its last output: the prompt tokens its first scheduling found computed. A prompt
+    seen before shares its full blocks (16 tokens each); the same prompt with the cache off, none."""
+    prompt = make_prompts(1, 40, 40, seed=3)[0]
+    engine = make_engine(block_size=16)
+    first = run_to_end(engine, [EngineRequest("a", prompt, greedy(3))])["a"]
+    again = run_to_end(engine, [EngineRequest("b", prompt, greedy(3))])["b"]
+    other = run_to_end(engine, [EngineRequest("c", prompt[:20] + (7,) * 20, greedy(3))])["c"]
+    assert first[-1].cached_tokens == 0
+    assert again[-1].cached_tokens == 32  # two full blocks of the 40-token prompt
+    assert other[-1].cached_tokens == 16  # only its first block is the same
+    off = make_engine(block_size=16, enable_prefix_caching=False)
+    run_to_end(off, [EngineRequest("a", prompt, greedy(3))])
+    assert run_to_end(off, [EngineRequest("b", prompt, greedy(3))])["b"][-1].cached_tokens == 0

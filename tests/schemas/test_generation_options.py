@@ -8,7 +8,7 @@ import json
 import pytest
 
 from schemas.jobs import JobRequest, JsonSchemaFormat
-from schemas.validation import InvalidMessage, Limits, parse_job
+from schemas.validation import InvalidMessage, Limits, logprob_room, parse_job
 
 LIMITS = Limits(max_n=4, max_schema_bytes=200, max_regex_bytes=20, max_choices=3, max_choice_bytes=5,
                 max_logprob_entries=1000, max_tokens=500)  # fmt: skip
@@ -116,11 +116,14 @@ def test_schema_nesting_is_bounded_like_every_part_of_a_message():
         parse_job(json.dumps({"prompt": "x", "response_format": fmt}).encode(), Limits())
 
 
-def test_logprob_budget_counts_the_default_max_tokens():
-    limits = Limits(max_logprob_entries=128, default_max_tokens=128)
+def test_logprob_budget_counts_the_deployments_cap_for_a_job_naming_no_max_tokens():
+    limits = Limits(max_logprob_entries=128, max_tokens=128)
     assert parse_job(json.dumps({"prompt": "x", "logprobs": True}).encode(), limits).logprobs
     with pytest.raises(InvalidMessage, match="256 log probabilities"):
         parse_job(json.dumps({"prompt": "x", "logprobs": True, "n": 2}).encode(), limits)
+    # without a cap the context decides: such a job is accepted, and generates within the bound
+    uncapped = parse_job(json.dumps({"prompt": "x", "logprobs": True, "n": 2}).encode(), Limits())
+    assert logprob_room(uncapped, Limits(max_logprob_entries=128)) == 64
 
 
 def test_the_exported_json_schema_names_the_new_fields():

@@ -12,7 +12,18 @@ from workers.db import migrate
 pytestmark = pytest.mark.services
 
 
-TABLES = {"jobs", "bulk_jobs", "api_keys", "api_files", "api_batches", "adapters", "job_progress"}
+TABLES = {
+    "jobs",
+    "bulk_jobs",
+    "api_keys",
+    "api_files",
+    "api_file_chunks",
+    "api_batches",
+    "api_requests",
+    "served_models",
+    "adapters",
+    "job_progress",
+}
 
 
 def _tables(url: str) -> set[str]:

@@ -53,7 +53,10 @@ def test_outputs_follow_input_order_and_split_successes_from_errors(tmp_path):
     assert completion["body"]["object"] == "text_completion"
     assert completion["body"]["choices"][0] == {"index": 0, "text": "out c", "logprobs": None,
                                                 "finish_reason": "length"}  # fmt: skip
-    assert completion["body"]["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert completion["body"]["usage"] == {
+        "prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }  # fmt: skip
     assert completion["body"]["model"] == "tiny" and completion["request_id"] == "bulk-t:c"
     assert chat["body"]["choices"][0]["message"] == {"role": "assistant", "content": "chat answer"}
 

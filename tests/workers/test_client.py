@@ -178,7 +178,7 @@ def test_a_rewound_follower_gets_its_records_again_then_caught_up(settings):
     job_id, since = f"rewind-{dep.topic_prefix}", now_ms()
     _post_events(dep, job_id, [(1, 0, None), (1, 1, "stop")])
     with JobClient(dep) as client:
-        follower = client._follow(job_id, dep.topics.tokens, since)
+        follower = client._follow(job_id, (dep.topics.tokens,), since)
         try:
 
             def read_until_caught_up(placement: int) -> list[int]:
@@ -196,3 +196,52 @@ def test_a_rewound_follower_gets_its_records_again_then_caught_up(settings):
             assert read_until_caught_up(1) == [0, 1]
         finally:
             client._unfollow(follower)
+
+
+@pytest.mark.services
+def test_followers_placed_together_share_their_look_ups_and_get_only_their_own_records(settings):
+    """The HTTP API follows every job it waits for through one hub: 300 follows that arrive together are
+    placed with a few offset look-ups (not two per follower), and each gets its own record and no other."""
+    from workers.client.stream_hub import StreamHub
+    from workers.kafka_io import PartitionReader
+
+    dep = make_deployment(settings)
+    since = now_ms() - 1000
+    keys = [f"many-{dep.topic_prefix}-{i}" for i in range(300)]
+    producer = Producer(dep.kafka_connection, "inferq-test-many")
+    for key in keys:
+        producer.send(dep.topics.results, key, key.encode()).wait(30)
+    producer.close()
+    lookups = []
+
+    class Counting(PartitionReader):
+        def offsets_at(self, since_by_partition):
+            lookups.append(len(since_by_partition))
+            return super().offsets_at(since_by_partition)
+
+    hub = StreamHub(lambda: Counting(dep.kafka_connection, "inferq-test-many", 10, 0.025),
+                    {dep.topics.results: dep.stream_partitions})  # fmt: skip
+    got: dict[str, list] = {key: [] for key in keys}
+    done = threading.Event()
+    caught_up: set[str] = set()
+
+    def sink_of(key: str):
+        def sink(item) -> None:  # on the hub's thread
+            if isinstance(item, CaughtUp):
+                caught_up.add(key)
+                if len(caught_up) == len(keys):
+                    done.set()
+            else:
+                got[key].append(item.value)
+
+        return sink
+
+    try:
+        followers = [hub.follow(key, (dep.topics.results,), since, sink_of(key)) for key in keys]
+        assert done.wait(120), f"{len(keys) - len(caught_up)} never caught up"
+        assert got == {key: [key.encode()] for key in keys}
+        assert len(lookups) < len(keys) // 10  # placed in a few rounds, each one look-up for its partitions
+        for f in followers:
+            hub.unfollow(f)
+    finally:
+        hub.close()

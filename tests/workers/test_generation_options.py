@@ -54,9 +54,13 @@ KEY = JobKey("default", "j").request_id  # the engine's request id of job "j" of
 NOBODY = SimpleNamespace(assignment=frozenset())  # the owner of no partition: no admissions here
 
 
-def output(index=0, ids: tuple[int, ...] = (), finish: FinishReason | None = None, lps=(), started=False):
+def output(
+    index=0, ids: tuple[int, ...] = (), finish: FinishReason | None = None, lps=(), started=False, cached=0
+):
     text = TOK.decode(ids)
-    return RequestOutput(KEY, ids, text, finish, started, 3, len(ids), index=index, logprobs=tuple(lps))
+    return RequestOutput(
+        KEY, ids, text, finish, started, 3, len(ids), index=index, logprobs=tuple(lps), cached_tokens=cached
+    )
 
 
 def lp(token_id: int, logprob: float, *top: tuple[int, float]) -> TokenLogprob:
@@ -289,7 +293,7 @@ def test_the_lifecycle_routes_engine_outputs_to_samples_events_and_the_terminal_
     for out in [
         output(0, (A,), lps=[lp(A, -0.1)], started=True),
         output(1, (B,), lps=[lp(B, -0.2)]),
-        output(0, (B,), FinishReason.STOP, lps=[lp(B, -0.3)]),
+        output(0, (B,), FinishReason.STOP, lps=[lp(B, -0.3)], cached=2),  # its prompt's cache hits
     ]:
         lifecycle.on_output(out)
     assert KEY in lifecycle.jobs  # sample 1 still runs
@@ -299,6 +303,7 @@ def test_the_lifecycle_routes_engine_outputs_to_samples_events_and_the_terminal_
     (concluded,) = [w for w in written if isinstance(w, Concluded)]
     values = concluded.row.values
     assert (values["output_text"], values["completion_tokens"], values["prompt_tokens"]) == ("ab", 4, 3)
+    assert values["cached_tokens"] == 2  # sample 0's, once for the job
     assert [(c["text"], c["finish_reason"]) for c in values["choices"]] == [("ab", "stop"), ("bc", "length")]
     assert [e["logprob"] for e in values["choices"][1]["logprobs"]["content"]] == [-0.2, -0.4]
     by_index: dict[int, str] = {}
@@ -308,7 +313,7 @@ def test_the_lifecycle_routes_engine_outputs_to_samples_events_and_the_terminal_
     assert by_index == {0: "ab", 1: "bc"}
     finishes = [(e.index, e.finish_reason, e.usage is not None) for e in sent if e.finish_reason]
     assert finishes == [(0, "stop", False), (1, "length", True)]  # each sample's own; usage on the last
-    assert sent[-1].usage.model_dump() == {"prompt_tokens": 3, "completion_tokens": 4}
+    assert sent[-1].usage.model_dump() == {"prompt_tokens": 3, "completion_tokens": 4, "cached_tokens": 2}
     assert [e.seq for e in sent] == list(range(len(sent)))
 
 
@@ -387,7 +392,10 @@ def test_chat_batch_body_has_every_choice_with_logprobs_content():
     first = body["choices"][0]
     assert first["message"] == {"role": "assistant", "content": "ab"} and first["finish_reason"] == "stop"
     assert first["logprobs"] == STORED[0]["logprobs"]  # OpenAI's chat shape: {"content": [...]}
-    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    assert body["usage"] == {
+        "prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }  # fmt: skip
     plain = response_body(line, {**BATCH_ROW, "choices": None})
     assert plain["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "ab"},
                                  "logprobs": None, "finish_reason": "stop"}]  # fmt: skip

@@ -34,6 +34,28 @@ def test_accepts_with_priority_from_topic_and_clamps_to_context():
 def test_default_max_tokens_respects_the_cap():
     decision = make_intake(max_model_len=4096, max_tokens=50).accept(make_record({"prompt": "x"}))
     assert isinstance(decision, Accepted) and decision.max_tokens == 50
+    over = make_intake(max_model_len=4096, max_tokens=50).accept(
+        make_record({"prompt": "x", "max_tokens": 51})
+    )
+    assert isinstance(over, Rejected) and "over the limit 50" in over.error
+
+
+def test_no_max_tokens_means_the_context_left_and_any_value_up_to_it_is_taken():
+    """No cap by default: a job naming no max_tokens may generate until prompt + output fill the context
+    (it used to stop at 128), and a max_tokens past 4096 (once refused) is taken, clamped to the room."""
+    intake = make_intake(max_model_len=8192)
+    default = intake.accept(make_record({"prompt": "hello"}))
+    assert isinstance(default, Accepted) and default.max_tokens == 8192 - 6
+    large = intake.accept(make_record({"prompt": "hello", "max_tokens": 6000}))
+    assert isinstance(large, Accepted) and large.max_tokens == 6000
+    past = intake.accept(make_record({"prompt": "hello", "max_tokens": 100_000}))
+    assert isinstance(past, Accepted) and past.max_tokens == 8192 - 6
+    # log probabilities are stored with the row: a job naming no max_tokens stays within their bound
+    logprobs = intake.accept(make_record({"prompt": "hello", "logprobs": True, "top_logprobs": 4}))
+    assert isinstance(logprobs, Accepted) and logprobs.max_tokens == 8192 - 6
+    small = make_intake(max_model_len=8192, max_logprob_entries=1000)
+    bounded = small.accept(make_record({"prompt": "hello", "logprobs": True, "top_logprobs": 4}))
+    assert isinstance(bounded, Accepted) and bounded.max_tokens == 200
 
 
 def test_missing_job_id_is_derived_from_the_record():

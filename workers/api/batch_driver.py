@@ -4,22 +4,29 @@ low-priority jobs, and write the output and error files once they are done, expi
 Every API process runs one driver thread; a batch is advanced by whichever holds its advisory lock (the
 bulk path's), and all its state is in its api_batches row, so any process can take over from one that died.
 Lines are read, turned into jobs and answered by the bulk path's own functions (read_lines, to_job,
-write_results), so a Batch line becomes a `jobs` row with bulk_id = the batch id, as `inferq bulk` makes.
+write_lines), so a Batch line becomes a `jobs` row with bulk_id = the batch id, as `inferq bulk` makes.
+
+Memory stays bounded whatever a file's size: the input is read from PostgreSQL a chunk at a time
+(api_files.lines), production resumes at the byte where it stopped (`input_offset`), and the output and
+error files are written a chunk at a time as their lines are made.
+
+Batches advance fairly: a batch keeps at most `api_batch_in_flight` of its lines queued or running (the
+next ones are produced as those finish), and each round of the driver gives every open batch a turn of at
+most CHECKPOINT_LINES lines, the tenants' batches interleaved. A 50,000-line batch so never has more than a
+window of jobs ahead of another tenant's batch in the queue, and the workers' tenant fairness does the rest.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import logging
 import os
 import signal
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from itertools import islice
-from pathlib import Path
 from typing import Any
 
 from schemas.jobs import JobRequest
@@ -28,20 +35,22 @@ from workers.api.context import APIContext
 from workers.api.events import BatchEvents
 from workers.api.models import ModelNames, job_model
 from workers.api.protocol import batch_object
-from workers.bulk.batch_format import BatchLine, LineError, job_id_for, read_lines, to_job
-from workers.bulk.finalize import write_results
+from workers.bulk.batch_format import BatchLine, LineError, job_id_for, parse_line, read_lines, to_job
+from workers.bulk.finalize import write_lines
 from workers.clock import utcnow
-from workers.db import api_batches, api_files, bulk_jobs
+from workers.db import api_batches, api_files, api_requests, bulk_jobs
 from workers.db.api_batches import Row
+from workers.db.api_files import FILE_CHUNK_BYTES
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_LINES = 200  # lines handed to Kafka between two checkpoints (bulk's produce has the same)
+CHECKPOINT_LINES = 200  # lines one batch may hand to Kafka in one turn (and between two checkpoints)
 CANCEL_GRACE_S = 30.0  # after a cancel, how long jobs already running may finish before the files are written
 # tests only (INFERQ_FAILPOINT): kill -9 this API process after a batch's first checkpoint short of its end
 KILL_AFTER_CHECKPOINT = "api-kill-after-checkpoint"
 MAX_ERRORS = 100  # errors.data entries kept of a batch that failed validation
-PURGE_EVERY_S = 60.0  # how often a driver deletes expired files (reads leave them out at once)
+HOUSEKEEPING_S = 60.0  # how often abandoned uploads, expired files and expired request keys are removed
+ABANDONED_AFTER = timedelta(hours=1)  # a file still `uploading` this long after it began: its writer died
 
 
 def request_counts(conn: Any, row: Row) -> dict[str, int]:
@@ -54,19 +63,93 @@ def request_counts(conn: Any, row: Row) -> dict[str, int]:
     return {"total": row["total"], "completed": succeeded, "failed": done - succeeded}
 
 
-def _items(content: bytes) -> Iterator[BatchLine | LineError]:
-    return read_lines(content.splitlines(keepends=True))
+def describe(conn: Any, row: Row) -> dict[str, Any]:
+    """The Batch object of a row: its counts and tokens so far while it runs, its final ones after."""
+    if row.get("usage") is None and row["status"] != "validating":
+        row = {**row, "usage": bulk_jobs.token_sums(conn, row["batch_id"], row["tenant"])}
+    return batch_object(row, request_counts(conn, row))
+
+
+def interleaved(batches: list[Row]) -> list[Row]:
+    """Open batches in turn order: each tenant's oldest first, then each one's second, and so on (the order
+    within a tenant is the batches' age)."""
+    by_tenant: dict[str, list[Row]] = {}
+    for batch in batches:
+        by_tenant.setdefault(batch["tenant"], []).append(batch)
+    order: list[Row] = []
+    rank = 0
+    while len(order) < len(batches):
+        order += [rows[rank] for rows in by_tenant.values() if rank < len(rows)]
+        rank += 1
+    return order
+
+
+class _FileWriter:
+    """An output file written a chunk at a time as its lines are made; `uploading` (invisible) until
+    `finish` is called in the transaction that makes the batch final."""
+
+    def __init__(
+        self, ctx: APIContext, tenant: str, purpose: str, filename: str, lifetime_s: int | None = None
+    ) -> None:
+        self.ctx, self.tenant, self.purpose, self.filename = ctx, tenant, purpose, filename
+        self.lifetime_s = lifetime_s
+        self.file_id: str | None = None
+        self.size = 0
+        self._seq = 0
+        self._pending = bytearray()
+
+    def write(self, text: str) -> None:
+        data = text.encode()
+        self.size += len(data)
+        self._pending += data
+        while len(self._pending) >= FILE_CHUNK_BYTES:
+            self._store(bytes(self._pending[:FILE_CHUNK_BYTES]))
+            del self._pending[:FILE_CHUNK_BYTES]
+
+    def flush(self) -> None:
+        """What is left, stored (the last chunk), so `finish` has only the row to change."""
+        if self._pending or self._seq == 0:
+            self._store(bytes(self._pending))
+            self._pending.clear()
+
+    def finish(self, conn: Any) -> str:
+        assert self.file_id is not None, "flush first"
+        api_files.finish(conn, self.file_id, self.size)
+        return self.file_id
+
+    def discard(self) -> None:
+        if self.file_id is not None:
+            with self.ctx.db.begin() as conn:
+                api_files.discard(conn, self.file_id)
+
+    def _store(self, chunk: bytes) -> None:
+        with self.ctx.db.begin() as conn:
+            if self.file_id is None:
+                self.file_id = api_files.begin(
+                    conn, self.tenant, self.purpose, self.filename, self.lifetime_s
+                )
+            api_files.append(conn, self.file_id, self._seq, chunk)
+        self._seq += 1
 
 
 class BatchDriver:
-    def __init__(self, ctx: APIContext, events: BatchEvents | None, tick_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        ctx: APIContext,
+        events: BatchEvents | None,
+        tick_s: float = 1.0,
+        fleet_models: Callable[[], tuple[str, ...]] | None = None,
+    ) -> None:
+        """`fleet_models`: the model names a line may give (default: the configured ones)."""
         self.ctx = ctx
         self.events = events
         self.tick_s = tick_s
+        self.fleet_models = fleet_models or (lambda: ctx.models)
+        self.window = max(1, ctx.settings.api_batch_in_flight)
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._next_purge = 0.0
         self._thread = threading.Thread(target=self._run, name="inferq-batch-driver", daemon=True)
+        self._housekept = -float("inf")
 
     def start(self) -> None:
         self._thread.start()
@@ -82,32 +165,49 @@ class BatchDriver:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            busy = False
             try:
-                self.tick()
+                busy = self.tick()
+                self._housekeeping()
             except Exception:  # noqa: BLE001 - the database or broker away: try again next tick
                 log.exception("batch driver: tick failed; trying again")
-            self._wake.wait(self.tick_s)
+            if not busy:  # a batch with more to produce now is given its next turn at once
+                self._wake.wait(self.tick_s)
             self._wake.clear()
 
-    def tick(self) -> None:
-        with self.ctx.db.begin() as conn:
-            if time.monotonic() >= self._next_purge:  # files past their expires_at
-                self._next_purge = time.monotonic() + PURGE_EVERY_S
-                api_files.purge_expired(conn)
+    def tick(self) -> bool:
+        """One round: every open batch of this deployment advanced by a turn, tenants interleaved; whether
+        any batch has more to produce at once."""
+        with self.ctx.db.connect() as conn:
             found = api_batches.open_batches(conn, self.ctx.settings.topic_prefix)
-        for batch in found:
+        busy = False
+        for batch in interleaved(found):
             if self._stop.is_set():
-                return
+                return False
             with bulk_jobs.bulk_lock(self.ctx.db, batch["batch_id"]) as got:
                 if got:  # else another API process is advancing it
-                    self.advance(batch["batch_id"])
+                    busy |= self.advance(batch["batch_id"])
+        return busy
+
+    def _housekeeping(self) -> None:
+        if time.monotonic() - self._housekept < HOUSEKEEPING_S:
+            return
+        self._housekept = time.monotonic()
+        now = utcnow()
+        with self.ctx.db.begin() as conn:
+            swept = api_files.sweep_abandoned(conn, now - ABANDONED_AFTER)
+            api_files.purge_expired(conn)  # files past their expires_at (reads leave them out at once)
+            api_requests.purge(conn, now)
+        if swept:
+            log.info("removed %d files whose upload never finished", swept)
 
     # ---- one batch -------------------------------------------------------------------------------------
-    def advance(self, batch_id: str) -> None:
+    def advance(self, batch_id: str) -> bool:
+        """One turn of a batch; whether it has more lines it could produce at once."""
         with self.ctx.db.connect() as conn:
             row = api_batches.get_any(conn, batch_id)
         if row is None:
-            return
+            return False
         now = utcnow()
         status = row["status"]
         if status in api_batches.FINISHED:
@@ -117,12 +217,14 @@ class BatchDriver:
             self._finalize(row, ("validating", "in_progress"), "expired", "batch_expired")
         elif status == "validating":
             self._validate(row)
+            return True
         elif status == "in_progress":
-            self._produce(row)
+            more = self._produce(row)
             with self.ctx.db.connect() as conn:
                 row = api_batches.get_any(conn, batch_id)
             if row["status"] == "in_progress" and self._all_done(row):
                 self._finalize(row, ("in_progress",), "completed", "missing")
+            return more
         elif status == "finalizing":  # a process died while writing the files: write them again
             self._finalize(row, ("finalizing",), "completed", "missing")
         elif status == "cancelling":
@@ -131,40 +233,45 @@ class BatchDriver:
             grace_over = (now - row["cancelling_at"]).total_seconds() >= CANCEL_GRACE_S
             if grace_over or self._all_done(row):
                 self._finalize(row, ("cancelling",), "cancelled", "batch_cancelled")
+        return False
 
-    def _input(self, row: Row) -> bytes | None:
+    def _raw_lines(self, row: Row, offset: int = 0) -> Iterator[tuple[bytes, int]]:
+        return api_files.lines(self.ctx.db, row["input_file_id"], offset)
+
+    def _items(self, row: Row) -> Iterator[BatchLine | LineError]:
+        """Every line of the input, parsed and numbered (duplicate custom_ids found), read as it goes."""
+        return read_lines(raw for raw, _ in self._raw_lines(row))
+
+    def _input_exists(self, row: Row) -> bool:
         with self.ctx.db.connect() as conn:
-            return api_files.content(conn, row["tenant"], row["input_file_id"])
+            return api_files.get(conn, row["tenant"], row["input_file_id"]) is not None
 
     def _validate(self, row: Row) -> None:
-        content = self._input(row)
         errors: list[dict[str, Any]] = []
         total = 0
-        if content is None:
+        model = None
+        if not self._input_exists(row):
             errors.append(_error("missing_file", f"input file {row['input_file_id']} no longer exists", None))
         else:
-            names = ModelNames(self.ctx.db, self.ctx.models, row["tenant"])
-            for item in _items(content):
+            served = self.fleet_models()
+            names = ModelNames(self.ctx.db, served, row["tenant"])
+            for item in self._items(row):
                 problem = self._line_problem(row, item, names)
                 if problem is not None and len(errors) < MAX_ERRORS:
                     errors.append(_error(*problem))
+                if model is None and isinstance(item, BatchLine):
+                    model = item.model or (served[0] if served else None)
                 total += 1
             if total == 0 and not errors:
                 errors.append(_error("empty_file", "the input file has no request lines", None))
         with self.ctx.db.begin() as conn:
             if errors:
                 api_batches.transition(conn, row["batch_id"], ("validating",), "failed", errors=errors,
-                                       failed_at=utcnow(), final_counts={"total": total, "completed": 0,
-                                                                         "failed": 0})  # fmt: skip
+                                       failed_at=utcnow(), model=model, final_counts={"total": total,
+                                       "completed": 0, "failed": 0})  # fmt: skip
             else:
-                api_batches.transition(
-                    conn,
-                    row["batch_id"],
-                    ("validating",),
-                    "in_progress",
-                    total=total,
-                    in_progress_at=utcnow(),
-                )
+                api_batches.transition(conn, row["batch_id"], ("validating",), "in_progress", total=total,
+                                       model=model, in_progress_at=utcnow())  # fmt: skip
         log.info("batch %s: %s (%d lines)", row["batch_id"], "failed" if errors else "in_progress", total)
         self.wake()
 
@@ -187,42 +294,69 @@ class BatchDriver:
             )
         return None
 
-    def _produce(self, row: Row) -> None:
-        """Hand the lines after the checkpoint to Kafka as low-priority jobs, a checkpoint at a time; stop
-        when the batch left in_progress (a cancel, or its expiry)."""
+    def _in_flight(self, row: Row) -> int:
+        """The batch's lines handed to Kafka whose job has not ended yet."""
+        with self.ctx.db.connect() as conn:
+            counts = bulk_jobs.job_counts(conn, row["batch_id"], row["tenant"])
+        return max(0, row["submitted"] - bulk_jobs.terminal_jobs(counts))
+
+    def _produce(self, row: Row) -> bool:
+        """Hand up to a turn's lines after the checkpoint to Kafka as low-priority jobs, as many as the
+        batch's window has room for; whether it could go on at once (a full turn, room left, lines left)."""
         if row["submitted"] >= row["total"]:
-            return
-        content = self._input(row)
-        if content is None:
-            return
-        lines = islice((i for i in _items(content) if isinstance(i, BatchLine)), row["submitted"], None)
-        done = row["submitted"]
-        while chunk := list(islice(lines, CHECKPOINT_LINES)):
-            jobs = [self._job(line, row) for line in chunk]
-            self.ctx.client.submit_many(jobs, "low")
-            for job in jobs:
-                self.ctx.client.forget(job.job_id)
-            done += len(chunk)
-            with self.ctx.db.begin() as conn:
-                api_batches.update(conn, row["batch_id"], submitted=done)
-                status = api_batches.get_any(conn, row["batch_id"])["status"]
-            if self.ctx.settings.failpoint == KILL_AFTER_CHECKPOINT and done < row["total"]:
-                log.error("failpoint %s: killing this process", KILL_AFTER_CHECKPOINT)
-                os.kill(os.getpid(), signal.SIGKILL)  # tests: mid-production, its advisory lock held
-            if status != "in_progress":
-                return
+            return False
+        room = self.window - self._in_flight(row)
+        wanted = min(CHECKPOINT_LINES, room)
+        if wanted <= 0:
+            return False
+        lines, end = self._next_lines(row, wanted)
+        if not lines:
+            return False
+        jobs = [self._job(line, row) for line in lines]
+        self.ctx.client.submit_many(jobs, "low")
+        for job in jobs:
+            self.ctx.client.forget(job.job_id)
+        done = row["submitted"] + len(lines)
+        with self.ctx.db.begin() as conn:
+            api_batches.update(conn, row["batch_id"], submitted=done, input_offset=end)
+            status = api_batches.get_any(conn, row["batch_id"])["status"]
+        if self.ctx.settings.failpoint == KILL_AFTER_CHECKPOINT and done < row["total"]:
+            log.error("failpoint %s: killing this process", KILL_AFTER_CHECKPOINT)
+            os.kill(os.getpid(), signal.SIGKILL)  # tests: mid-production, its advisory lock held
+        return status == "in_progress" and done < row["total"] and len(lines) == wanted and wanted < room
 
     def _job(self, line: BatchLine, row: Row) -> JobRequest:
         """A line's job: the base unnamed, an adapter by its name (validated; if it was removed since,
         the worker refuses the job and the line is an error in the output)."""
         job = to_job(line, bulk_id=row["batch_id"], tenant=row["tenant"])
-        return job.model_copy(update={"model": job_model(line.model, self.ctx.models)})
+        return job.model_copy(update={"model": job_model(line.model, self.fleet_models())})
 
-    def _job_ids(self, row: Row, content: bytes) -> Iterator[list[str]]:
-        lines = (i for i in _items(content) if isinstance(i, BatchLine))
-        lines = islice(lines, row["submitted"])
-        while chunk := list(islice(lines, 500)):
-            yield [job_id_for(row["batch_id"], line.custom_id) for line in chunk]
+    def _next_lines(self, row: Row, count: int) -> tuple[list[BatchLine], int]:
+        """Up to `count` request lines from the checkpoint (`input_offset`) on, and the offset after them."""
+        lines: list[BatchLine] = []
+        end = row["input_offset"]
+        for raw, after in self._raw_lines(row, end):
+            end = after
+            if not raw.strip():
+                continue
+            item = parse_line(raw.decode("utf-8"), row["submitted"] + len(lines) + 1)
+            if isinstance(item, LineError):  # validated before: cannot happen unless the file changed
+                raise RuntimeError(f"batch {row['batch_id']}: {item.message}")
+            lines.append(item)
+            if len(lines) == count:
+                break
+        return lines, end
+
+    def _job_ids(self, row: Row) -> Iterator[list[str]]:
+        """The job ids of the lines submitted so far, 500 at a time (their custom_ids alone are read)."""
+        ids = (
+            job_id_for(row["batch_id"], json.loads(raw)["custom_id"])
+            for raw, _ in self._raw_lines(row)
+            if raw.strip()
+        )
+        ids = islice(ids, row["submitted"])
+        while chunk := list(islice(ids, 500)):
+            yield chunk
 
     def _all_done(self, row: Row) -> bool:
         """Whether every submitted line's job is terminal (all of them, unless cancelling)."""
@@ -235,8 +369,7 @@ class BatchDriver:
         if counts.get("queued", 0) + counts.get("running", 0):
             return False
         # a cancel recorded before its job arrived leaves a row without bulk_id: look by job_id
-        content = self._input(row) or b""
-        for ids in self._job_ids(row, content):
+        for ids in self._job_ids(row):
             with self.ctx.db.connect() as conn:
                 rows = bulk_jobs.rows_for(conn, row["tenant"], ids)
             if len(rows) < len(ids) or any(r["status"] not in TERMINAL_STATUSES for r in rows.values()):
@@ -244,8 +377,7 @@ class BatchDriver:
         return True
 
     def _send_cancels(self, row: Row) -> None:
-        content = self._input(row) or b""
-        for ids in self._job_ids(row, content):
+        for ids in self._job_ids(row):
             with self.ctx.db.connect() as conn:
                 rows = bulk_jobs.rows_for(conn, row["tenant"], ids)
             for job_id in ids:
@@ -256,8 +388,9 @@ class BatchDriver:
             api_batches.update(conn, row["batch_id"], cancels_sent_at=utcnow())
 
     def _finalize(self, row: Row, from_statuses: tuple[str, ...], to: str, unfinished_code: str) -> None:
-        """Write the output and error files and move to `to` in one transaction: no reader sees a batch
-        with half its files, and a crash before the commit leaves the batch to do again."""
+        """Write the output and error files as their lines are made, then make them visible and move to `to`
+        in one transaction: no reader sees a batch with half its files, and a crash before the commit leaves
+        the batch to do again (the half-written files are swept)."""
         batch_id, tenant = row["batch_id"], row["tenant"]
         if to == "completed" and row["status"] == "in_progress":
             with self.ctx.db.begin() as conn:
@@ -266,53 +399,58 @@ class BatchDriver:
                 ):
                     return
             from_statuses = ("finalizing",)
-        content = self._input(row) or b""
-        with tempfile.TemporaryDirectory(prefix="inferq-batch-") as tmp, self.ctx.db.connect() as conn:
-            out, err = Path(tmp) / "output.jsonl", Path(tmp) / "errors.jsonl"
-            counts = write_results(
-                _items(content), batch_id, lambda ids: bulk_jobs.rows_for(conn, tenant, ids), out, err,
-                unfinished_code=unfinished_code,
-            )  # fmt: skip
-            output, errors = out.read_bytes(), err.read_bytes()
-        final = dataclasses.asdict(counts)
-        request = {
-            "total": sum(final.values()),
-            "completed": final["succeeded"],
-            "failed": final["failed"] + final["invalid"] + final["unfinished"],
-        }
         lifetime = row.get("output_expires_after")  # the files live that long from their creation
+        out = _FileWriter(self.ctx, tenant, "batch_output", f"{batch_id}_output.jsonl", lifetime)
+        err = _FileWriter(self.ctx, tenant, "batch_output", f"{batch_id}_error.jsonl", lifetime)
         try:
-            self._commit_files(batch_id, tenant, from_statuses, to, request, output, errors, lifetime)
+
+            def lookup(ids: list[str]) -> dict[str, Row]:
+                with self.ctx.db.connect() as conn:
+                    return bulk_jobs.rows_for(conn, tenant, ids)
+
+            items = self._items(row) if self._input_exists(row) else iter(())
+            counts = write_lines(
+                items, batch_id, lookup, out.write, err.write, unfinished_code=unfinished_code
+            )
+            final = {"succeeded": counts.succeeded, "failed": counts.failed, "invalid": counts.invalid,
+                     "unfinished": counts.unfinished}  # fmt: skip
+            request = {
+                "total": sum(final.values()),
+                "completed": final["succeeded"],
+                "failed": final["failed"] + final["invalid"] + final["unfinished"],
+            }
+            keep_out, keep_err = out.size > 0 or err.size == 0, err.size > 0
+            for writer, keep in ((out, keep_out), (err, keep_err)):
+                if keep:
+                    writer.flush()
+            with self.ctx.db.begin() as conn:
+                usage = bulk_jobs.token_sums(conn, batch_id, tenant)
+                files = {
+                    "output_file_id": out.finish(conn) if keep_out else None,
+                    "error_file_id": err.finish(conn) if keep_err else None,
+                }
+                moved = api_batches.transition(
+                    conn, batch_id, from_statuses, to, final_counts=request, usage=usage, **files,
+                    **{f"{to}_at": utcnow()},
+                )  # fmt: skip
+                if not moved:  # another verdict came first (a cancel, the expiry): the files go with it
+                    raise _Overtaken
         except _Overtaken:
+            out.discard()
+            err.discard()
             return
+        except BaseException:
+            out.discard()
+            err.discard()
+            raise
         log.info("batch %s: %s, %s", batch_id, to, request)
         self.wake()
-
-    def _commit_files(
-        self, batch_id: str, tenant: str, from_statuses: tuple[str, ...], to: str, request: dict[str, int],
-        output: bytes, errors: bytes, lifetime_s: int | None = None,
-    ) -> None:  # fmt: skip
-        with self.ctx.db.begin() as conn:
-            files: dict[str, Any] = {"output_file_id": None, "error_file_id": None}
-            if output or not errors:
-                files["output_file_id"] = api_files.create(
-                    conn, tenant, "batch_output", f"{batch_id}_output.jsonl", output, lifetime_s
-                )["file_id"]
-            if errors:
-                files["error_file_id"] = api_files.create(
-                    conn, tenant, "batch_output", f"{batch_id}_error.jsonl", errors, lifetime_s
-                )["file_id"]
-            moved = api_batches.transition(
-                conn, batch_id, from_statuses, to, final_counts=request, **files, **{f"{to}_at": utcnow()}
-            )
-            if not moved:  # another verdict came first (a cancel, the expiry): the files go with it
-                raise _Overtaken
 
     def _publish(self, row: Row) -> None:
         if self.events is None:
             return
         with self.ctx.db.connect() as conn:
-            batch = batch_object(row, request_counts(conn, row))
+            batch = describe(conn, row)
         self.events.publish(batch)
         with self.ctx.db.begin() as conn:
             api_batches.update(conn, row["batch_id"], event_published_at=utcnow())

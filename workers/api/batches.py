@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import ValidationError
-from starlette.concurrency import run_in_threadpool
 
 from workers.api import auth
-from workers.api.batch_driver import expiry, request_counts
+from workers.api.batch_driver import describe, expiry
 from workers.api.errors import APIError, not_found
+from workers.api.files import unknown_cursor
 from workers.api.protocol import BatchCreate, batch_object, page
-from workers.api.serving_engine import json_body
+from workers.api.request_body import json_body
 from workers.clock import utcnow
 from workers.db import api_batches, api_files
+from workers.db.cursors import UnknownCursor
 
 router = APIRouter()
 CANCELLABLE = ("validating", "in_progress")
@@ -32,7 +33,7 @@ def _wake(request: Request) -> None:
 async def create_batch(request: Request, tenant: str = Depends(auth.tenant)) -> dict:
     ctx = auth.context(request)
     try:
-        asked = BatchCreate.model_validate(await json_body(request))
+        asked = BatchCreate.model_validate(await json_body(request, ctx.settings.api_max_body_bytes))
     except ValidationError as exc:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
@@ -56,7 +57,7 @@ async def create_batch(request: Request, tenant: str = Depends(auth.tenant)) -> 
             )  # fmt: skip
             return batch_object(row, {"total": 0, "completed": 0, "failed": 0})
 
-    batch = await run_in_threadpool(create)
+    batch = await ctx.run_db(create)
     if batch is None:
         raise not_found("file", asked.input_file_id, "input_file_id")
     _wake(request)
@@ -70,9 +71,9 @@ async def get_batch(request: Request, batch_id: str, tenant: str = Depends(auth.
     def fetch() -> dict | None:
         with ctx.db.connect() as conn:
             row = api_batches.get(conn, tenant, batch_id)
-            return None if row is None else batch_object(row, request_counts(conn, row))
+            return None if row is None else describe(conn, row)
 
-    batch = await run_in_threadpool(fetch)
+    batch = await ctx.run_db(fetch)
     if batch is None:
         raise not_found("batch", batch_id, "batch_id")
     return batch
@@ -89,9 +90,12 @@ async def list_batches(
     def fetch() -> tuple[list[dict], bool]:
         with ctx.db.connect() as conn:
             rows = api_batches.list_batches(conn, tenant, limit + 1, after)
-            return [batch_object(r, request_counts(conn, r)) for r in rows[:limit]], len(rows) > limit
+            return [describe(conn, r) for r in rows[:limit]], len(rows) > limit
 
-    data, has_more = await run_in_threadpool(fetch)
+    try:
+        data, has_more = await ctx.run_db(fetch)
+    except UnknownCursor:
+        raise unknown_cursor("batch", after) from None
     return page(data, has_more)
 
 
@@ -110,9 +114,9 @@ async def cancel_batch(request: Request, batch_id: str, tenant: str = Depends(au
                 raise APIError(409, f"Batch {batch_id} is {row['status']}: it cannot be cancelled",
                                param="batch_id", code="batch_not_cancellable")  # fmt: skip
             row = api_batches.get(conn, tenant, batch_id)
-            return batch_object(row, request_counts(conn, row))
+            return describe(conn, row)
 
-    batch = await run_in_threadpool(cancel)
+    batch = await ctx.run_db(cancel)
     if batch is None:
         raise not_found("batch", batch_id, "batch_id")
     _wake(request)

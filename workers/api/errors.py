@@ -1,4 +1,11 @@
-"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with its status codes."""
+"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with its status codes.
+
+Every error response says whether a retry can help (`x-should-retry`, which OpenAI's SDKs obey before their
+own rule of retrying 408, 409, 429 and 5xx): yes for a limit (429), a database or broker that is away (503),
+an answer not ready in time (504: the retry reattaches to the same job) and a job not finished yet (409
+`job_not_finished`); no for everything the same request would meet again (4xx, a job that failed or was
+cancelled, an internal error).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +21,9 @@ from workers.db.errors import db_transient
 from workers.kafka_io.errors import kafka_transient
 
 log = logging.getLogger(__name__)
+
+_RETRYABLE_STATUSES = (429, 503, 504)
+_RETRYABLE_CODES = ("job_not_finished",)
 
 _TYPES = {
     400: "invalid_request_error",
@@ -39,11 +49,16 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        should_retry: bool | None = None,
         **extra: Any,
     ) -> None:
+        """`should_retry`: whether the same request may succeed later (None: by status and code)."""
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.extra = status, message, param, code, extra
-        self.headers = headers or {}  # of the response (429: Retry-After)
+        if should_retry is None:
+            should_retry = status in _RETRYABLE_STATUSES or code in _RETRYABLE_CODES
+        self.should_retry = should_retry
+        self.headers = {**(headers or {}), "x-should-retry": "true" if should_retry else "false"}
 
     def body(self) -> dict[str, Any]:
         error = {"message": self.message, "type": _TYPES.get(self.status, "server_error")}
@@ -52,7 +67,7 @@ class APIError(Exception):
 
 
 def error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers or None)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 def not_found(what: str, ident: str, param: str | None = None) -> APIError:

@@ -1,58 +1,59 @@
 """The Files routes: `POST /v1/files` (multipart, purpose `batch`), `GET /v1/files[/{id}[/content]]`,
-`DELETE /v1/files/{id}`. A file is its tenant's only: another tenant's id is answered 404, as unknown."""
+`DELETE /v1/files/{id}`. A file is its tenant's only: another tenant's id is answered 404, as unknown.
+
+Uploads are stored as they arrive and content is sent as it is read, a chunk at a time (uploads.py,
+db/api_files.py): no request holds a whole file in memory, whatever its size.
+"""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import Response
-from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import UploadFile
+from fastapi.responses import StreamingResponse
 
 from workers.api import auth
 from workers.api.errors import APIError, not_found
 from workers.api.protocol import FILE_PURPOSES, check_file_form, file_object, page, upload_lifetime
+from workers.api.uploads import receive_upload
 from workers.db import api_batches, api_files
+from workers.db.cursors import UnknownCursor
 
 router = APIRouter()
-_FORM_OVERHEAD = 64 * 1024  # multipart headers and the purpose field, beyond the file itself
-
-
-def _too_large(limit: int) -> APIError:
-    return APIError(413, f"The file is larger than this deployment's limit of {limit} bytes",
-                    param="file", code="file_too_large")  # fmt: skip
 
 
 @router.post("/v1/files")
 async def create_file(request: Request, tenant: str = Depends(auth.tenant)) -> dict:
     ctx = auth.context(request)
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > ctx.max_file_bytes + _FORM_OVERHEAD:
-        raise _too_large(ctx.max_file_bytes)
+    upload = await receive_upload(request, ctx, tenant)
+    stored = upload.file
     try:
-        form = await request.form(max_files=1, max_fields=4)
-    except Exception as exc:  # noqa: BLE001 - not multipart, or a broken one
-        raise APIError(400, f"Expected a multipart/form-data body: {exc}") from None
-    check_file_form(form.keys())
-    purpose, upload = form.get("purpose"), form.get("file")
-    if purpose != "batch":
-        raise APIError(
-            400, f"purpose must be 'batch', got {purpose!r}", param="purpose", code="invalid_value"
-        )
-    if not isinstance(upload, UploadFile):
-        raise APIError(400, "Missing the 'file' part", param="file", code="missing_required_parameter")
-    lifetime = upload_lifetime(form)
-    content = await upload.read(ctx.max_file_bytes + 1)
-    if len(content) > ctx.max_file_bytes:
-        raise _too_large(ctx.max_file_bytes)
-    if not content.strip():
-        raise APIError(400, "The file is empty", param="file", code="empty_file")
-    filename = upload.filename or "upload.jsonl"
+        check_file_form([*upload.fields, *(["file"] if stored is not None else [])])
+        lifetime = upload_lifetime(upload.fields)
+        purpose = upload.fields.get("purpose")
+        if purpose != "batch":
+            raise APIError(
+                400, f"purpose must be 'batch', got {purpose!r}", param="purpose", code="invalid_value"
+            )
+        if stored is None:
+            raise APIError(400, "Missing the 'file' part", param="file", code="missing_required_parameter")
+    except APIError:
+        if stored is not None:  # stored as it came: removed again
 
-    def store() -> dict:
-        with ctx.db.begin() as conn:
-            return api_files.create(conn, tenant, "batch", filename, content, lifetime)
+            def drop() -> None:
+                with ctx.db.begin() as conn:
+                    api_files.discard(conn, stored["file_id"])
 
-    return file_object(await run_in_threadpool(store))
+            await ctx.run_db(drop)
+        raise
+    if lifetime is not None:  # the form's fields may come after the file: its expiry is set once complete
+
+        def expire() -> dict:
+            with ctx.db.begin() as conn:
+                return api_files.set_lifetime(conn, stored["file_id"], lifetime)
+
+        stored = await ctx.run_db(expire)
+    return file_object(stored)
 
 
 @router.get("/v1/files")
@@ -76,8 +77,17 @@ async def list_files(
         with ctx.db.connect() as conn:
             return api_files.list_files(conn, tenant, purpose, limit + 1, after)
 
-    rows = await run_in_threadpool(fetch)
+    try:
+        rows = await ctx.run_db(fetch)
+    except UnknownCursor:
+        raise unknown_cursor("file", after) from None
     return page([file_object(r) for r in rows[:limit]], len(rows) > limit)
+
+
+def unknown_cursor(what: str, after: str | None) -> APIError:
+    return APIError(
+        400, f"after: no {what} {after!r} of yours to list after", param="after", code="invalid_cursor"
+    )
 
 
 @router.get("/v1/files/{file_id}")
@@ -88,24 +98,43 @@ async def get_file(request: Request, file_id: str, tenant: str = Depends(auth.te
         with ctx.db.connect() as conn:
             return api_files.get(conn, tenant, file_id)
 
-    row = await run_in_threadpool(fetch)
+    row = await ctx.run_db(fetch)
     if row is None:
         raise not_found("file", file_id, "file_id")
     return file_object(row)
 
 
 @router.get("/v1/files/{file_id}/content")
-async def file_content(request: Request, file_id: str, tenant: str = Depends(auth.tenant)) -> Response:
+async def file_content(
+    request: Request, file_id: str, tenant: str = Depends(auth.tenant)
+) -> StreamingResponse:
     ctx = auth.context(request)
 
     def fetch():
         with ctx.db.connect() as conn:
-            return api_files.content(conn, tenant, file_id)
+            return api_files.get(conn, tenant, file_id)
 
-    content = await run_in_threadpool(fetch)
-    if content is None:
+    row = await ctx.run_db(fetch)
+    if row is None:
         raise not_found("file", file_id, "file_id")
-    return Response(content, media_type="application/jsonl")
+
+    async def content() -> AsyncIterator[bytes]:
+        seq = 0
+        while True:
+
+            def read(first: int = seq) -> list[bytes]:
+                with ctx.db.connect() as conn:
+                    return api_files.chunks(conn, file_id, first)
+
+            found = await ctx.run_db(read)
+            for data in found:
+                yield data
+            if len(found) < api_files.READ_CHUNKS:
+                return
+            seq += len(found)
+
+    headers = {"Content-Length": str(row["bytes"])}
+    return StreamingResponse(content(), media_type="application/jsonl", headers=headers)
 
 
 @router.delete("/v1/files/{file_id}")
@@ -119,10 +148,10 @@ async def delete_file(request: Request, file_id: str, tenant: str = Depends(auth
                 return "missing"
             if api_batches.open_with_input(conn, tenant, file_id):
                 return "in use"
-            api_files.delete(conn, tenant, file_id)
+            api_files.delete_file(conn, tenant, file_id)
             return None
 
-    why = await run_in_threadpool(remove)
+    why = await ctx.run_db(remove)
     if why == "missing":
         raise not_found("file", file_id, "file_id")
     if why is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import OrderedDict
 
 from workers.api.errors import APIError
 
@@ -31,6 +32,48 @@ class Slot:
             self._limits._release(self)
 
 
+class TokenBuckets:
+    """A token bucket of `per_minute` per name (the full minute's worth at once, then one more every
+    60/per_minute s); 0: off. At most `max_names` are kept (the least recently used go first: a name
+    forgotten starts again with a full bucket, so the bound costs at most one minute's allowance)."""
+
+    def __init__(self, per_minute: int, max_names: int = 100_000) -> None:
+        self.per_minute = per_minute
+        self.max_names = max_names
+        self._lock = threading.Lock()
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # name -> (tokens, at)
+
+    def take(self, name: str, what: str) -> None:
+        """Count one against `name`; 429 (naming `what`) when its bucket is empty."""
+        self._use(name, what, 1.0)
+
+    def check(self, name: str, what: str) -> None:
+        """429 when `name`'s bucket is empty; counts nothing."""
+        self._use(name, what, 0.0)
+
+    def _use(self, name: str, what: str, cost: float) -> None:
+        rate = self.per_minute
+        if rate <= 0:
+            return
+        now = time.monotonic()
+        with self._lock:
+            tokens, at = self._buckets.get(name, (float(rate), now))
+            tokens = min(float(rate), tokens + (now - at) * rate / 60.0)
+            if tokens < 1.0:
+                self._buckets[name] = (tokens, now)
+                wait_s = (1.0 - tokens) * 60.0 / rate
+                raise _too_many(
+                    f"Rate limit reached for {what}: limit {rate} per minute. "
+                    f"Please try again in {wait_s:.1f}s.",
+                    wait_s,
+                    rate,
+                )
+            self._buckets[name] = (tokens - cost, now)
+            self._buckets.move_to_end(name)
+            while len(self._buckets) > self.max_names:
+                self._buckets.popitem(last=False)
+
+
 class TenantLimits:
     def __init__(self, max_in_flight: int = 0, requests_per_minute: int = 0) -> None:
         """0: that limit is off."""
@@ -38,27 +81,11 @@ class TenantLimits:
         self.requests_per_minute = requests_per_minute
         self._lock = threading.Lock()
         self._in_flight: dict[str, int] = {}
-        self._buckets: dict[str, tuple[float, float]] = {}  # tenant -> (tokens, at monotonic)
+        self._rpm = TokenBuckets(requests_per_minute)
 
     def admit(self, tenant: str) -> None:
         """Count one request of the tenant against its requests per minute; 429 when over."""
-        rpm = self.requests_per_minute
-        if rpm <= 0:
-            return
-        now = time.monotonic()
-        with self._lock:
-            tokens, at = self._buckets.get(tenant, (float(rpm), now))
-            tokens = min(float(rpm), tokens + (now - at) * rpm / 60.0)
-            if tokens < 1.0:
-                self._buckets[tenant] = (tokens, now)
-                wait_s = (1.0 - tokens) * 60.0 / rpm
-                raise _too_many(
-                    f"Rate limit reached for requests per minute (RPM) of tenant '{tenant}': limit {rpm}. "
-                    f"Please try again in {wait_s:.1f}s.",
-                    wait_s,
-                    rpm,
-                )
-            self._buckets[tenant] = (tokens - 1.0, now)
+        self._rpm.take(tenant, f"requests per minute (RPM) of tenant '{tenant}'")
 
     def hold(self, tenant: str) -> Slot:
         """A place among the tenant's requests in flight in this process; 429 when all are taken."""

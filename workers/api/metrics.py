@@ -48,6 +48,9 @@ class HTTPMetrics:
 
 
 def _route(scope: Scope) -> str:
+    matched = getattr(scope.get("route"), "path", None)  # the router says which route took the request
+    if matched is not None:
+        return matched
     for route in scope["app"].router.routes:
         match, _ = route.matches(scope)
         if match == Match.FULL:

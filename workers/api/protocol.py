@@ -7,7 +7,6 @@ this module only takes out what is particular to a live request (`stream`, `stre
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Literal
@@ -88,17 +87,14 @@ def split_live_options(body: dict[str, Any]) -> tuple[dict[str, Any], LiveOption
     return body, LiveOptions(stream=stream, include_usage=include_usage, priority=priority)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: prompt tokens the prefix cache served."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens or 0},
     }
-
-
-# ---- models --------------------------------------------------------------------------------------------
-def model_card(name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "inferq"}
 
 
 def page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
@@ -197,7 +193,8 @@ _TIMES = ("in_progress", "finalizing", "completed", "failed", "expired", "cancel
 
 
 def batch_object(row: Mapping[str, Any], counts: Mapping[str, int]) -> dict[str, Any]:
-    """OpenAI's Batch object, field for field; `counts`: request_counts (total, completed, failed)."""
+    """OpenAI's Batch object, field for field; `counts`: request_counts (total, completed, failed); the row's
+    `usage`: token sums (its jobs' so far while it runs, see batch_driver.request_counts)."""
     errors = row["errors"]
     return {
         "id": row["batch_id"],
@@ -214,4 +211,18 @@ def batch_object(row: Mapping[str, Any], counts: Mapping[str, int]) -> dict[str,
         **{f"{t}_at": unix(row[f"{t}_at"]) for t in _TIMES},
         "request_counts": dict(counts),
         "metadata": row["metadata"],
+        "model": row.get("model"),
+        "usage": batch_usage(row.get("usage") or {}),
+    }
+
+
+def batch_usage(tokens: Mapping[str, int]) -> dict[str, Any]:
+    """OpenAI's Batch `usage` from token sums (prompt_tokens, completion_tokens, cached_tokens)."""
+    given, made = int(tokens.get("prompt_tokens") or 0), int(tokens.get("completion_tokens") or 0)
+    return {
+        "input_tokens": given,
+        "output_tokens": made,
+        "total_tokens": given + made,
+        "input_tokens_details": {"cached_tokens": int(tokens.get("cached_tokens") or 0)},
+        "output_tokens_details": {"reasoning_tokens": 0},
     }

@@ -12,13 +12,20 @@ from workers.db.outbox import choices_of
 
 
 def _created(row: Row) -> int:
-    at = row.get("finished_at") or row.get("created_at")
+    """When the request was made (as OpenAI's `created`): the job's post, else its end."""
+    at = row.get("created_at") or row.get("finished_at")
     return int(at.timestamp()) if isinstance(at, datetime) else 0
 
 
-def _usage(row: Row) -> dict[str, int]:
+def usage_body(row: Row) -> dict[str, Any]:
+    """OpenAI's usage of a job's row, with the prompt tokens its prefix cache served."""
     prompt, completion = row.get("prompt_tokens") or 0, row.get("completion_tokens") or 0
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": row.get("cached_tokens") or 0},
+    }
 
 
 def completion_logprobs(chat: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -96,7 +103,7 @@ def response_body(line: BatchLine, row: Row, model_name: str | None = None) -> d
         "created": _created(row),
         "model": model_name or line.model,
         "choices": choices,
-        "usage": _usage(row),
+        "usage": usage_body(row),
     }
 
 

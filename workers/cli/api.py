@@ -20,8 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model-name",
         action="append",
         default=None,
-        help="a served model name /v1/models lists and bodies may name (repeatable; default: "
-        "INFERQ_SERVED_MODEL_NAME, else 'default')",
+        help="a model name a body may give while no worker of the deployment runs, its jobs waiting in the "
+        "queue (repeatable; default: INFERQ_SERVED_MODEL_NAME). /v1/models lists what the live workers "
+        "announce (inferq worker --served-model-name), whatever this says",
     )
     p.set_defaults(func=serve)
 
@@ -34,6 +35,6 @@ def serve(args: argparse.Namespace) -> int:
     configure("INFO", "text", "api")
     settings = Settings.from_env()
     names = [n.strip() for n in settings.served_model_name.split(",") if n.strip()]
-    models = tuple(args.model_name or names or ["default"])
+    models = tuple(args.model_name or names)
     run(settings, models, args.host, args.port)
     return 0

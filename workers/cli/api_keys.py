@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,11 +29,20 @@ def _engine():
 
 
 def create_key(args: argparse.Namespace) -> int:
+    from schemas.topics import check_tenant_name
+    from schemas.validation import InvalidMessage
     from workers.db import api_keys
+    from workers.settings import Settings
 
-    engine = _engine()
-    with engine.begin() as conn:
-        key_id, key = api_keys.create(conn, args.tenant, args.name)
+    try:
+        if Settings.from_env().tenant_topics:  # the tenant names topics: their rule too
+            check_tenant_name(args.tenant)
+        engine = _engine()
+        with engine.begin() as conn:
+            key_id, key = api_keys.create(conn, args.tenant, args.name)
+    except (InvalidMessage, ValueError) as exc:
+        print(f"inferq api-key create: {exc}", file=sys.stderr)
+        return 2
     engine.dispose()
     print(f"key {key_id} for tenant {args.tenant}; store it now, it is not shown again:")
     print(key)

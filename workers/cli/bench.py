@@ -13,6 +13,7 @@ import argparse
 def register(subparsers: argparse._SubParsersAction) -> None:
     # light: argparse only; torch comes when the verb runs
     from bench import pipeline, resume
+    from bench.api import load as api_load
     from bench.e2e import command as e2e
     from bench.engine import command as engine
     from bench.engine import lora
@@ -33,6 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
          "(runs on CPU)", False),
         ("resume", resume, "a long job whose worker is killed -9 half-way: resumed from its saved tokens vs "
          "restarted from scratch, time from the kill to done", True),
+        ("api-load", api_load, "2,000 requests and 500 streams at once through inferq api: the API's memory, "
+         "/health latency, one jobs row a request", True),
     ):  # fmt: skip
         formatter = argparse.RawDescriptionHelpFormatter if raw else argparse.HelpFormatter
         parser = verbs.add_parser(name, help=summary, description=module.__doc__, formatter_class=formatter)

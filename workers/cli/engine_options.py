@@ -96,13 +96,25 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         "by default they stay plain text, so users cannot forge chat roles",
     )
     add_lora_options(parser)
+    g.add_argument(
+        "--max-tokens",
+        dest="max_tokens_cap",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a cap on a job's max_tokens: more is refused, and a job naming none gets up to N "
+        "(default: no cap; a job naming none generates up to the context left after its prompt)",
+    )
 
 
 def input_limits(args: argparse.Namespace):
     """The validation limits the options ask for (the defaults but for control tokens in text)."""
     from schemas.validation import Limits
 
-    return Limits(special_tokens_in_text=args.allow_special_tokens)
+    cap = getattr(args, "max_tokens_cap", None)
+    if cap is not None and cap < 1:
+        raise SystemExit(f"--max-tokens must be at least 1, got {cap}")
+    return Limits(special_tokens_in_text=args.allow_special_tokens, max_tokens=cap)
 
 
 def served_model_name(args: argparse.Namespace, settings) -> str:

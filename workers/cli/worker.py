@@ -146,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         save_interval_s=max(0.0, args.save_interval_ms) / 1000,
         limits=input_limits(args),
         models=models,
+        served_model=base_names[0],  # announced to the fleet (/v1/models)
     )
     worker = Worker(settings, engine, options, metrics)
 

@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from schemas.jobs import JobRequest, JobResult, TokenEvent
+from workers.client.event_feed import EventFeed
 from workers.client.stream_hub import CaughtUp, Failed, Follower, StreamHub
-from workers.client.token_order import ContinuousOutput, TokenOrder
-from workers.kafka_io import PartitionReader, Producer
+from workers.kafka_io import Delivery, PartitionReader, Producer, Record
 from workers.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -124,17 +124,9 @@ class JobClient:
     ) -> list[Submitted]:
         """Post jobs together (one round of batching), then confirm each; all are validated before any is
         sent. Raises DeliveryFailed at the first job the broker did not take within `timeout_s`."""
-        topics = self.settings.topics
         prepared = [self._prepare(job) for job in jobs]
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
-        sent = []
-        for job in prepared:
-            try:
-                data = json.dumps(job.model_dump(mode="json", exclude_none=True)).encode()
-                topic = topics.jobs_for(job.tenant, priority)  # per-tenant topics: the tenant's own
-                sent.append((job, self._producer.send(topic, job.job_id, data)))
-            except Exception as exc:  # noqa: BLE001 - no metadata in time, buffer full: not delivered
-                raise DeliveryFailed(job.job_id, exc) from exc
+        sent = [(job, self.post(job, priority)) for job in prepared]
         done: list[Submitted] = []
         for job, delivery in sent:
             try:
@@ -147,6 +139,18 @@ class JobClient:
             if on_delivered is not None:
                 on_delivered(done[-1])
         return done
+
+    def post(self, job: JobRequest, priority: str = "normal") -> Delivery:
+        """Hand a job (with its job_id) to the producer without waiting for the broker: the caller waits on
+        the delivery (`submit`), or is called back (`Delivery.on_settled`: the HTTP API's event loop).
+        Raises DeliveryFailed when it cannot even be sent (no metadata in time, the buffer full)."""
+        assert job.job_id is not None
+        try:
+            data = json.dumps(job.model_dump(mode="json", exclude_none=True)).encode()
+            topic = self.settings.topics.jobs_for(job.tenant, priority)  # per-tenant topics: the tenant's own
+            return self._producer.send(topic, job.job_id, data)
+        except Exception as exc:  # noqa: BLE001 - no metadata in time, buffer full: not delivered
+            raise DeliveryFailed(job.job_id, exc) from exc
 
     def _prepare(self, job: JobRequest | dict) -> JobRequest:
         if isinstance(job, dict):
@@ -166,11 +170,18 @@ class JobClient:
         returns once the broker has the cancel (raises DeliveryFailed otherwise)."""
         job_id = _job_id(job)
         tenant = tenant or self._tenants.get(job_id, "default")
+        try:
+            self.post_cancel(job_id, tenant).wait(self.timeout_s if timeout_s is None else timeout_s)
+        except DeliveryFailed:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise DeliveryFailed(job_id, exc) from exc
+
+    def post_cancel(self, job_id: str, tenant: str) -> Delivery:
+        """`cancel` without waiting for the broker (see `post`)."""
         value = json.dumps({"type": "cancel", "job_id": job_id, "tenant": tenant}).encode()
         try:
-            self._producer.send(self.settings.topics.control_for(tenant), job_id, value).wait(
-                self.timeout_s if timeout_s is None else timeout_s
-            )
+            return self._producer.send(self.settings.topics.control_for(tenant), job_id, value)
         except Exception as exc:  # noqa: BLE001
             raise DeliveryFailed(job_id, exc) from exc
 
@@ -198,37 +209,17 @@ class JobClient:
         """
         job_id = _job_id(job)
         tenant = tenant or self._tenants.get(job_id, "default")
-        follower = self._follow(job_id, self.settings.topics.tokens_for(tenant), since_ms)
+        follower = self._follow(job_id, (self.settings.topics.tokens_for(tenant),), since_ms)
         deadline = time.monotonic() + (WAIT_TIMEOUT_S if timeout_s is None else timeout_s)
-        order, output = TokenOrder(), ContinuousOutput()
-        rewound = None  # the rewind asked for the hole waiting now, if any
+        feed = EventFeed(job_id, follower)
         try:
             while (left := deadline - time.monotonic()) > 0:
                 item = follower.get(min(left, 1.0))
-                if isinstance(item, Failed):
-                    raise item.error
                 if item is None:
                     continue
-                if isinstance(item, CaughtUp):
-                    if rewound is None or item.placement != rewound or not order.gap:
-                        continue
-                    # read again to the partition's end and still missing: not in the topic (retention, or
-                    # a `since_ms` after the job began); the events after the hole go on
-                    log.warning("job %s: events from seq %d are not in the topic", job_id, order.next_seq)
-                    ready = order.skip_gap()
-                else:
-                    ready = order.add(TokenEvent.model_validate_json(item.value or b"{}"))
-                if not order.gap:
-                    rewound = None
-                elif rewound is None:  # a hole: read the job's records again before going on
-                    log.info("job %s: seq %d missing from its stream; reading again", job_id, order.next_seq)
-                    rewound = follower.rewind()
-                for event in ready:
-                    new = output.take(event)
-                    if new is None:
-                        continue
-                    yield new
-                    if new.final:  # with n > 1, samples' finish_reason come before: not the end yet
+                for event in feed.take(item):
+                    yield event
+                    if event.final:  # with n > 1, samples' finish_reason come before: not the end yet
                         return
             raise JobTimeout(f"no final token event for {job_id} within {timeout_s}s")
         finally:
@@ -249,7 +240,7 @@ class JobClient:
         """
         job_id = _job_id(job)
         tenant = tenant or self._tenants.get(job_id, "default")
-        follower = self._follow(job_id, self.settings.topics.results_for(tenant), since_ms)
+        follower = self._follow(job_id, (self.settings.topics.results_for(tenant),), since_ms)
         deadline = time.monotonic() + (WAIT_TIMEOUT_S if timeout_s is None else timeout_s)
         try:
             while (left := deadline - time.monotonic()) > 0:
@@ -257,14 +248,14 @@ class JobClient:
                 if isinstance(item, Failed):
                     raise item.error
                 if isinstance(item, CaughtUp):
-                    stored = self._stored_result(job_id, tenant)
+                    stored = self.stored_result(job_id, tenant)
                     if stored is not None:
                         return stored
                 elif item is not None:
                     result = JobResult.model_validate_json(item.value or b"{}")
                     if result.tenant == tenant:
                         return result
-            stored = self._stored_result(job_id, tenant)
+            stored = self.stored_result(job_id, tenant)
             if stored is not None:
                 return stored
             raise JobTimeout(f"no result for {job_id} within {timeout_s}s")
@@ -278,7 +269,33 @@ class JobClient:
         self._submitted_ms.pop(job_id, None)
         self._tenants.pop(job_id, None)
 
-    def _follow(self, job_id: str, topic: str, since_ms: int | None) -> Follower:
+    def follow(
+        self,
+        job_id: str,
+        topics: tuple[str, ...],
+        since_ms: int,
+        sink: Callable[[Record | CaughtUp | Failed], None],
+    ) -> Follower:
+        """The job's records of these topics from `since_ms` on, handed to `sink` on the hub's thread (see
+        StreamHub.follow); `unfollow` it when done. May wait for a topic's partition count (metadata)."""
+        return self._follow(job_id, topics, since_ms, sink)
+
+    def unfollow(self, follower: Follower) -> None:
+        self._unfollow(follower)
+
+    def follows_at_once(self, topics: tuple[str, ...]) -> bool:
+        """Whether `follow` of these topics returns without waiting for the broker (its hub runs and knows
+        their partition counts)."""
+        hub = self._hub
+        return hub is not None and hub.alive and all(hub.knows(t) for t in topics)
+
+    def _follow(
+        self,
+        job_id: str,
+        topics: tuple[str, ...],
+        since_ms: int | None,
+        sink: Callable[[Record | CaughtUp | Failed], None] | None = None,
+    ) -> Follower:
         since = since_ms if since_ms is not None else self._submitted_ms.get(job_id, 0)
         with self._hub_lock:
             if self._hub is None or not self._hub.alive:
@@ -289,15 +306,16 @@ class JobClient:
                     )
 
                 self._hub = StreamHub(reader, {})
-            if not self._hub.knows(topic):
-                self._hub.learn(topic, self._producer.partitions(topic))
-            return self._hub.follow(job_id, (topic,), since)
+            for topic in topics:
+                if not self._hub.knows(topic):
+                    self._hub.learn(topic, self._producer.partitions(topic))
+            return self._hub.follow(job_id, topics, since, sink)
 
     def _unfollow(self, follower: Follower) -> None:
         if self._hub is not None:
             self._hub.unfollow(follower)
 
-    def _stored_result(self, job_id: str, tenant: str) -> JobResult | None:
+    def stored_result(self, job_id: str, tenant: str) -> JobResult | None:
         """The result built from the job's row (as workers build what they publish), once it is terminal
         and published; None without a database URL, a row of this tenant, or a published result."""
         if self.database_url is None:

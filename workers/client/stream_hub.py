@@ -8,6 +8,12 @@ moves that partition back, and the others on it see records again, which they dr
 follower joined, the follower is told (`CaughtUp`): what it wants was not there, so far. A follower that
 finds a hole in what it got asks for its records again (`rewind`): it is placed as if it had just joined,
 and told when that read has caught up.
+
+Built for many followers at once (the HTTP API follows every job it waits for here): the follows that
+arrive together are placed together, with one time look-up and one end look-up for all their partitions,
+and a record goes to the followers of its key through an index, never past every follower of its partition.
+A follower's items reach it through a queue it reads (`get`), or through a `sink` it was given (called on
+the hub's thread: an event loop's thread-safe hand-off).
 """
 
 from __future__ import annotations
@@ -57,6 +63,14 @@ class Follower:
     placement: int = 0  # rewinds asked for (by the follower's own thread)
     placed: int = 0  # the placement the hub made last (its CaughtUp tells this number)
     hub: StreamHub | None = field(default=None, repr=False)
+    sink: Callable[[Record | CaughtUp | Failed], None] | None = field(default=None, repr=False)
+
+    def deliver(self, item: Record | CaughtUp | Failed) -> None:
+        """Hand an item to the follower (on the hub's thread)."""
+        if self.sink is not None:
+            self.sink(item)
+        else:
+            self.queue.put(item)
 
     def rewind(self) -> int:
         """See `StreamHub.rewind`."""
@@ -85,6 +99,9 @@ class StreamHub:
         self._commands: queue.Queue[tuple[str, Follower, int]] = queue.Queue()
         self._stop = threading.Event()
         self._wake = threading.Event()  # set by follow and close: the thread looks at its commands now
+        # the hub thread's own: (partition, key) -> its followers, and the followers not caught up yet
+        self._routes: dict[tuple[Partition, bytes], list[Follower]] = {}
+        self._waiting: set[Follower] = set()
         self._thread = threading.Thread(target=self._run, name="inferq-stream-hub", daemon=True)
         self._thread.start()
 
@@ -95,9 +112,16 @@ class StreamHub:
         """A topic followers may read from now on (e.g. another tenant's, with per-tenant topics)."""
         self._counts[topic] = partitions
 
-    def follow(self, job_id: str, topics: tuple[str, ...], since_ms: int) -> Follower:
+    def follow(
+        self,
+        job_id: str,
+        topics: tuple[str, ...],
+        since_ms: int,
+        sink: Callable[[Record | CaughtUp | Failed], None] | None = None,
+    ) -> Follower:
+        """`sink`: called with each item instead of queueing it (on the hub's thread: it must not block)."""
         parts = tuple((t, partition_for_key(job_id, self._counts[t])) for t in topics)
-        follower = Follower(job_id.encode(), since_ms, parts, hub=self)
+        follower = Follower(job_id.encode(), since_ms, parts, hub=self, sink=sink)
         self._commands.put(("follow", follower, 0))
         self._wake.set()
         return follower
@@ -136,15 +160,16 @@ class StreamHub:
                 if not followers or reader is None:
                     self._wake.wait()  # nothing to read: sleep until a follower (or close) comes
                     continue
+                routes = self._routes
                 for record in self._poll(reader):
-                    for f in followers.get(record.source, ()):
-                        if record.key == f.key and record.timestamp_ms >= f.since_ms:
-                            f.queue.put(record)
-                self._report_caught_up(reader, followers)
+                    for f in routes.get((record.source, record.key), ()):
+                        if record.timestamp_ms >= f.since_ms:
+                            f.deliver(record)
+                self._report_caught_up(reader)
         except Exception as exc:  # noqa: BLE001 - whatever stops the thread is every follower's error
             log.warning("stream hub stopped: %s", exc)
             for f in {f for fs in followers.values() for f in fs}:
-                f.queue.put(Failed(exc))
+                f.deliver(Failed(exc))
         finally:
             if reader is not None:
                 reader.close()
@@ -164,56 +189,85 @@ class StreamHub:
             while not self._commands.empty():
                 kind, f, _ = self._commands.get()
                 if kind != "unfollow":
-                    f.queue.put(Failed(exc))
+                    f.deliver(Failed(exc))
             self._wake.wait(_RETRY_WAIT_S)
             return None
 
     def _apply_commands(self, reader: PartitionReader, followers: dict[Partition, list[Follower]]) -> None:
         changed = False
+        placements: list[tuple[Follower, int]] = []
         while not self._commands.empty():
             kind, f, placement = self._commands.get()
             changed = True
             if kind == "unfollow":
-                for p in f.partitions:
-                    if f in followers.get(p, []):
-                        followers[p].remove(f)
-                        if not followers[p]:
-                            del followers[p]
+                placements = [(g, n) for g, n in placements if g is not f]
+                self._drop(followers, f)
                 continue
             if kind == "rewind" and f not in followers.get(f.partitions[0], ()):
                 continue  # unfollowed (or failed) meanwhile
+            placements.append((f, placement))
+        if placements:
             try:
-                self._place(reader, followers, f, placement)
-            except Exception as exc:  # noqa: BLE001 - e.g. a look-up timed out: this follower fails
-                f.queue.put(Failed(exc))
+                self._place(reader, followers, placements)
+            except Exception as exc:  # noqa: BLE001 - e.g. a look-up timed out: these followers fail
+                log.warning("stream hub: %d followers could not be placed: %r", len(placements), exc)
+                for f, _ in placements:
+                    self._drop(followers, f)
+                    f.deliver(Failed(exc))
         if changed:
             reader.assign(set(followers))
 
-    @staticmethod
+    def _drop(self, followers: dict[Partition, list[Follower]], f: Follower) -> None:
+        self._waiting.discard(f)
+        for p in f.partitions:
+            if f in followers.get(p, []):
+                followers[p].remove(f)
+                if not followers[p]:
+                    del followers[p]
+            route = self._routes.get((p, f.key))
+            if route is not None and f in route:
+                route.remove(f)
+                if not route:
+                    del self._routes[(p, f.key)]
+
     def _place(
-        reader: PartitionReader, followers: dict[Partition, list[Follower]], f: Follower, placement: int
+        self,
+        reader: PartitionReader,
+        followers: dict[Partition, list[Follower]],
+        placements: list[tuple[Follower, int]],
     ) -> None:
-        """Position the follower's partitions so that its records since `since_ms` are read (again)."""
-        targets = {p: reader.offset_at(p, f.since_ms) for p in f.partitions}
-        ends = {p: reader.end_offset(p) for p in f.partitions}
-        new = {p for p in f.partitions if p not in followers}
-        reader.assign(set(followers) | set(f.partitions))
+        """Position the followers' partitions so that each one's records since its `since_ms` are read
+        (again): one look-up of the earliest time asked of each partition, one of their ends."""
+        since: dict[Partition, int] = {}
+        for f, _ in placements:
+            for p in f.partitions:
+                since[p] = min(since.get(p, f.since_ms), f.since_ms)
+        targets = reader.offsets_at(since)
+        ends = reader.end_offsets(list(since))
+        new = {p for p in since if p not in followers}
+        reader.assign(set(followers) | set(since))
         for p, target in targets.items():
             if p in new or target < reader.position(p):
                 reader.seek(p, target)
-            f.pending[p] = ends[p]
-            if f not in followers.setdefault(p, []):
-                followers[p].append(f)
-        f.placed = placement
+        for f, placement in placements:
+            for p in f.partitions:
+                f.pending[p] = ends[p]
+                if f not in followers.setdefault(p, []):
+                    followers[p].append(f)
+                    self._routes.setdefault((p, f.key), []).append(f)
+            f.placed = placement
+            self._waiting.add(f)
 
-    @staticmethod
-    def _report_caught_up(reader: PartitionReader, followers: dict[Partition, list[Follower]]) -> None:
+    def _report_caught_up(self, reader: PartitionReader) -> None:
+        if not self._waiting:
+            return
         positions: dict[Partition, int] = {}
-        for p, fs in followers.items():
-            for f in fs:
-                if p in f.pending:
-                    positions.setdefault(p, reader.position(p))
-                    if positions[p] >= f.pending[p]:
-                        del f.pending[p]
-                        if not f.pending:
-                            f.queue.put(CaughtUp(f.placed))
+        for f in list(self._waiting):
+            for p in list(f.pending):
+                if p not in positions:
+                    positions[p] = reader.position(p)
+                if positions[p] >= f.pending[p]:
+                    del f.pending[p]
+            if not f.pending:
+                self._waiting.discard(f)
+                f.deliver(CaughtUp(f.placed))

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, select, tuple_
 
 from schemas.tables import api_batches
+from workers.db.cursors import UnknownCursor
 
 Row = Mapping[str, Any]
 OPEN = ("validating", "in_progress", "finalizing", "cancelling")
@@ -47,7 +48,8 @@ def get(conn: Connection, tenant: str, batch_id: str) -> Row | None:
 
 
 def list_batches(conn: Connection, tenant: str, limit: int, after: str | None) -> list[Row]:
-    """Newest first; `after`: a batch_id, the page starts past it."""
+    """Newest first; `after`: a batch_id of this tenant, the page starts past it (an unknown one raises
+    UnknownCursor)."""
     query = select(api_batches).where(api_batches.c.tenant == tenant)
     if after is not None:
         anchor = conn.execute(
@@ -55,10 +57,9 @@ def list_batches(conn: Connection, tenant: str, limit: int, after: str | None) -
                 api_batches.c.batch_id == after, api_batches.c.tenant == tenant
             )
         ).scalar_one_or_none()
-        if anchor is not None:
-            query = query.where(
-                tuple_(api_batches.c.created_at, api_batches.c.batch_id) < tuple_(anchor, after)
-            )
+        if anchor is None:
+            raise UnknownCursor(after)
+        query = query.where(tuple_(api_batches.c.created_at, api_batches.c.batch_id) < tuple_(anchor, after))
     query = query.order_by(api_batches.c.created_at.desc(), api_batches.c.batch_id.desc()).limit(limit)
     return [dict(r) for r in conn.execute(query).mappings()]
 
@@ -85,7 +86,7 @@ def open_batches(conn: Connection, topic_prefix: str) -> list[Row]:
     event is not published yet), oldest first."""
     unpublished = api_batches.c.status.in_(FINISHED) & api_batches.c.event_published_at.is_(None)
     query = (
-        select(api_batches.c.batch_id, api_batches.c.status)
+        select(api_batches.c.batch_id, api_batches.c.tenant, api_batches.c.status)
         .where(api_batches.c.topic_prefix == topic_prefix)
         .where(api_batches.c.status.in_(OPEN) | unpublished)
         .order_by(api_batches.c.created_at)

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, select
 
 from schemas.tables import api_keys
+from schemas.validation import check_tenant
 from workers.clock import utcnow
 
 KEY_PREFIX = "iq-"
@@ -24,7 +25,9 @@ def key_hash(key: str) -> str:
 
 
 def create(conn: Connection, tenant: str, name: str | None = None) -> tuple[str, str]:
-    """A new key of `tenant`: (key_id, key). Only the key's hash is stored."""
+    """A new key of `tenant`: (key_id, key). Only the key's hash is stored. A tenant no job could name
+    (JobRequest.tenant's rule) raises InvalidMessage: every request of the key would be refused."""
+    check_tenant(tenant)
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     key_id = "key_" + secrets.token_hex(8)
     conn.execute(api_keys.insert().values(key_id=key_id, tenant=tenant, name=name, key_hash=key_hash(key)))

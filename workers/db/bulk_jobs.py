@@ -93,6 +93,17 @@ def job_counts(conn: Connection, bulk_id: str, tenant: str) -> dict[str, int]:
     return {status: n for status, n in conn.execute(query)}
 
 
+def token_sums(conn: Connection, bulk_id: str, tenant: str) -> dict[str, int]:
+    """The tokens of this bulk job's jobs so far: prompt_tokens, completion_tokens, cached_tokens."""
+    query = select(
+        func.coalesce(func.sum(jobs.c.prompt_tokens), 0),
+        func.coalesce(func.sum(jobs.c.completion_tokens), 0),
+        func.coalesce(func.sum(jobs.c.cached_tokens), 0),
+    ).where(jobs.c.bulk_id == bulk_id, jobs.c.tenant == tenant)
+    prompt, completion, cached = conn.execute(query).one()
+    return {"prompt_tokens": int(prompt), "completion_tokens": int(completion), "cached_tokens": int(cached)}
+
+
 def terminal_jobs(counts: dict[str, int]) -> int:
     return sum(n for status, n in counts.items() if status in TERMINAL_STATUSES)
 
@@ -101,8 +112,8 @@ def rows_for(conn: Connection, tenant: str, job_ids: list[str]) -> dict[str, Row
     """The rows of these job ids of one tenant (a bulk job's own), by job_id."""
     query = select(
         jobs.c.job_id, jobs.c.status, jobs.c.output_text, jobs.c.choices, jobs.c.finish_reason,
-        jobs.c.prompt_tokens, jobs.c.completion_tokens, jobs.c.error, jobs.c.created_at, jobs.c.finished_at,
-        jobs.c.attempts, jobs.c.model,
+        jobs.c.prompt_tokens, jobs.c.completion_tokens, jobs.c.cached_tokens, jobs.c.error, jobs.c.created_at,
+        jobs.c.finished_at, jobs.c.attempts, jobs.c.model,
     ).where(jobs.c.job_id.in_(job_ids), jobs.c.tenant == tenant)  # fmt: skip
     return {r["job_id"]: dict(r) for r in conn.execute(query).mappings()}
 

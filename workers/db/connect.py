@@ -14,7 +14,13 @@ STATEMENT_TIMEOUT_MS = 15_000
 LOCK_TIMEOUT_MS = 5_000
 
 
-def make_engine(database_url: str, statement_timeout_ms: int = STATEMENT_TIMEOUT_MS) -> Engine:
+def make_engine(
+    database_url: str,
+    statement_timeout_ms: int = STATEMENT_TIMEOUT_MS,
+    pool_size: int = 4,
+    max_overflow: int = 10,
+) -> Engine:
+    """`pool_size` connections kept, up to `max_overflow` more while busy."""
     url = make_url(database_url)
     connect_args: dict[str, Any] = {
         "connect_timeout": CONNECT_TIMEOUT_S,
@@ -32,7 +38,8 @@ def make_engine(database_url: str, statement_timeout_ms: int = STATEMENT_TIMEOUT
     return create_engine(
         url,
         pool_pre_ping=True,
-        pool_size=4,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
         pool_timeout=CONNECT_TIMEOUT_S,
         hide_parameters=True,  # prompts and outputs never reach the logs through error messages
         connect_args=connect_args,

@@ -27,6 +27,16 @@ def posted(conn: Connection, job_id: str, tenant: str) -> tuple[datetime, bool] 
     return None if row is None else (row[0], row[1] is not False)  # rows older than the field streamed
 
 
+def started(conn: Connection, keys: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Those of these (tenant, job_id) whose row has left `queued` (running, or ended)."""
+    wanted, found = set(keys), set()
+    for i in range(0, len(keys), 1000):
+        ids = [job_id for _, job_id in keys[i : i + 1000]]
+        query = select(jobs.c.tenant, jobs.c.job_id).where(jobs.c.job_id.in_(ids), jobs.c.status != "queued")
+        found |= {(t, j) for t, j in conn.execute(query) if (t, j) in wanted}
+    return found
+
+
 def summaries(conn: Connection, job_ids: Sequence[str], *extra: str) -> list[dict[str, Any]]:
     """The summary columns (and `extra` ones) of these jobs' rows, in no particular order."""
     cols = [*SUMMARY_COLUMNS, *(jobs.c[name] for name in extra)]

@@ -264,8 +264,8 @@ RETURNING {returned}, jsonb_build_object('metadata', jobs.params -> 'metadata') 
 # the request's parameters never make the round trip, nor are they decoded, for every finished job.
 RESULT_COLUMNS = (
     "job_id", "tenant", "status", "priority", "output_text", "choices", "finish_reason", "prompt_tokens",
-    "completion_tokens", "attempts", "worker_id", "bulk_id", "error", "created_at", "started_at",
-    "first_token_at", "finished_at", "queue_ms", "ttft_ms", "mean_itl_ms", "e2e_ms",
+    "completion_tokens", "cached_tokens", "attempts", "worker_id", "bulk_id", "error", "created_at",
+    "started_at", "first_token_at", "finished_at", "queue_ms", "ttft_ms", "mean_itl_ms", "e2e_ms",
 )  # fmt: skip
 
 

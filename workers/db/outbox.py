@@ -46,7 +46,11 @@ def result_from_row(row: Row) -> JobResult:
     r = row._mapping if isinstance(row, Row) else vars(row)  # by key: a Row's attributes cost 0.35 µs each
     usage = None
     if r["prompt_tokens"] is not None or r["completion_tokens"] is not None:
-        usage = Usage(prompt_tokens=r["prompt_tokens"] or 0, completion_tokens=r["completion_tokens"] or 0)
+        usage = Usage(
+            prompt_tokens=r["prompt_tokens"] or 0,
+            completion_tokens=r["completion_tokens"] or 0,
+            cached_tokens=r.get("cached_tokens"),
+        )
     finish = r["finish_reason"] if r["finish_reason"] in _FINISH_REASONS else None
     params = r["params"] or {}
     fields = dict(

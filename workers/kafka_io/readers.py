@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from kafka import KafkaConsumer, TopicPartition
 
@@ -116,6 +117,7 @@ class PartitionReader:
             request_timeout_ms=ms,
             fetch_max_wait_ms=int(fetch_max_wait_s * 1000),
         )
+        self._known: set[str] = set()  # topics whose metadata the client has
 
     def assign(self, partitions: set[Partition]) -> None:
         """Read exactly these; a partition kept from the last assignment keeps its position."""
@@ -130,6 +132,37 @@ class PartitionReader:
     def end_offset(self, partition: Partition) -> int:
         tp = TopicPartition(*partition)
         return self._consumer.end_offsets([tp], timeout_ms=self._timeout_ms)[tp]
+
+    def offsets_at(self, since: dict[Partition, int]) -> dict[Partition, int]:
+        """`offset_at` of many partitions (each with its own time) in one request, and their ends in one
+        more for those with nothing that late."""
+        self._know_topics(since)
+        tps = {TopicPartition(*p): ms for p, ms in since.items()}
+        found = self._consumer.offsets_for_times(tps, timeout_ms=self._timeout_ms) if tps else {}
+        offsets = {(tp.topic, tp.partition): f.offset for tp, f in found.items() if f is not None}
+        missing = [p for p in since if p not in offsets]
+        return offsets | self.end_offsets(missing)
+
+    def end_offsets(self, partitions: list[Partition]) -> dict[Partition, int]:
+        if not partitions:
+            return {}
+        self._know_topics(partitions)
+        tps = [TopicPartition(*p) for p in partitions]
+        try:
+            ends = self._consumer.end_offsets(tps, timeout_ms=self._timeout_ms)
+        except KeyError:
+            # kafka-python leaves out (and then fails on) a partition whose leader it has not learnt yet,
+            # as for a topic first read now: one at a time, each waiting for its metadata
+            ends = {}
+            for tp in tps:
+                ends |= self._consumer.end_offsets([tp], timeout_ms=self._timeout_ms)
+        return {(tp.topic, tp.partition): offset for tp, offset in ends.items()}
+
+    def _know_topics(self, partitions: Iterable[Partition]) -> None:
+        """The topics' metadata, asked for once (a look-up of a partition of an unknown topic fails)."""
+        for topic in {t for t, _ in partitions} - self._known:
+            if self._consumer.partitions_for_topic(topic):
+                self._known.add(topic)
 
     def position(self, partition: Partition) -> int:
         return self._consumer.position(TopicPartition(*partition), timeout_ms=self._timeout_ms)

@@ -21,7 +21,7 @@ from schemas.job_key import JobKey, RequestId
 from schemas.jobs import JobRequest
 from schemas.tool_calls import DEFAULT_DIALECT, ToolDialect
 from schemas.topics import Topics
-from schemas.validation import InvalidMessage, Limits, parse_job, peek_job_id, peek_tenant
+from schemas.validation import InvalidMessage, Limits, logprob_room, parse_job, peek_job_id, peek_tenant
 from workers.kafka_io import Record
 from workers.serving.intake.chat_prompt import chat_turns, prompt_text
 from workers.serving.intake.rejected import Rejected
@@ -198,9 +198,17 @@ class Intake:
             raise PromptTooLong(
                 f"prompt is {len(ids)} tokens; the model's context is {self.max_model_len} tokens"
             )
-        wanted = job.max_tokens or min(self.limits.default_max_tokens, self.limits.max_tokens)
         self._check_vocabulary(job)
-        return prompt_text, tuple(ids), min(wanted, room)
+        return prompt_text, tuple(ids), min(self._wanted(job, room), room)
+
+    def _wanted(self, job: JobRequest, room: int) -> int:
+        """The job's max_tokens; none named: the deployment's cap if it has one, else the context left,
+        and for a job with log probabilities no more than their bound allows (`logprob_room`)."""
+        if job.max_tokens is not None:
+            return job.max_tokens
+        wanted = room if self.limits.max_tokens is None else self.limits.max_tokens
+        bound = logprob_room(job, self.limits)
+        return wanted if bound is None else min(wanted, bound)
 
     def _check_vocabulary(self, job: JobRequest) -> None:
         if self.vocab_size is None or not job.logit_bias:

@@ -28,6 +28,7 @@ class InFlightJob:
     created_at: datetime  # the Kafka timestamp: when the producer posted it
     sources: list[Coordinates]  # every message carrying this job
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, found in the prefix cache (the engine's, on sample 0's end)
     queued_mono: float = field(default_factory=time.monotonic)
     queued_at: datetime = field(default_factory=utcnow)
     started_at: datetime | None = None
@@ -122,6 +123,7 @@ class InFlightJob:
                 "finish_reason": finish,
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
+                "cached_tokens": self.cached_tokens,
                 "worker_id": worker_id,
                 "error": error,
                 "started_at": self.started_at,
@@ -139,4 +141,8 @@ class InFlightJob:
 
     @property
     def usage(self) -> Usage:
-        return Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens)
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            cached_tokens=self.cached_tokens,
+        )

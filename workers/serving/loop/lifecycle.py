@@ -339,6 +339,8 @@ class JobLifecycle:
             return
         if job.choices.parses_tools:
             self._end_tool_calls(job, out)
+        if out.index == 0:  # the prompt's cache hits, once a job (its other samples share its blocks)
+            job.cached_tokens = out.cached_tokens
         if finish := job.on_end(out.index, out.finish_reason.value):
             self._conclude(job, finish, out.detail or None)
             if finish in REQUEST_ENDS:  # one sample ended the job (a grammar's dead end): stop the others

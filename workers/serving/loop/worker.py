@@ -21,6 +21,7 @@ from workers.db.connect import make_engine
 from workers.kafka_io import BroadcastReader, Delivery, GroupConsumer, KeyLookup, Producer
 from workers.naming import worker_client_id, worker_group
 from workers.serving.admission.models import ServedModels
+from workers.serving.announcer import Announcer
 from workers.serving.errors import describe_error, until_available
 from workers.serving.failpoints import step_fault
 from workers.serving.intake.dead_letter import dead_letter_message
@@ -70,6 +71,8 @@ class WorkerOptions:
     limits: Limits = Limits()
     # what a job's `model` may name: the base's names and the worker's own adapters (and the registry's)
     models: ServedModels = field(default_factory=ServedModels)
+    # the model name announced to the fleet (served_models, what the HTTP API's /v1/models lists); "": none
+    served_model: str = ""
 
 
 class Worker:
@@ -148,6 +151,12 @@ class Worker:
             models=options.models,
         )
         self.guard = StepGuard()
+        self.announcer: Announcer | None = None
+        if options.served_model:
+            max_len = engine.scheduler.config.max_model_len
+            self.announcer = Announcer(
+                self.db, options.worker_id, settings.topic_prefix, options.served_model, max_len
+            )
         self.gave_up: str | None = None  # why the worker stopped because its steps kept failing
         if isinstance(engine, Engine):  # an engine in its own process has its hook set there
             engine.fault_hook = step_fault(settings.failpoint, self.lifecycle.prompt_of)
@@ -177,6 +186,8 @@ class Worker:
         self.lifecycle.admitter.start()
         self.intake_thread.room = self._room()  # the first poll is bounded too
         self.intake_thread.start()
+        if self.announcer is not None:  # once it reads its topics: the API lists it from now on
+            self.announcer.start()
         serving = self.group_topics if isinstance(self.group_topics, str) else ", ".join(self.group_topics)
         log.info("worker %s serving %s", self.options.worker_id, serving)
         try:
@@ -410,6 +421,8 @@ class Worker:
         def left(at_most: float = 10.0) -> float:
             return max(0.05, min(at_most, deadline - time.monotonic()))
 
+        if self.announcer is not None:  # first: the API stops listing a worker that takes no more jobs
+            self.announcer.stop(left(1.0))
         self.lifecycle.admitter.close(left(1.0))  # records not admitted yet stay uncommitted: redelivered
         handed = self.lifecycle.abort_all()  # their progress queued for the persister
         self.lifecycle.flush(force=True)
