@@ -28,6 +28,7 @@ from gpu.engine_types import (
     TokenLogprob,
     resolve_max_model_len,
 )
+from gpu.fingerprint import combine, weights_digest
 from gpu.generation_config import GenerationDefaults, eos_token_ids
 from gpu.grammar import DEAD_END
 from gpu.grammar.constraints import DEAD_END_REASON, Constraints, has_closing
@@ -84,6 +85,8 @@ class EngineCore:
         self.model = model
         self.config = config
         self.tokenizer = model.tokenizer
+        self._weights_digest = weights_digest(model)  # taken before the runner repacks any weight
+        self._fingerprint: str | None = None
         generation_config = getattr(model.model, "generation_config", None)
         self.eos_token_ids = eos_token_ids(generation_config, model.tokenizer)
         self.generation_defaults = GenerationDefaults.from_generation_config(generation_config)
@@ -177,6 +180,14 @@ class EngineCore:
         """`model`: a spec as `load_model` takes it (None: the tiny built-in model). dtype auto (or None):
         bfloat16 on CUDA, float32 on the CPU (where greedy output must equal HF's fp32)."""
         return cls(load_model(model, dtype or "auto", device, seed, cache_dir), EngineConfig(**config))
+
+    @property
+    def fingerprint(self) -> str:
+        """The model and tokenizer (gpu/fingerprint.py): saved progress is resumed only by an engine whose
+        fingerprint it was saved with."""
+        if self._fingerprint is None:
+            self._fingerprint = combine(self._weights_digest, self.model)
+        return self._fingerprint
 
     # ---- requests --------------------------------------------------------------------------------
 

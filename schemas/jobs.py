@@ -264,7 +264,12 @@ class TokenLogprobEntry(_Message):
 class TokenEvent(_Message):
     """A streamed text delta of one sample. (job_id, attempt, seq) identifies it; seq counts 0,1,2… per
     attempt. Each sample's last event has its `finish_reason`; the attempt's last event (`final`) also has
-    `usage`, for the whole job. With n = 1 these are the same event."""
+    `usage`, for the whole job. With n = 1 these are the same event.
+
+    `offset` and `text_offset` say where the event starts in its sample's output, counting every attempt's:
+    a resumed attempt continues from where the attempt before it saved (its first events restate the
+    sample's output from 0), and an event for a position seen before carries the same text there, so a
+    consumer keeps what it saw first. An attempt that could not resume starts over (`restarted`)."""
 
     job_id: str
     attempt: int
@@ -275,6 +280,11 @@ class TokenEvent(_Message):
     usage: Usage | None = None  # set on the last event of the attempt (after every sample's finish_reason)
     index: int = 0  # which of the job's n choices the delta belongs to
     logprobs: list[TokenLogprobEntry] | None = None  # one per token id, when the job asked for logprobs
+    # None: sent by a worker from before these fields (its attempts restart the text at seq 0)
+    offset: int | None = Field(None, ge=0)  # tokens of the sample's output before token_ids[0]
+    text_offset: int | None = Field(None, ge=0)  # characters (code points) of its text before text[0]
+    # this attempt's output starts over (it could not resume): what earlier attempts sent is not its text
+    restarted: bool = False
     # pieces of the sample's tool calls (a job with tools): `text` is then what is not a call; left out of
     # the JSON when there are none, so events of jobs without tools are as they were
     tool_calls: list[ToolCallDelta] | None = Field(None, exclude_if=_none)

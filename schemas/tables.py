@@ -18,7 +18,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from schemas.statuses import BULK_STATUSES, JOB_STATUSES, TERMINAL_STATUSES
 
@@ -33,6 +33,7 @@ __all__ = [
     "api_keys",
     "api_requests",
     "bulk_jobs",
+    "job_progress",
     "jobs",
     "metadata",
     "served_models",
@@ -97,6 +98,23 @@ jobs = Table(
         "finished_at",
         postgresql_where=text(f"published_at IS NULL AND status IN {TERMINAL_STATUSES}"),
     ),
+)
+
+# A running job's generated tokens, saved as it goes (one row per save of a sample: insert-only), so its
+# next attempt resumes from them; deleted with its terminal row's write (workers/db/progress.py).
+job_progress = Table(
+    "job_progress",
+    metadata,
+    Column("job_id", String(128), primary_key=True),
+    Column("tenant", String(128), primary_key=True),
+    Column("sample", Integer, primary_key=True),  # the choice's index (0 unless n > 1)
+    Column("attempt", Integer, primary_key=True),  # the attempt that generated these tokens
+    Column("position", Integer, primary_key=True),  # where token_ids start in the sample's output
+    Column("token_ids", ARRAY(Integer), nullable=False),
+    Column("text", Text, nullable=False),  # what these tokens added to the sample's text
+    Column("fingerprint", String(64), nullable=False),  # the model and tokenizer that generated them
+    Column("finish_reason", String(32)),  # on a sample's last chunk, once it ended (its job goes on)
+    Column("saved_at", DateTime(timezone=True), nullable=False),
 )
 
 bulk_jobs = Table(

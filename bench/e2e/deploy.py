@@ -142,7 +142,7 @@ class WorkerProcess:
             raise RuntimeError(f"worker exited with {self.proc.returncode}; log tail:\n{tail}")
 
     def stop(self, timeout_s: float = 60.0) -> int:
-        """SIGTERM (the worker finishes in-flight jobs within its grace period), SIGKILL if it hangs."""
+        """SIGTERM (the worker hands its jobs over within its drain timeout), SIGKILL if it hangs."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:

@@ -110,3 +110,56 @@ def test_a_result_that_is_not_the_streams_ends_it_with_an_error(monkeypatch):
     monkeypatch.setattr(serving_engine, "RESULT_GRACE_S", 0.1)
     lines = _stream([_event(0, "ab"), _result("succeeded", text="different")])
     assert "error" in _data(lines)[-1]
+
+
+def _attempt(attempt: int, seq: int, offset: int, text_offset: int, ids: list[int], text: str,
+             final: bool = False, restarted: bool = False) -> Record:  # fmt: skip
+    """An event of one attempt that says where it starts in the output (a resumable worker's)."""
+    usage = Usage(prompt_tokens=3, completion_tokens=offset + len(ids)) if final else None
+    finish = "length" if final else None
+    event = TokenEvent(
+        job_id=JOB,
+        attempt=attempt,
+        seq=seq,
+        text=text,
+        token_ids=ids,
+        offset=offset,
+        text_offset=text_offset,
+        restarted=restarted,
+        finish_reason=finish,
+        usage=usage,
+    )
+    return Record("p.tokens", 0, 10 * attempt + seq, JOB.encode(), event.model_dump_json().encode(), 0)
+
+
+def test_a_resumed_attempts_restated_text_is_not_sent_again():
+    """Attempt 1 streamed 5 tokens and saved 3, then its worker died; attempt 2 restates the 3 saved ones,
+    then generates tokens 4-6 again (the same text) and goes on: each piece of text is sent once."""
+    lines = _stream(
+        [
+            _attempt(1, 0, 0, 0, [1, 2, 3], "Hel"),
+            _attempt(1, 1, 3, 3, [4, 5], "lo"),
+            _attempt(2, 0, 0, 0, [1, 2, 3], "Hel"),  # the restatement
+            _attempt(2, 1, 3, 3, [4, 5, 6], "lo w"),
+            _attempt(2, 2, 6, 7, [7, 8], "orld", final=True),
+        ]
+    )
+    chunks = _data(lines)
+    assert [c["choices"][0]["text"] for c in chunks] == ["Hel", "lo", " w", "orld"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and lines[-1] == "data: [DONE]"
+
+
+def test_an_attempt_that_restarted_is_completed_from_its_own_text(monkeypatch):
+    """An attempt that could not resume starts the output over (`restarted`): what was sent stays sent, and
+    a stream whose last events never came is completed from the result past the new attempt's text."""
+    monkeypatch.setattr(serving_engine, "RESULT_GRACE_S", 0.1)
+    lines = _stream(
+        [
+            _attempt(1, 0, 0, 0, [1, 2], "ab"),
+            _attempt(2, 0, 0, 0, [7, 8], "xy", restarted=True),
+            _result("succeeded", text="xyz"),
+        ]
+    )
+    chunks = _data(lines)
+    assert [c["choices"][0]["text"] for c in chunks] == ["ab", "xy", "z"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"

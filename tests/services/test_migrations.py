@@ -22,6 +22,7 @@ TABLES = {
     "api_requests",
     "served_models",
     "adapters",
+    "job_progress",
 }
 
 

@@ -27,6 +27,7 @@ from tests.gpu.factories import make_engine
 from tests.workers.bulk_factories import CHAT, COMPLETIONS, batch_line
 from workers.bulk.batch_format import BatchLine, parse_line, to_job
 from workers.bulk.output import response_body
+from workers.db.jobs import Admitted
 from workers.db.outbox import COMPACT_NOTE, result_from_row
 from workers.kafka_io import Record
 from workers.serving.intake.sampling import grammar_spec, sampling_params
@@ -287,7 +288,7 @@ def test_the_lifecycle_routes_engine_outputs_to_samples_events_and_the_terminal_
     job = request(job_id="j", n=2, logprobs=True, max_tokens=4)
     ids = tuple(TOK.encode("hi"))
     rec = record({"job_id": "j", "prompt": "hi"})
-    lifecycle._start(Accepted(rec, "j", "normal", job, "hi", ids, 4), attempt=1)
+    lifecycle._start(Accepted(rec, "j", "normal", job, "hi", ids, 4), Admitted("start", 1))
     engine.abort_request(KEY)  # the outputs below stand in for the engine's steps
     for out in [
         output(0, (A,), lps=[lp(A, -0.1)], started=True),
@@ -327,7 +328,8 @@ def test_a_grammar_dead_end_rejects_the_job_with_the_reason_and_stops_its_other_
     )  # fmt: skip
     job = request(job_id="j", n=2, max_tokens=4)
     lifecycle._start(
-        Accepted(record({"job_id": "j", "prompt": "hi"}), "j", "normal", job, "hi", (5, 6), 4), 1
+        Accepted(record({"job_id": "j", "prompt": "hi"}), "j", "normal", job, "hi", (5, 6), 4),
+        Admitted("start", 1),
     )
     assert engine.has_unfinished()
     dead = RequestOutput(KEY, (), "", FinishReason.REJECTED, False, 2, 1, DEAD_END, index=1)

@@ -78,3 +78,61 @@ def test_every_event_comes_with_its_jobs_tenant():
     streamer.flush_due()
     streamer.finish("a", "stop", Usage(prompt_tokens=1, completion_tokens=1))
     assert tenants == [("a", "acme"), ("b", "default"), ("a", "acme")]
+
+
+def test_events_say_where_they_start_in_their_sample_and_a_restatement_goes_apart():
+    streamer, sent = make_streamer()
+    streamer.start("a", attempt=2)
+    streamer.restate("a", 0, "Hello wor", (1, 2, 3))  # what attempt 1 saved: at once, alone
+    streamer.add("a", "ld", (4,))
+    streamer.add("a", "!", (5,))
+    streamer.finish("a", "stop", Usage(prompt_tokens=1, completion_tokens=5))
+    assert [(e.seq, e.offset, e.text_offset, e.text, e.token_ids) for e in sent] == [
+        (0, 0, 0, "Hello wor", [1, 2, 3]),
+        (1, 3, 9, "ld!", [4, 5]),
+    ]
+    assert not any(e.restarted for e in sent)
+
+
+def test_each_sample_counts_its_own_positions():
+    streamer, sent = make_streamer(coalesce_s=0.0)
+    streamer.start("a", 1)
+    streamer.add("a", "ab", (1, 2), index=0)
+    streamer.add("a", "x", (9,), index=1)
+    streamer.flush_due()
+    streamer.add("a", "c", (3,), index=0)
+    streamer.end_sample("a", 1, "length")
+    streamer.finish("a", "stop", Usage(prompt_tokens=1, completion_tokens=4), {0: "stop", 1: "length"})
+    assert [(e.index, e.offset, e.text_offset, e.text) for e in sent] == [
+        (0, 0, 0, "ab"),
+        (1, 0, 0, "x"),
+        (1, 1, 1, ""),
+        (0, 2, 2, "c"),
+    ]
+
+
+def test_an_attempt_that_does_not_resume_says_it_starts_over():
+    streamer, sent = make_streamer(coalesce_s=0.0)
+    streamer.start("a", 3, restarted=True)
+    streamer.add("a", "x", (1,))
+    streamer.flush_due()
+    streamer.finish("a", "stop", Usage(prompt_tokens=1, completion_tokens=1))
+    assert [(e.offset, e.restarted) for e in sent] == [(0, True), (1, True)]
+
+
+def test_a_delta_longer_than_an_event_may_carry_goes_as_several_that_join_to_it():
+    from workers.serving.streaming.stream import MAX_EVENT_TOKENS
+
+    streamer, sent = make_streamer()
+    streamer.start("a", 2)
+    ids = tuple(range(2 * MAX_EVENT_TOKENS + 5))
+    text = "".join(chr(0x61 + i % 26) for i in range(3 * len(ids)))
+    streamer.restate("a", 0, text, ids)
+    assert [len(e.token_ids) for e in sent] == [MAX_EVENT_TOKENS, MAX_EVENT_TOKENS, 5]
+    assert "".join(e.text for e in sent) == text and [t for e in sent for t in e.token_ids] == list(ids)
+    assert [(e.offset, e.text_offset) for e in sent] == [
+        (0, 0),
+        (MAX_EVENT_TOKENS, len(sent[0].text)),
+        (2 * MAX_EVENT_TOKENS, len(sent[0].text) + len(sent[1].text)),
+    ]
+    assert [e.seq for e in sent] == [0, 1, 2]

@@ -23,11 +23,14 @@ from schemas.topics import Topics
 from schemas.validation import Limits
 from tests.gpu.factories import make_engine, make_model
 from tests.workers.bulk_factories import CHAT, batch_line
+from tests.workers.resume_factories import as_client_reads
 from tests.workers.worker_factories import now_ms, read_topic, serving_worker, token_events, wait_terminal
 from workers.bulk.batch_format import parse_line
 from workers.bulk.output import response_body
 from workers.bulk.run_batch import BatchRunner
+from workers.db.jobs import Admitted
 from workers.db.outbox import result_from_row
+from workers.db.progress import SavedProgress, SavedSample
 from workers.kafka_io import Record
 from workers.serving.intake.validation import Accepted
 from workers.serving.loop.lifecycle import JobLifecycle
@@ -52,27 +55,62 @@ def lifecycle_with(sent: list[TokenEvent], written: list) -> JobLifecycle:
     )  # fmt: skip
 
 
-def run(text: str, pieces: int = 7) -> tuple[list[TokenEvent], dict]:
-    """An `auto` job whose model writes `text` in `pieces` steps: its events, and its terminal row."""
-    sent: list[TokenEvent] = []
-    written: list = []
+def pieces_of(text: str, pieces: int) -> list[tuple[int, ...]]:
+    ids = TOK.encode(text, add_bos=False)
+    size = -(-len(ids) // pieces)
+    return [tuple(ids[i : i + size]) for i in range(0, len(ids), size)]
+
+
+def attempt(
+    sent: list[TokenEvent],
+    written: list,
+    steps: list[tuple[int, ...]],
+    admitted: Admitted,
+    ends: bool = True,
+    resumed: tuple[int, ...] = (),
+) -> JobLifecycle:
+    """One attempt of an `auto` job (a worker of its own) whose model writes `steps`, one a step, after the
+    `resumed` tokens an earlier attempt saved; `ends`: the last step ends it (else its worker dies)."""
     lifecycle = lifecycle_with(sent, written)
     job = JobRequest.model_validate(
         {"job_id": "j", "tenant": "acme", "messages": [{"role": "user", "content": "Paris?"}], "tools": TOOLS}
     )
     rec = Record("inferq.jobs.normal", 0, 1, b"j", b"{}", 0)
-    lifecycle._start(Accepted(rec, "j", "normal", job, "hi", (5, 6), 200, None, HERMES), attempt=1)
+    lifecycle._start(Accepted(rec, "j", "normal", job, "hi", (5, 6), 200, None, HERMES), admitted)
+    assert lifecycle.jobs[KEY].engine_request.resume == ((resumed,) if resumed else ())
     lifecycle.engine.abort_request(KEY)  # the outputs below stand in for the engine's steps
-    ids = TOK.encode(text, add_bos=False)
-    size = -(-len(ids) // pieces)
-    chunks = [tuple(ids[i : i + size]) for i in range(0, len(ids), size)]
-    for k, chunk in enumerate(chunks):
-        finish = FinishReason.STOP if k == len(chunks) - 1 else None
-        out = RequestOutput(KEY, chunk, TOK.decode(chunk), finish, k == 0, 2, len(chunk))
+    if resumed:  # the engine hands a resumed sample's saved tokens out once, first
+        lifecycle.on_output(RequestOutput(KEY, resumed, TOK.decode(resumed), None, True, 2, 0, resumed=True))
+    for k, chunk in enumerate(steps):
+        finish = FinishReason.STOP if ends and k == len(steps) - 1 else None
+        out = RequestOutput(KEY, chunk, TOK.decode(chunk), finish, k == 0 and not resumed, 2, len(chunk))
         lifecycle.on_output(out)
         lifecycle.flush(force=True)  # an event per step, so the deltas come in pieces
+    return lifecycle
+
+
+def run(text: str, pieces: int = 7) -> tuple[list[TokenEvent], dict]:
+    """An `auto` job whose model writes `text` in `pieces` steps: its events, and its terminal row."""
+    sent: list[TokenEvent] = []
+    written: list = []
+    attempt(sent, written, pieces_of(text, pieces), Admitted("start", 1))
     (concluded,) = [w for w in written if isinstance(w, Concluded)]
     return sent, {"status": concluded.row.status, **concluded.row.values}
+
+
+def calls_streamed(events: list[TokenEvent]) -> list[dict]:
+    """The calls a consumer builds from the events' deltas, as OpenAI's SDK does (a head starts a call)."""
+    calls: dict[int, dict] = {}
+    for d in (d for e in events for d in e.tool_calls or ()):
+        if d.id is not None:
+            assert d.index not in calls, f"call {d.index} started twice"
+            calls[d.index] = {
+                "id": d.id,
+                "type": "function",
+                "function": {"name": d.function.name, "arguments": ""},
+            }
+        calls[d.index]["function"]["arguments"] += d.function.arguments
+    return [calls[k] for k in sorted(calls)]
 
 
 def test_a_call_the_model_writes_streams_as_deltas_and_is_stored_in_the_choice():
@@ -105,6 +143,41 @@ def test_calls_coalesced_into_one_event_stay_apart():
     (event,) = [e for e in sent if e.tool_calls]
     assert [(d.index, d.id) for d in event.tool_calls] == [(0, ids[0]), (1, ids[1])]
     assert [d.function.arguments for d in event.tool_calls] == ['{"city": "Paris"}', '{"city": "Rome"}']
+
+
+@pytest.mark.parametrize(("streamed", "saved"), [(5, 8), (9, 4), (6, 6)])
+def test_a_job_with_tools_resumed_after_its_worker_died_streams_and_ends_as_an_uninterrupted_run(
+    streamed, saved
+):
+    """Attempt 1 streamed `streamed` steps of two calls and saved `saved` (the kill in a call's arguments:
+    its stream behind or ahead of its save); attempt 2 resumes from the saved tokens: its parser state is
+    rebuilt from them (the calls so far, what it holds back), so its row is the uninterrupted run's, and its
+    stream read as JobClient reads it has each call's head once and the same content and arguments."""
+    text = (
+        f'{CALL_TEXT}\n<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "Rome"}}}}\n</tool_call>'
+    )
+    steps = pieces_of(text, 14)
+    reference, reference_row = run(text, pieces=14)
+    sent: list[TokenEvent] = []
+    first = attempt(sent, [], steps[: max(streamed, saved)], Admitted("start", 1), ends=False)
+    assert len(sent) == max(streamed, saved)  # an event a step: the kill loses those after `streamed`
+    events_1 = sent[:streamed]
+    resumed = tuple(t for chunk in steps[:saved] for t in chunk)
+    sample = SavedSample(resumed, TOK.decode(resumed), frozenset({first.saver.fingerprint}))
+    admitted = Admitted("start", 2, seed=7, progress=SavedProgress({0: sample}, latest_attempt=1))
+    written: list = []
+    sent_2: list[TokenEvent] = []
+    attempt(sent_2, written, steps[saved:], admitted, resumed=resumed)
+    (concluded,) = [w for w in written if isinstance(w, Concluded)]
+    row = concluded.row.values
+    assert (row["output_text"], row["finish_reason"]) == (reference_row["output_text"], "tool_calls")
+    assert row["choices"][0]["tool_calls"] == reference_row["choices"][0]["tool_calls"]
+    assert len(row["choices"][0]["tool_calls"]) == 2
+    assert not any(e.restarted for e in sent_2)
+    read = as_client_reads(events_1 + sent_2)
+    assert "".join(e.text for e in read) == "".join(e.text for e in reference) == "Sure."
+    assert calls_streamed(read) == calls_streamed(reference) == reference_row["choices"][0]["tool_calls"]
+    assert read[-1].finish_reason == "tool_calls"
 
 
 def test_text_without_a_call_is_plain_content():

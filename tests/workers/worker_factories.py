@@ -65,7 +65,7 @@ def start_worker(
         "OMP_NUM_THREADS": "1",
     }
     log = tmp / f"{worker_id}-{uuid.uuid4().hex[:6]}.log"
-    cmd = [sys.executable, "-m", "workers.cli", "worker", "--worker-id", worker_id, "--grace-s", "10"]
+    cmd = [sys.executable, "-m", "workers.cli", "worker", "--worker-id", worker_id, "--drain-timeout", "10"]
     cmd += ["--model", "tiny", *extra]  # the random model: fast, and these tests check delivery, not text
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     return WorkerProcess(worker_id, proc, log)

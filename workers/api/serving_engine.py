@@ -404,8 +404,11 @@ class ServingEngine:
                         break
                     result, result_by = ended, time.monotonic() + RESULT_GRACE_S
                     continue
-                for event in feed.take(item):  # Failed raises the hub's error
+                for event in feed.take(item):  # Failed raises the hub's error; each cut to what is new
                     watch.started()
+                    if event.restarted:  # an attempt that could not resume: its output starts over (what
+                        # was sent cannot be taken back); the result is checked against the new text alone
+                        texts = dict.fromkeys(texts, "")
                     if event.finish_reason in FAILED_FINISHES:  # its error comes with the result
                         failing = True
                         result_by = time.monotonic() + RESULT_GRACE_S

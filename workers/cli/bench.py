@@ -12,7 +12,7 @@ import argparse
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     # light: argparse only; torch comes when the verb runs
-    from bench import pipeline
+    from bench import pipeline, resume
     from bench.api import load as api_load
     from bench.e2e import command as e2e
     from bench.engine import command as engine
@@ -32,6 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
          "ranks 8 and 16: tok/s and ratios", False),
         ("host-overhead", host_overhead, "the engine's host time per decode step by phase, forward stubbed "
          "(runs on CPU)", False),
+        ("resume", resume, "a long job whose worker is killed -9 half-way: resumed from its saved tokens vs "
+         "restarted from scratch, time from the kill to done", True),
         ("api-load", api_load, "2,000 requests and 500 streams at once through inferq api: the API's memory, "
          "/health latency, one jobs row a request", True),
     ):  # fmt: skip

@@ -39,8 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _start_worker(args: argparse.Namespace, log_path) -> subprocess.Popen:
     from workers.services.paths import open_private
 
-    cmd = [sys.executable, "-m", "workers.cli", "worker", "--worker-id", "demo-worker", "--grace-s", "5"]
-    cmd += ["--model", args.model]
+    cmd = [sys.executable, "-m", "workers.cli", "worker", "--worker-id", "demo-worker"]
+    cmd += ["--drain-timeout", "5", "--model", args.model]
     log = os.fdopen(open_private(log_path, os.O_WRONLY | os.O_APPEND), "ab")  # handed to the child process
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 

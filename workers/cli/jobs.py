@@ -224,14 +224,12 @@ def _print_stream(
     """Print the job's text as it comes, then its finish reason. With n > 1 samples, choice 0 is printed
     live and the others, which would interleave with it, each after it, in index order; each choice's
     text is followed by `[choice i: reason]` on stderr."""
-    attempt = None
     others: dict[int, list[str]] = {}
     reasons: dict[int, str] = {}
     for event in client.stream(job_id, timeout, since_ms, tenant):
-        if attempt is not None and event.attempt != attempt:
+        if event.restarted:  # an attempt that could not resume (a resumed one continues the text)
             print(f"\n[attempt {event.attempt} restarts the output]", file=sys.stderr)
             others, reasons = {}, {}
-        attempt = event.attempt
         if event.index == 0:
             print(event.text, end="", flush=True)
         else:

@@ -24,13 +24,16 @@ from workers.cli.options import add_log_options
 
 log = logging.getLogger(__name__)
 
+SAVE_INTERVAL_MS = 250.0  # serving/loop/progress.py's SAVE_INTERVAL_S (not imported: --help stays fast)
 GC_YOUNG_THRESHOLD = 20_000  # allocations between young-generation collections (Python's default: 700)
 
 
 DESCRIPTION = (
     "Consume jobs from the priority topics, generate with continuous batching, stream "
-    "tokens, persist every job in PostgreSQL. SIGTERM/SIGINT: stop intake, finish in-flight jobs "
-    "within the grace period, commit, exit 0; a second signal exits at once."
+    "tokens, persist every job in PostgreSQL; running jobs' tokens are saved as they go, so another "
+    "worker resumes a job this one lets go. SIGTERM/SIGINT: stop intake, save every running job's "
+    "progress, leave the group (the others resume those jobs), commit, exit 0, all within the drain "
+    "timeout; a second signal exits at once."
 )
 
 
@@ -79,10 +82,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "where cores are short the engine loop gets one first; 0: the same priority (default: 10)",
     )
     p.add_argument(
-        "--grace-s",
+        "--drain-timeout",
         type=float,
-        default=30.0,
-        help="seconds to finish in-flight jobs on shutdown (default: 30)",
+        default=5.0,
+        metavar="SECONDS",
+        help="on SIGTERM, the bound on handing running jobs over (progress saved, partitions released "
+        "to the group, which resumes them) and exiting (default: 5)",
+    )
+    p.add_argument("--grace-s", dest="drain_timeout", type=float, help=argparse.SUPPRESS)  # earlier name
+    p.add_argument(
+        "--save-interval-ms",
+        type=float,
+        default=SAVE_INTERVAL_MS,
+        metavar="MS",
+        help="how often running jobs' new tokens are saved to PostgreSQL, for another worker to resume "
+        "them from: a crash loses at most about this much generation per job; 0: never (default: "
+        "%(default)g)",
     )
     add_log_options(p)
     p.set_defaults(func=run)
@@ -127,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
         max_waiting=args.max_waiting,
         coalesce_ms=args.coalesce_ms,
         relay_nice=max(0, args.relay_nice),
-        grace_s=args.grace_s,
+        drain_timeout_s=max(0.0, args.drain_timeout),
+        save_interval_s=max(0.0, args.save_interval_ms) / 1000,
         limits=input_limits(args),
         models=models,
         served_model=base_names[0],  # announced to the fleet (/v1/models)

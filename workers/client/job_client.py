@@ -199,11 +199,13 @@ class JobClient:
     ) -> Iterator[TokenEvent]:
         """Token events of the job until its final one; raises JobTimeout after `timeout_s`.
 
-        Each event is yielded once, and an attempt's events in seq order (see TokenOrder): a copy of one
-        already seen (same attempt and seq) is skipped, and one that comes before an earlier seq waits for
-        it. A new attempt (a worker died and another redid the job) restarts the text: an event with a
-        higher attempt than seen so far begins again at seq 0, and the caller should reset its output;
-        from then on the earlier attempts' events (late ones from the worker that lost the job) are skipped.
+        Each sample's text is yielded once, in order, and never restarted: joined, the events' texts are
+        the job's output. An attempt's events come in seq order (see TokenOrder): a copy of one already
+        seen (same attempt and seq) is skipped, and one that comes before an earlier seq waits for it. A
+        new attempt (a worker died or let the job go, and another resumed it) continues the output: what
+        it sends again for positions already yielded is cut off (see ContinuousOutput), and the earlier
+        attempts' late events are skipped. Only an attempt that could not resume starts the output over:
+        its first event yielded has `restarted` set, and the caller drops what it had of the job.
         """
         job_id = _job_id(job)
         tenant = tenant or self._tenants.get(job_id, "default")

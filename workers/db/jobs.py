@@ -18,6 +18,7 @@ from sqlalchemy.dialects.postgresql import insert
 from schemas.job_key import JobKey  # (tenant, job_id): what names one job
 from schemas.tables import TERMINAL_STATUSES, jobs
 from schemas.topics import Coordinates
+from workers.db.progress import SavedProgress
 from workers.db.sets import KEYS, KEYS_MATCH, array_type, arrays, key_arrays, unnest
 
 # What a person listing jobs wants to see first (`inferq jobs`, the demo).
@@ -68,6 +69,8 @@ class Admitted:
     kind: Literal["start", "done", "cancelled", "held", "superseded"]
     attempt: int = 0
     published: bool = True
+    seed: int | None = None  # start: the seed stored with the job (every attempt samples with it)
+    progress: SavedProgress | None = None  # start: what earlier attempts saved (workers/db/progress.py)
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,10 @@ def admit(conn: Connection, rows: Sequence[Admission]) -> dict[JobKey, Admitted]
         return {}
     params = arrays(_QUEUED_FIELDS, [_queued_row(r) for r in rows])
     params["fence"] = GENERATION_FENCE
-    outcome = {(tenant, job_id): Admitted("start", n) for tenant, job_id, n in conn.execute(_ADMIT, params)}
+    outcome = {
+        (tenant, job_id): Admitted("start", n, seed=seed)
+        for tenant, job_id, n, seed in conn.execute(_ADMIT, params)
+    }
     missing = [(r.tenant, r.job_id) for r in rows if (r.tenant, r.job_id) not in outcome]
     if missing:
         for row in conn.execute(_CLASSIFY, key_arrays(missing)):
@@ -116,6 +122,8 @@ _QUEUED_COLUMNS = (
 )  # fmt: skip
 _QUEUED_FIELDS = tuple((name, array_type(jobs.c[name])) for name in _QUEUED_COLUMNS)
 _TERMINAL_SQL = ", ".join(f"'{s}'" for s in TERMINAL_STATUSES)
+# The job's sampling seed is in its params from its first admission on (the posted one, or one drawn then;
+# a row written before seeds were stored gets this admission's): every attempt samples with the same one.
 # One statement for any number of jobs: the upsert that re-queues a job unless it is terminal, cancelled,
 # or has a newer owner: its attempt was admitted in a later group generation than this admission's record,
 # lately, by another worker (the record's partition has moved on, and its new owner runs the job). A
@@ -129,12 +137,14 @@ SELECT v.*, 'queued', 1 FROM {unnest(_QUEUED_FIELDS)}
 ON CONFLICT (job_id, tenant) DO UPDATE SET status = 'queued', attempts = jobs.attempts + 1,
   worker_id = excluded.worker_id, queued_at = excluded.queued_at, source_topic = excluded.source_topic,
   source_partition = excluded.source_partition, source_offset = excluded.source_offset,
-  updated_at = excluded.queued_at, admitted_generation = excluded.admitted_generation, model = excluded.model
+  updated_at = excluded.queued_at, admitted_generation = excluded.admitted_generation, model = excluded.model,
+  params = CASE WHEN jobs.params ->> 'seed' IS NULL AND excluded.params ->> 'seed' IS NOT NULL
+    THEN jsonb_set(coalesce(jobs.params, '{{}}'), '{{seed}}', excluded.params -> 'seed') ELSE jobs.params END
 WHERE jobs.status NOT IN ({_TERMINAL_SQL}) AND jobs.cancel_requested_at IS NULL
   AND NOT (jobs.admitted_generation > excluded.admitted_generation
            AND jobs.updated_at > excluded.queued_at - CAST(:fence AS interval)
            AND jobs.worker_id IS DISTINCT FROM excluded.worker_id)
-RETURNING jobs.tenant, jobs.job_id, jobs.attempts"""
+RETURNING jobs.tenant, jobs.job_id, jobs.attempts, CAST(jobs.params ->> 'seed' AS bigint)"""
 )
 
 

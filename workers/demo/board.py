@@ -13,6 +13,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from schemas.jobs import TokenEvent
+from workers.client.token_order import ContinuousOutput
 
 PRIORITY_STYLE = {"high": "bold red", "normal": "bold yellow", "low": "bold blue"}
 
@@ -28,7 +29,8 @@ class DemoJob:
 
 @dataclass
 class JobStream:
-    """What this client has seen of one job: the latest attempt's text and when its tokens came."""
+    """What this client has seen of one job: its text (continued across attempts that resumed it) and when
+    its tokens came."""
 
     job: DemoJob
     text: str = ""
@@ -38,6 +40,7 @@ class JobStream:
     first_token_s: float | None = None
     finished_s: float | None = None
     finish_reason: str | None = None
+    output: ContinuousOutput = field(default_factory=ContinuousOutput)  # each position's text once
 
     @property
     def done(self) -> bool:
@@ -69,13 +72,20 @@ class DemoBoard:
             or (stream.done and event.attempt == stream.attempt)
         ):
             return None
-        if event.attempt > stream.attempt:  # a retry on another worker: the text starts again
-            self.streams[event.job_id] = stream = JobStream(stream.job, attempt=event.attempt)
+        if event.attempt > stream.attempt:  # another worker took the job over: it continues the text
+            stream.attempt, stream.seqs = event.attempt, set()
         if event.seq in stream.seqs:
             return None  # the producer retried a send
         stream.seqs.add(event.seq)
-        stream.text += event.text
-        stream.tokens += len(event.token_ids)
+        new = stream.output.take(event)  # what the resumed attempt sends again is not news
+        if new is None:
+            return None
+        if new.restarted:  # an attempt that could not resume: the text starts again
+            self.streams[event.job_id] = stream = JobStream(
+                stream.job, attempt=event.attempt, seqs=stream.seqs, output=stream.output
+            )
+        stream.text += new.text
+        stream.tokens += len(new.token_ids)
         if event.token_ids and stream.first_token_s is None:
             stream.first_token_s = now
         if event.final:  # the job's end (with n > 1, a sample's finish_reason is not)

@@ -98,6 +98,26 @@ class WorkerMetrics:
         self.token_events_dropped = Counter(
             "inferq:token_events_dropped", "Token events the broker could not take in time.", registry=r
         )
+        # a job's later attempts (its worker died, stopped, or lost its partition): resumed from the tokens
+        # earlier attempts saved, or restarted from scratch (reason: no_progress, model_changed, refused)
+        self.attempts = Counter(
+            "inferq:job_attempts",
+            "Later attempts of jobs, by outcome (resumed, restarted) and why one restarted.",
+            ["model_name", "outcome", "reason"],
+            registry=r,
+        )
+        self.resumed_tokens = Counter(
+            "inferq:resumed_tokens",
+            "Tokens earlier attempts saved that resumed attempts continued from (not generated again).",
+            ["model_name"],
+            registry=r,
+        )
+        self.recomputed_tokens = Counter(
+            "inferq:recomputed_tokens",
+            "Tokens earlier attempts saved that restarted attempts generate again (their progress unusable).",
+            ["model_name"],
+            registry=r,
+        )
         self.engine_step_failures = Counter(
             "inferq:engine_step_failures",
             "Engine steps that raised (their sequences are then run alone to find the one at fault).",
@@ -135,7 +155,8 @@ class WorkerMetrics:
         )
         # series that exist from the start (at 0), so rates and ratios have data before the first event
         for per_model in (self.running, self.kv_usage, self.preemptions, self.prompt_tokens,
-                          self.generation_tokens, self.prefix_queries, self.prefix_hits):  # fmt: skip
+                          self.generation_tokens, self.prefix_queries, self.prefix_hits, self.resumed_tokens,
+                          self.recomputed_tokens):  # fmt: skip
             per_model.labels(model_name)
         # children looked up once: `labels()` costs more than the observation (called per job per step)
         self._generated = self.generation_tokens.labels(model_name)
@@ -187,6 +208,16 @@ class WorkerMetrics:
                 itl = self._itl[priority] = self.itl.labels(self.model_name, priority)
             for _ in range(count):
                 itl.observe(gap_s / count)
+
+    def observe_resumed(self, tokens: int) -> None:
+        """A later attempt of a job continues from `tokens` saved tokens."""
+        self._child(self.attempts, self.model_name, "resumed", "").inc()
+        self._child(self.resumed_tokens, self.model_name).inc(tokens)
+
+    def observe_restarted(self, reason: str, saved_tokens: int) -> None:
+        """A later attempt of a job starts from scratch (`saved_tokens`: what it could not use)."""
+        self._child(self.attempts, self.model_name, "restarted", reason).inc()
+        self._child(self.recomputed_tokens, self.model_name).inc(saved_tokens)
 
     def observe_finished(self, status: str, finish_reason: str, lora_name: str = "") -> None:
         self._child(self.finished, self.model_name, finish_reason, status, lora_name).inc()

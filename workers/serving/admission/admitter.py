@@ -9,14 +9,17 @@ jittered backoff; a row PostgreSQL refuses for its data is split off and rejecte
 from __future__ import annotations
 
 import logging
+import random
+import secrets
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from workers.clock import utcnow
 from workers.db import Engine
 from workers.db.jobs import Admission, Admitted, admit
+from workers.db.progress import saved_progress
 from workers.kafka_io import Partition
 from workers.serving.admission.models import ServedModels
 from workers.serving.errors import Backoff, describe_error, is_transient
@@ -40,6 +43,8 @@ class Admitter:
         self._pending: list[Accepted] = []
         self._backoff = Backoff(base_s=0.2, cap_s=10.0)
         self._retry_at = 0.0
+        # seeds of jobs posted without one: unpredictable, not secret (a system call per job would show)
+        self._seeds = random.Random(secrets.randbits(128))
 
     @property
     def blocked(self) -> bool:
@@ -92,6 +97,12 @@ class Admitter:
         rows = [self._row(a, now) for a in batch]
         with self._db.begin() as conn:
             outcomes = admit(conn, rows)
+            # a re-queued job's saved progress, read after its row is this attempt's: a save of the
+            # attempt before that lands later is fenced out (or, if it was running already, left out of
+            # the chain the next attempt resumes from: workers/db/progress.py)
+            again = [key for key, o in outcomes.items() if o.kind == "start" and o.attempt > 1]
+            for key, saved in saved_progress(conn, again).items():
+                outcomes[key] = replace(outcomes[key], progress=saved)
         return [Decision(a, outcomes[(a.tenant, a.job_id)]) for a in batch]
 
     def _one_by_one(self, batch: list[Accepted]) -> tuple[list[Decision], list[Rejected]]:
@@ -126,7 +137,7 @@ class Admitter:
             tenant=a.tenant,
             priority=a.priority,
             prompt=a.prompt_text,
-            params=a.job.model_dump(mode="json", exclude={"prompt", "messages", "job_id"}),
+            params=self._params(a),
             bulk_id=a.job.bulk_id,
             created_at=a.record.posted_at(now),
             queued_at=now,
@@ -135,6 +146,14 @@ class Admitter:
             generation=a.record.generation,
             model=a.model or self._models.base.name,  # an adapter's name, or the base's
         )
+
+    def _params(self, a: Accepted) -> dict:
+        """The row's params: the request as received, with the seed it samples with (drawn here when
+        the job gave none; the row keeps the first admission's, so every attempt samples alike)."""
+        params = a.job.model_dump(mode="json", exclude={"prompt", "messages", "job_id"})
+        if params.get("seed") is None:
+            params["seed"] = self._seeds.getrandbits(63)
+        return params
 
 
 def _first_of_each_id(pending: list[Accepted]) -> tuple[list[Accepted], list[Accepted]]:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from gpu.engine_types import TokenLogprob
+from gpu.engine_types import EngineRequest, TokenLogprob
 from schemas.job_key import JobKey
 from schemas.jobs import JobRequest, Timings, Usage
 from schemas.statuses import STATUS_OF_FINISH
@@ -16,6 +16,7 @@ from workers.clock import utcnow
 from workers.db.jobs import Terminal
 from workers.kafka_io import Coordinates
 from workers.serving.loop.choices import Choices, LogprobFormatter
+from workers.serving.loop.progress import JobProgress
 
 
 @dataclass
@@ -38,6 +39,9 @@ class InFlightJob:
     tool_dialect: ToolDialect | None = None  # how its output writes tool calls (None: it has no tools)
     lora_name: str = ""  # the adapter it runs with ("": the base), as metrics label it
     choices: Choices = field(init=False)
+    progress: JobProgress = field(init=False)  # its tokens since they were last saved
+    resumed: dict[int, int] = field(default_factory=dict)  # by sample: tokens this attempt continued from
+    engine_request: EngineRequest | None = None  # as handed to the engine (a refused resume: again, afresh)
 
     @property
     def key(self) -> JobKey:
@@ -48,6 +52,7 @@ class InFlightJob:
         if self.tool_dialect is not None:  # call ids: the same for the job whoever runs it
             tools = (self.tool_dialect, f"{self.request.tenant}/{self.job_id}")
         self.choices = Choices(self.request.n, self.logprob_format if self.request.logprobs else None, tools)
+        self.progress = JobProgress(self.request.n)
 
     def on_tokens(
         self, count: int, text: str, index: int = 0, logprobs: Sequence[TokenLogprob] = ()
@@ -63,6 +68,12 @@ class InFlightJob:
         if count:
             sample.last_token_mono = self.last_token_mono = now
         return gap
+
+    def on_resumed(self, index: int, count: int, text: str, logprobs: Sequence[TokenLogprob] = ()) -> None:
+        """Sample `index` continues from `count` tokens an earlier attempt generated (and `text`): its
+        output so far, which this attempt's timings do not count."""
+        self.choices.add(index, count, text, logprobs)
+        self.resumed[index] = count
 
     def on_end(self, index: int, reason: str) -> str | None:
         """Sample `index` ended; the job's finish reason once every sample has (or one ended the request)."""
@@ -81,8 +92,10 @@ class InFlightJob:
                 return None
             return max(0.0, (later - earlier).total_seconds() * 1000)
 
-        # per sample: n samples decode side by side, one token each per step
-        itl, steps = None, self.choices.longest
+        # per sample: n samples decode side by side, one token each per step (this attempt's steps only:
+        # the tokens it resumed from came before its first token)
+        itl = None
+        steps = max(s.tokens - self.resumed.get(s.index, 0) for s in self.choices.samples)
         if steps > 1 and self.first_token_mono is not None and self.last_token_mono:
             itl = (self.last_token_mono - self.first_token_mono) * 1000 / (steps - 1)
         return Timings(

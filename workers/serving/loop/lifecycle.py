@@ -11,11 +11,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Protocol
 
 from gpu.engine import Engine, EngineRequest, RequestOutput
 from gpu.engine_process import EngineProcess
+from gpu.engine_types import ResumeRefused
 from scheduler.types import Priority
 from schemas.job_key import JobKey
 from schemas.jobs import TokenEvent
@@ -33,15 +35,18 @@ from workers.serving.errors import describe_error
 from workers.serving.intake.rejected import Rejected
 from workers.serving.intake.sampling import sampling_params
 from workers.serving.intake.validation import Accepted
+from workers.serving.loop import resumption
 from workers.serving.loop.choices import REQUEST_ENDS, LogprobFormatter
 from workers.serving.loop.inflight import InFlightJob
 from workers.serving.loop.job_log import job_event
+from workers.serving.loop.progress import SAVE_INTERVAL_S, ProgressSaver
 from workers.serving.metrics import WorkerMetrics
 from workers.serving.offsets import OffsetTracker
 from workers.serving.outbox.delivery import Waitable
 from workers.serving.outbox.writes import (
     CancelRequested,
     Concluded,
+    Progress,
     Republish,
     Running,
     WriteItem,
@@ -80,6 +85,7 @@ class JobLifecycle:
         metrics: WorkerMetrics,
         write: Callable[[list[WriteItem]], None],
         send_event: Callable[[TokenEvent, str], Waitable | None],
+        save_interval_s: float = SAVE_INTERVAL_S,
         models: ServedModels | None = None,
     ) -> None:
         self.engine, self.topics, self.worker_id, self.limits = engine, topics, worker_id, limits
@@ -92,6 +98,7 @@ class JobLifecycle:
         self.recent_cancels = cancels.RecentCancels()
         self.streamer = TokenStreamer(send_event, coalesce_s, self.logprob_format.entries)
         self.items: list[WriteItem] = []
+        self.saver = ProgressSaver(engine.fingerprint, save_interval_s)  # running jobs' tokens, saved
         self._recheck: list[tuple[float, Accepted]] = []  # superseded copies, by when to decide them again
 
     # ---- intake ----------------------------------------------------------------------------
@@ -169,7 +176,7 @@ class JobLifecycle:
             self.metrics.observe_finished("cancelled", "abort")
             job_event("finished", a.job_id, a.priority, status="cancelled", finish_reason="abort")
         else:
-            self._start(a, outcome.attempt)
+            self._start(a, outcome)
 
     def _carried_again(self, job: InFlightJob, a: Accepted, outcome: Admitted) -> None:
         """Another copy of a job this worker runs: one run, and the copy is acked with it."""
@@ -183,8 +190,8 @@ class JobLifecycle:
             if job.started_at is not None:
                 self.items.append(Running(job.job_id, job.started_at, job.attempt, tenant=a.tenant))
 
-    def _start(self, a: Accepted, attempt: int) -> None:
-        created_at = a.record.posted_at(utcnow())
+    def _start(self, a: Accepted, outcome: Admitted) -> None:
+        attempt, created_at = outcome.attempt, a.record.posted_at(utcnow())
         job = InFlightJob(
             job_id=a.job_id,
             attempt=attempt,
@@ -201,26 +208,54 @@ class JobLifecycle:
         if a.job.timeout_s is not None:
             remaining = (created_at + timedelta(seconds=a.job.timeout_s) - utcnow()).total_seconds()
             deadline = time.monotonic() + remaining
+        sampling = sampling_params(a.job, a.max_tokens, self.engine)
+        if outcome.seed is not None:  # the seed stored with the job: every attempt samples alike
+            sampling = replace(sampling, seed=outcome.seed)
+        resume = resumption.plan(
+            attempt, outcome.progress, a.job.n, self.saver.fingerprint, not sampling.greedy, sampling.seed
+        )
+        job.progress.saved = outcome.progress is not None  # its rows go with the job's terminal row
         self.jobs[a.request_id] = job
-        if a.job.stream:  # a job that is not streamed has no token events, only its result
-            self.streamer.start(a.request_id, attempt, a.tenant, a.job_id)
         self.metrics.observe_admitted(job.prompt_tokens)
-        self.engine.add_request(
-            EngineRequest(
-                request_id=a.request_id,
-                prompt_token_ids=a.prompt_token_ids,
-                sampling=sampling_params(a.job, a.max_tokens, self.engine),
-                stop=tuple(a.job.stop),
-                priority=PRIORITIES[a.priority],
-                tenant=a.job.tenant,
-                deadline=deadline,
-                n=a.job.n,
-                grammar=a.grammar,
-                lora=a.lora,
-            )
+        job.engine_request = EngineRequest(
+            request_id=a.request_id,
+            prompt_token_ids=a.prompt_token_ids,
+            sampling=sampling,  # max_tokens counts the tokens resumed: the engine counts them as generated
+            stop=tuple(a.job.stop),
+            priority=PRIORITIES[a.priority],
+            tenant=a.job.tenant,
+            deadline=deadline,
+            n=a.job.n,
+            grammar=a.grammar,
+            resume=resume.tokens,
+            lora=a.lora,
         )
         job_event("admitted", a.job_id, a.priority, tenant=a.tenant, attempt=attempt,
                   prompt_tokens=job.prompt_tokens, max_tokens=a.max_tokens)  # fmt: skip
+        if not resume.resumes:
+            self._add(job, restart=resume.restart, saved=resume.saved, detail=resume.detail)
+            return
+        try:
+            self._add(job)
+        except ResumeRefused as exc:  # raised by add_request, in- or out-of-process: from scratch, then
+            self._add(job, restart=resumption.REFUSED, saved=resume.saved, detail=describe_error(exc))
+
+    def _add(self, job: InFlightJob, restart: str | None = None, saved: int = 0, detail: str = "") -> None:
+        """Hand the job to the engine: resuming as planned, or (`restart`: why) from scratch."""
+        request = job.engine_request
+        assert request is not None
+        if restart is not None:
+            request = job.engine_request = replace(request, resume=())
+            self.metrics.observe_restarted(restart, saved)
+            log.info("job %s: attempt %d starts from scratch (%s): %s", job.job_id, job.attempt, restart,
+                     detail)  # fmt: skip
+            job_event("restarted", job.job_id, job.priority, attempt=job.attempt, reason=restart,
+                      saved_tokens=saved, detail=detail)  # fmt: skip
+        if job.request.stream:  # a job that is not streamed has no token events, only its result
+            # a later attempt that does not resume starts the output over, and its events say so
+            restarted = job.attempt > 1 and not any(request.resume)
+            self.streamer.start(request.request_id, job.attempt, job.request.tenant, job.job_id, restarted)
+        self.engine.add_request(request)
 
     def _reject(self, r: Rejected) -> None:
         self.metrics.rejected.labels(r.reason).inc()
@@ -282,7 +317,9 @@ class JobLifecycle:
             self.items.append(Running(job.job_id, job.started_at, job.attempt, tenant=job.request.tenant))
             job_event("started", job.job_id, job.priority, attempt=job.attempt,
                       queue_ms=_ms_between(job.created_at, job.started_at))  # fmt: skip
-        if out.new_token_ids or out.text_delta:
+        if out.resumed and out.new_token_ids:
+            self._resumed(job, out)
+        elif out.new_token_ids or out.text_delta:
             text = storable(out.text_delta)  # a model can emit U+0000; stream and row carry the same text
             first = job.first_token_mono is None and bool(out.new_token_ids)
             logprobs = out.logprobs if job.choices.with_logprobs else None
@@ -291,6 +328,7 @@ class JobLifecycle:
                 parsed = job.choices.parse(out.index, text)
                 text, calls = parsed.content, parsed.tool_calls
             gap_s = job.on_tokens(len(out.new_token_ids), text, out.index, out.logprobs)
+            job.progress.add(out.index, out.new_token_ids, text)
             if job.request.stream:
                 self.streamer.add(out.request_id, text, out.new_token_ids, out.index, logprobs, calls)
             self.metrics.observe_tokens(job.priority, len(out.new_token_ids), gap_s)
@@ -310,6 +348,28 @@ class JobLifecycle:
         else:  # the job goes on: this sample's last token event, with its own reason
             reason = job.choices.samples[out.index].finish_reason or out.finish_reason.value
             self.streamer.end_sample(out.request_id, out.index, reason)
+            job.progress.end(out.index, reason)  # saved with its last tokens
+
+    def _resumed(self, job: InFlightJob, out: RequestOutput) -> None:
+        """A resumed sample's saved tokens, out once (gpu/resume.py): its output so far, generated by an
+        earlier attempt and saved already; its stream restates it from offset 0, apart."""
+        text = storable(out.text_delta)
+        calls = None
+        if job.choices.parses_tools:
+            # the parser's state rebuilt from the output so far (its calls, what it holds back): what
+            # follows parses as in an uninterrupted run, and the restatement has its content and calls
+            parsed = job.choices.parse(out.index, text)
+            text, calls = parsed.content, parsed.tool_calls
+        job.on_resumed(out.index, len(out.new_token_ids), text, out.logprobs)
+        job.progress.resume(out.index, len(out.new_token_ids))
+        if job.request.stream:
+            logprobs = out.logprobs if job.choices.with_logprobs else None
+            self.streamer.restate(out.request_id, out.index, text, out.new_token_ids, logprobs, calls)
+        if len(job.resumed) == 1:  # the attempt's first resumed sample
+            request = job.engine_request
+            saved = sum(len(t) for t in request.resume) if request is not None else len(out.new_token_ids)
+            self.metrics.observe_resumed(saved)
+            job_event("resumed", job.job_id, job.priority, attempt=job.attempt, resumed_tokens=saved)
 
     def _end_tool_calls(self, job: InFlightJob, out: RequestOutput) -> None:
         """What the tool-call parser held back of the sample that ended, decided now: to its text and its
@@ -327,7 +387,9 @@ class JobLifecycle:
         row, timings = job.conclude(finish, self.worker_id, error=detail)
         reasons = {sample.index: sample.finish_reason for sample in job.choices.samples}
         stream_end = self.streamer.finish(request_id, finish, job.usage, reasons)
-        self.items.append(Concluded(row, tuple(job.sources), stream_end))
+        # a later attempt's terminal row also takes any rows a superseded one saved after its admission
+        progress = job.progress.saved or job.attempt > 1
+        self.items.append(Concluded(row, tuple(job.sources), stream_end, progress=progress))
         self.metrics.observe_job(row.status, finish, job.priority, timings, job.lora_name)
         # (fields by name, not model_dump: this runs once a job, on the thread every job waits on)
         job_event("finished", job.job_id, job.priority, status=row.status, finish_reason=finish,
@@ -363,12 +425,22 @@ class JobLifecycle:
 
     # ---- rebalance, flush, shutdown --------------------------------------------------------
     def revoke(self, partitions: Iterable[tuple[str, int]]) -> None:
-        """Stop this worker's jobs of partitions it no longer owns: their new owner redoes them."""
+        """Let go of this worker's jobs of partitions it no longer owns: their new owner resumes them from
+        the progress saved here (a save that lands after its admission is fenced out)."""
         revoked = set(partitions)
-        for request_id, job in list(self.jobs.items()):
-            if (job.sources[0][0], job.sources[0][1]) in revoked:
-                self._abort_locally(request_id)
+        self.hand_over([r for r, job in self.jobs.items() if job.sources[0][:2] in revoked])
         self.admitter.drop(revoked)
+
+    def hand_over(self, request_ids: Iterable[str]) -> int:
+        """Save these jobs' progress (queued for the persister) and stop them without a terminal row, for
+        the group to resume elsewhere (attempt + 1); how many there were."""
+        jobs = [self.jobs[r] for r in request_ids if r in self.jobs]
+        chunks = self.saver.collect(jobs, time.monotonic(), force=True)
+        if chunks:
+            self.items.append(Progress(tuple(chunks)))
+        for job in jobs:
+            self._abort_locally(job.key.request_id)
+        return len(jobs)
 
     def _abort_locally(self, request_id: str) -> None:
         """Stop a job without a terminal row: whoever consumes its message next redoes it (attempt + 1)."""
@@ -376,12 +448,15 @@ class JobLifecycle:
         self.streamer.drop(request_id)
         self.engine.abort_request(request_id)
 
-    def abort_all(self) -> None:
-        for request_id in list(self.jobs):
-            self._abort_locally(request_id)
+    def abort_all(self) -> int:
+        """Let go of every job (progress saved): the group resumes them. How many there were."""
+        return self.hand_over(list(self.jobs))
 
     def flush(self, force: bool) -> None:
         self.streamer.flush_due(force)
+        now = time.monotonic()
+        if self.saver.due(now) and (chunks := self.saver.collect(self.jobs.values(), now)):
+            self.items.append(Progress(tuple(chunks)))
         items, self.items = self.items, []
         self.write(items)
 

@@ -30,6 +30,7 @@ from workers.serving.intake.thread import IntakeThread
 from workers.serving.intake.validation import Intake
 from workers.serving.loop.clock import LoopClock, thread_seconds
 from workers.serving.loop.lifecycle import JobLifecycle
+from workers.serving.loop.progress import SAVE_INTERVAL_S
 from workers.serving.loop.step_guard import StepGuard
 from workers.serving.metrics import WorkerMetrics
 from workers.serving.offsets import OffsetTracker
@@ -40,6 +41,7 @@ from workers.settings import Settings
 log = logging.getLogger(__name__)
 
 HARD_CAP_FACTOR = 2  # jobs held here (all classes) stop at this many times max_waiting: high pauses too
+MIN_DRAIN_S = 1.0  # the least a stop gives its last writes (a give-up's deadline is now)
 IN_FLIGHT_REFRESH_S = 0.5  # how stale the in-flight list the persister looks cancels up for may be
 URGENT_ADMISSION_WAIT_S = 0.05  # before a step, the longest wait for a high-priority job's admission
 
@@ -57,7 +59,11 @@ class WorkerOptions:
     # how late cancels and the loop's commands (commit, pause) are taken up; each poll hands off to
     # kafka-python's I/O thread, and shorter polls cost the engine thread GIL hand-offs
     poll_s: float = 0.2
-    grace_s: float = 30.0  # on shutdown, time to finish in-flight jobs before aborting them
+    # on a stop (SIGTERM): the bound on handing every running job over (progress saved, partitions
+    # released for the group's other workers to resume them) and exiting
+    drain_timeout_s: float = 5.0
+    # running jobs' new tokens reach PostgreSQL this often (workers/serving/loop/progress.py); 0: never
+    save_interval_s: float = SAVE_INTERVAL_S
     max_pending_writes: int = 5000  # row writes waiting for PostgreSQL before intake pauses
     # the Kafka relay process's nice value above the worker's: where cores are short (one-token jobs on a
     # small machine: the loop waited 0.11 ms a job for a core), the loop gets one first; 0: the same
@@ -141,6 +147,7 @@ class Worker:
             metrics=self.metrics,
             write=self.persister.submit,
             send_event=self.send_token_event,
+            save_interval_s=options.save_interval_s,
             models=options.models,
         )
         self.guard = StepGuard()
@@ -162,11 +169,13 @@ class Worker:
 
     # ---- lifecycle -------------------------------------------------------------------------
     def request_stop(self) -> None:
+        """Stop (a signal handler calls it): no new jobs; the loop ends after this iteration, and every job
+        running here is handed over to the group (its progress saved) within the drain timeout."""
         if self._stop_at is None:
-            self._stop_at = time.monotonic() + self.options.grace_s
+            self._stop_at = time.monotonic() + self.options.drain_timeout_s
             self.intake_thread.stop_intake()
-            in_flight, grace = len(self.lifecycle.jobs), self.options.grace_s
-            log.info("stopping: no new jobs; %d in flight get %.0fs", in_flight, grace)
+            in_flight, drain = len(self.lifecycle.jobs), self.options.drain_timeout_s
+            log.info("stopping: no new jobs; handing %d in flight over within %.1fs", in_flight, drain)
 
     @property
     def stopping(self) -> bool:
@@ -188,9 +197,7 @@ class Worker:
             self._shutdown()
 
     def _done(self) -> bool:
-        if self._stop_at is None:
-            return False
-        return not self.lifecycle.jobs or time.monotonic() >= self._stop_at
+        return self._stop_at is not None
 
     def run_once(self) -> None:
         """One iteration: intake, admission, cancels, one engine step, emit, commit, flow control."""
@@ -403,21 +410,34 @@ class Worker:
         self.metrics.observe_loras(running, [j.lora_name for j in jobs if j.started_at is None])
 
     def _shutdown(self) -> None:
-        if self.announcer is not None:
-            self.announcer.stop()  # first: the API stops listing a worker that takes no more jobs
-        self.lifecycle.admitter.close()  # records not admitted yet stay uncommitted: redelivered
-        self.lifecycle.abort_all()  # past the grace period: no terminal row, the group redoes them
+        """Hand over and leave, within the drain timeout: every job running here stops without a terminal
+        row, its progress saved, and the consumer leaves the group once the rows are written (the group
+        gives its partitions to the others at once, who resume the jobs from their uncommitted records).
+        What a dead database or broker holds past the deadline is left behind: the next owner redoes
+        it from older progress, or from scratch."""
+        deadline = self._stop_at if self._stop_at is not None else time.monotonic()
+        deadline = max(deadline, time.monotonic() + MIN_DRAIN_S)  # a give-up still writes what it can
+
+        def left(at_most: float = 10.0) -> float:
+            return max(0.05, min(at_most, deadline - time.monotonic()))
+
+        if self.announcer is not None:  # first: the API stops listing a worker that takes no more jobs
+            self.announcer.stop(left(1.0))
+        self.lifecycle.admitter.close(left(1.0))  # records not admitted yet stay uncommitted: redelivered
+        handed = self.lifecycle.abort_all()  # their progress queued for the persister
         self.lifecycle.flush(force=True)
-        self.events.stop()  # the last token events reach the relay before the results that follow them
-        self.persister.close()
-        self.events.close()
-        self.intake_thread.stop()
+        self.events.stop(left())  # the last token events reach the relay before the results after them
+        self.persister.close(left())
+        self.events.close(left())
+        self.intake_thread.stop(left())
         self._commit(force=True)
-        self.producer.flush(10)
+        self.producer.flush(left())
         self.producer.close()
         self.control.close()
-        self.consumer.close()
+        self.consumer.close()  # leaves the group: the others take its partitions now
         self.db.dispose()
+        if handed:
+            log.info("handed %d running jobs over to the group", handed)
         s = self.engine.stats()
         log.info(
             "worker %s stopped: model %.1fs over %d steps; busy loop time by phase: %s",

@@ -27,6 +27,7 @@ from workers.db.jobs import (
     superseded_by,
 )
 from workers.db.outbox import claim, take_over
+from workers.db.progress import ProgressChunk, drop_progress, save_progress
 from workers.kafka_io import Coordinates, Record
 from workers.serving.errors import describe_error
 from workers.serving.outbox.delivery import Waitable
@@ -86,10 +87,15 @@ def apply_all(conn: Connection, items: list[WriteItem], ctx: WriteContext) -> St
     """Every item in order, in one transaction. Consecutive `Running` and `Concluded` items go as one
     statement for the starts, then one for the terminal rows (per set of columns): set-based, so a flush
     of a thousand finished jobs is a few round trips, not a thousand. (Within such a run a job's start
-    comes before its end, as submitted; the fences make every other order within it equivalent.)"""
+    comes before its end, as submitted; the fences make every other order within it equivalent.) Every
+    `Progress` chunk of the batch goes first, as one statement: a save is fenced by its attempt, which
+    nothing else in a batch moves on, and a job's terminal row, later, deletes what it saved."""
     out = Stored()
+    save_progress(conn, [c for item in items if isinstance(item, Progress) for c in item.chunks], ctx.now)
     run: list[Running | Concluded] = []
     for item in items:
+        if isinstance(item, Progress):
+            continue
         if isinstance(item, Running | Concluded):
             run.append(item)
             continue
@@ -119,8 +125,11 @@ def _apply_run(conn: Connection, run: list[Running | Concluded], ctx: WriteConte
     if ends:
         concluded = [i for i in run if isinstance(i, Concluded)]
         rows = [i.claimed(ctx, started_at.get(id(i))) for i in concluded]
-        for item, written in zip(concluded, finish_many(conn, rows, ctx.now), strict=True):
-            out += item._outcome(conn, written)
+        written_rows = finish_many(conn, rows, ctx.now)
+        ended = zip(concluded, written_rows, strict=True)
+        drop_progress(conn, [i.row.key for i, w in ended if i.progress and w is not None])
+        for item, written in zip(concluded, written_rows, strict=True):
+            out += item._outcome(conn, written, dropped=True)
 
 
 class _NoFallback:
@@ -157,6 +166,7 @@ class Concluded:
     # the attempt's last token event: the row is written once the broker has it, so a job that is
     # terminal has its whole stream on the tokens topic (unless the broker stayed away past the wait)
     stream_end: Waitable | None = None
+    progress: bool = False  # the job has saved progress (job_progress rows) to delete with this row
 
     def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
         return self._outcome(conn, finish(conn, self.claimed(ctx), ctx.now))
@@ -175,8 +185,10 @@ class Concluded:
         written = fail(conn, r.tenant, r.job_id, reason, ctx.now, ctx.claim, r.attempt)
         return self._outcome(conn, written)
 
-    def _outcome(self, conn: Connection, written: Row | None) -> Stored:
+    def _outcome(self, conn: Connection, written: Row | None, dropped: bool = False) -> Stored:
         r = self.row
+        if written is not None and self.progress and not dropped:  # (apply_all drops a run's at once)
+            drop_progress(conn, [r.key])
         if written is None and (later := superseded_by(conn, r.tenant, r.job_id, r.attempt)):
             return Stored(superseded=[(self, later)])
         return outbox_row(written)
@@ -188,6 +200,19 @@ class DeadLettered:
 
     record: Record
     job_id: str  # "" when the record names no job (a control message)
+
+
+@dataclass(frozen=True)
+class Progress(_NoFallback):
+    """Running jobs' tokens since their last save (workers/db/progress.py): kept only while each job's
+    row is still that attempt's. Acks no record: the job's own conclusion does."""
+
+    chunks: tuple[ProgressChunk, ...]
+    sources: tuple[Source, ...] = ()
+
+    def apply(self, conn: Connection, ctx: WriteContext) -> Stored:
+        save_progress(conn, self.chunks, ctx.now)
+        return Stored()
 
 
 @dataclass(frozen=True)

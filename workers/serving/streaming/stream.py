@@ -13,6 +13,12 @@ from schemas.jobs import TokenEvent, Usage
 Emit = Callable[[TokenEvent, str], Any]  # sends one event of a tenant's job; returns a handle (or None)
 
 
+# An event carries at most this many tokens (a longer delta, such as a resumed attempt's restatement of the
+# output so far, goes as several): with 20 top logprobs a token is about 1.5 kB of JSON, and a message past
+# the topic's size limit (1 MB by default) would be lost.
+MAX_EVENT_TOKENS = 256
+
+
 @dataclass
 class _Delta:
     """The unsent output of one of a job's samples (kept and emptied, not rebuilt, between events)."""
@@ -20,6 +26,8 @@ class _Delta:
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the job asked for them
+    offset: int = 0  # tokens of the sample sent before these (its next event's `offset`)
+    text_offset: int = 0  # characters of the sample's text sent before these
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's deltas (a job with tools)
 
 
@@ -33,6 +41,7 @@ class _Pending:
     tokens: int = 0  # token ids not sent yet
     since: float | None = None  # monotonic time of the oldest unsent delta; None: nothing unsent
     ended: set[int] = field(default_factory=set)  # samples whose last event is sent
+    restarted: bool = False  # this attempt starts the output over (every event says so)
 
 
 class TokenStreamer:
@@ -59,11 +68,37 @@ class TokenStreamer:
         self._jobs: dict[str, _Pending] = {}  # by the engine's request id of a job (JobKey.request_id)
 
     def start(
-        self, request_id: str, attempt: int, tenant: str = "default", job_id: str | None = None
+        self,
+        request_id: str,
+        attempt: int,
+        tenant: str = "default",
+        job_id: str | None = None,
+        restarted: bool = False,
     ) -> None:
         """Start a job's stream under `request_id` (what the other calls name it by); `job_id` (default:
-        `request_id`) is what its events carry."""
-        self._jobs[request_id] = _Pending(attempt=attempt, tenant=tenant, job_id=job_id or request_id)
+        `request_id`) is what its events carry; `restarted`: an attempt that did not resume (after an
+        earlier one) starts the output over, and its events say so."""
+        self._jobs[request_id] = _Pending(
+            attempt=attempt, tenant=tenant, job_id=job_id or request_id, restarted=restarted
+        )
+
+    def restate(
+        self,
+        request_id: str,
+        index: int,
+        text: str,
+        token_ids: tuple[int, ...],
+        logprobs: Sequence[TokenLogprob] | None = None,
+        tool_calls: Sequence[dict[str, Any]] | None = None,
+    ) -> None:
+        """A resumed sample's output so far, sent now from offset 0, apart from what it generates next (a
+        consumer that restarts its text on a new attempt gets the whole output again; one that keeps
+        each position's first text drops it). `tool_calls`: its calls so far, each from its first delta."""
+        p = self._jobs.get(request_id)
+        if p is None:
+            return
+        self.add(request_id, text, token_ids, index, logprobs, tool_calls)
+        self._send_sample(p, index, p.deltas[index], None, None)
 
     def add(
         self,
@@ -141,30 +176,64 @@ class TokenStreamer:
     def _send_sample(
         self, p: _Pending, index: int, delta: _Delta, finish_reason: str | None, usage: Usage | None
     ) -> Any:
-        logprobs = None
-        if delta.logprobs is not None and self._format_logprobs is not None:
-            logprobs = self._format_logprobs(delta.logprobs)
-        event = TokenEvent(
-            job_id=p.job_id,
-            attempt=p.attempt,
-            seq=p.seq,
-            text="".join(delta.text),
-            token_ids=list(delta.token_ids),
-            finish_reason=finish_reason,
-            usage=usage,
-            index=index,
-            logprobs=logprobs,
-            tool_calls=delta.tool_calls or None,
-        )
-        sent = self._emit(event, p.tenant)
-        p.seq += 1
-        p.tokens -= len(delta.token_ids)
+        text, ids, logprobs = "".join(delta.text), delta.token_ids, delta.logprobs
+        starts = list(range(0, len(ids), MAX_EVENT_TOKENS)) or [0]  # one, unless the delta is too long
+        sent = None
+        for k, start in enumerate(starts):
+            last = k == len(starts) - 1
+            end = len(ids) if last else starts[k + 1]
+            # the text goes along in proportion (its positions, not its split, are what a consumer keeps)
+            text_from = len(text) * start // len(ids) if ids else 0
+            text_to = len(text) if last else len(text) * end // len(ids)
+            part_logprobs = None if logprobs is None else logprobs[start:end]
+            reason, used = (finish_reason, usage) if last else (None, None)
+            calls = list(delta.tool_calls) if last and delta.tool_calls else None  # whole, on its last part
+            sent = self._send_event(
+                p, index, delta, text[text_from:text_to], ids[start:end], part_logprobs, calls, reason, used
+            )
+        p.tokens -= len(ids)
         delta.text.clear()
         delta.token_ids.clear()
         delta.logprobs = None
         delta.tool_calls.clear()
         if not p.tokens:
             p.since = None
+        return sent
+
+    def _send_event(
+        self,
+        p: _Pending,
+        index: int,
+        delta: _Delta,
+        text: str,
+        token_ids: list[int],
+        logprobs: list[TokenLogprob] | None,
+        tool_calls: list[dict[str, Any]] | None,
+        finish_reason: str | None,
+        usage: Usage | None,
+    ) -> Any:
+        entries = None
+        if logprobs is not None and self._format_logprobs is not None:
+            entries = self._format_logprobs(logprobs)
+        event = TokenEvent(
+            job_id=p.job_id,
+            attempt=p.attempt,
+            seq=p.seq,
+            text=text,
+            token_ids=list(token_ids),
+            finish_reason=finish_reason,
+            usage=usage,
+            index=index,
+            logprobs=entries,
+            tool_calls=tool_calls,
+            offset=delta.offset,
+            text_offset=delta.text_offset,
+            restarted=p.restarted,
+        )
+        sent = self._emit(event, p.tenant)
+        p.seq += 1
+        delta.offset += len(token_ids)
+        delta.text_offset += len(text)
         return sent
 
 
