@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import http.client
 import multiprocessing
-import os
 import statistics
 import subprocess
 import sys
@@ -30,9 +28,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.api.overhead import _cli, _database, _free_port, _wait_healthy
-from workers.services.kafka import ensure_topics
-from workers.settings import Settings
+from bench.api.overhead import _cli, _free_port, _scratch, _wait_healthy
 
 RSS_BAR_MB = 1024.0
 HEALTH_P99_BAR_MS = 100.0
@@ -181,16 +177,10 @@ def run(args: argparse.Namespace) -> int:
     from bench.machine import machine_info
     from bench.report import default_json_path, format_table, write_json
 
-    base = Settings.from_env()
-    url, drop = _database(base)
-    settings = dataclasses.replace(base, topic_prefix=f"bload{uuid.uuid4().hex[:8]}", database_url=url)
-    ensure_topics(settings.kafka_connection, settings.topic_partitions(), settings.replication_factor)
-    env = {**os.environ, "INFERQ_TOPIC_PREFIX": settings.topic_prefix, "INFERQ_DATABASE_URL": url,
-           "INFERQ_KAFKA": settings.kafka, "OMP_NUM_THREADS": "1"}  # fmt: skip
+    settings, env, drop = _scratch("bload")
     procs: list[subprocess.Popen] = []
     tag = f"bench-load-{uuid.uuid4().hex[:8]}"
     try:
-        _cli(env, "db", "upgrade")
         key = _cli(env, "api-key", "create", "--tenant", "bench").strip().splitlines()[-1]
         logs = Path(tempfile.mkdtemp(prefix="inferq-bench-api-load-"))
         worker = [sys.executable, "-m", "workers.cli", "worker", "--model", "tiny",
@@ -222,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
         control.terminate()
         rss.halt.set()
         rss.join()
-        rows, distinct = _rows(url, tag)
+        rows, distinct = _rows(settings.database_url, tag)
     finally:
         for proc in reversed(procs):
             proc.terminate()

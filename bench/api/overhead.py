@@ -66,6 +66,23 @@ def _database(settings: Settings) -> tuple[str, object]:
     return url, drop
 
 
+def _scratch(prefix: str) -> tuple[Settings, dict[str, str], object]:
+    """A deployment of the bench's own (topics under a fresh prefix, a fresh database, migrated): its
+    settings, the environment its processes run with, and what drops the database afterwards."""
+    base = Settings.from_env()
+    url, drop = _database(base)
+    settings = dataclasses.replace(base, topic_prefix=f"{prefix}{uuid.uuid4().hex[:8]}", database_url=url)
+    ensure_topics(settings.kafka_connection, settings.topic_partitions(), settings.replication_factor)
+    env = {**os.environ, "INFERQ_TOPIC_PREFIX": settings.topic_prefix, "INFERQ_DATABASE_URL": url,
+           "INFERQ_KAFKA": settings.kafka, "OMP_NUM_THREADS": "1"}  # fmt: skip
+    try:
+        _cli(env, "db", "upgrade")
+    except BaseException:
+        drop()  # type: ignore[operator]
+        raise
+    return settings, env, drop
+
+
 def _cli(env: dict[str, str], *args: str) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "workers.cli", *args], env=env, capture_output=True, text=True
@@ -169,15 +186,9 @@ def run(args: argparse.Namespace) -> int:
     from bench.machine import machine_info
     from bench.report import default_json_path, format_table, write_json
 
-    base = Settings.from_env()
-    url, drop = _database(base)
-    settings = dataclasses.replace(base, topic_prefix=f"bapi{uuid.uuid4().hex[:8]}", database_url=url)
-    ensure_topics(settings.kafka_connection, settings.topic_partitions(), settings.replication_factor)
-    env = {**os.environ, "INFERQ_TOPIC_PREFIX": settings.topic_prefix, "INFERQ_DATABASE_URL": url,
-           "INFERQ_KAFKA": settings.kafka, "OMP_NUM_THREADS": "1"}  # fmt: skip
+    settings, env, drop = _scratch("bapi")
     procs: list[subprocess.Popen] = []
     try:
-        _cli(env, "db", "upgrade")
         key = _cli(env, "api-key", "create", "--tenant", "bench").strip().splitlines()[-1]
         worker = [
             sys.executable,
@@ -215,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
         own_times: list[float] = []
         direct_times: list[float] = []
         marks: dict[str, tuple[float, float, float]] = {}
-        with JobClient(settings, database_url=url) as client:  # as the API process builds its own
+        # as the API process builds its own
+        with JobClient(settings, database_url=settings.database_url) as client:
             for i in range(args.warmup + args.requests):
                 (a, own), d = _api_call(conn, key, body), _direct_call(client, job, marks)
                 if i < args.warmup:
@@ -225,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
                     own_times.append(own)
                     direct_times.append(d)
         conn.close()
-        phases = _phases(url, marks)
+        phases = _phases(settings.database_url, marks)
     finally:
         for proc in procs:
             proc.terminate()
