@@ -219,8 +219,16 @@ def test_followers_placed_together_share_their_look_ups_and_get_only_their_own_r
             lookups.append(len(since_by_partition))
             return super().offsets_at(since_by_partition)
 
-    hub = StreamHub(lambda: Counting(dep.kafka_connection, "inferq-test-many", 10, 0.025),
-                    {dep.topics.results: dep.stream_partitions})  # fmt: skip
+    queued = threading.Event()
+
+    def open_reader() -> Counting:
+        # the hub opens its reader at the first follow: it waits here until all 300 are queued, so they
+        # arrive together however the two threads are scheduled (on a loaded machine the hub thread could
+        # otherwise take them a few at a time, which is not what this test is about)
+        assert queued.wait(60)
+        return Counting(dep.kafka_connection, "inferq-test-many", 10, 0.025)
+
+    hub = StreamHub(open_reader, {dep.topics.results: dep.stream_partitions})
     got: dict[str, list] = {key: [] for key in keys}
     done = threading.Event()
     caught_up: set[str] = set()
@@ -238,6 +246,7 @@ def test_followers_placed_together_share_their_look_ups_and_get_only_their_own_r
 
     try:
         followers = [hub.follow(key, (dep.topics.results,), since, sink_of(key)) for key in keys]
+        queued.set()
         assert done.wait(120), f"{len(keys) - len(caught_up)} never caught up"
         assert got == {key: [key.encode()] for key in keys}
         assert len(lookups) < len(keys) // 10  # placed in a few rounds, each one look-up for its partitions
