@@ -52,19 +52,24 @@ class Launches:
 
 @contextlib.contextmanager
 def _triton_counted(counts: Counter[str]) -> Iterator[None]:
-    """Every Triton launch counted and skipped (none can run here without the interpreter)."""
+    """Every Triton launch counted and skipped, compiled or interpreted (TRITON_INTERPRET=1, as the tests
+    set it on a machine without CUDA: the interpreter would run each kernel's body as torch operations,
+    which the profiler would count as launches)."""
+    from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
-    original = JITFunction.run
+    originals = {cls: cls.run for cls in (JITFunction, InterpretedFunction)}
 
     def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
         counts[f"triton:{self.fn.__name__}"] += 1
 
-    JITFunction.run = run
+    for cls in originals:
+        cls.run = run
     try:
         yield
     finally:
-        JITFunction.run = original
+        for cls, original in originals.items():
+            cls.run = original
 
 
 def _count(run: Any) -> Counter[str]:

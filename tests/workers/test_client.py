@@ -254,3 +254,45 @@ def test_followers_placed_together_share_their_look_ups_and_get_only_their_own_r
             hub.unfollow(f)
     finally:
         hub.close()
+
+
+@pytest.mark.services
+def test_a_follower_placed_later_reads_again_without_handing_earlier_ones_their_records_twice(settings):
+    """A follow placed after others, from an earlier time, moves the partitions back (its records are behind
+    the reader): the followers already there must not get their records a second time."""
+    from workers.client.stream_hub import StreamHub
+    from workers.kafka_io import PartitionReader
+
+    dep = make_deployment(settings)
+    since = now_ms() - 1000
+    keys = [f"again-{dep.topic_prefix}-{i}" for i in range(40)]
+    producer = Producer(dep.kafka_connection, "inferq-test-again")
+    for key in keys:
+        producer.send(dep.topics.results, key, key.encode()).wait(30)
+    producer.close()
+    hub = StreamHub(lambda: PartitionReader(dep.kafka_connection, "inferq-test-again", 10, 0.025),
+                    {dep.topics.results: dep.stream_partitions})  # fmt: skip
+    got: dict[str, list] = {key: [] for key in keys}
+    caught_up: dict[str, threading.Event] = {key: threading.Event() for key in keys}
+
+    def sink_of(key: str):
+        def sink(item) -> None:  # on the hub's thread
+            if isinstance(item, CaughtUp):
+                caught_up[key].set()
+            else:
+                got[key].append(item.value)
+
+        return sink
+
+    try:
+        first, later = keys[:20], keys[20:]
+        followers = [hub.follow(key, (dep.topics.results,), since, sink_of(key)) for key in first]
+        assert all(caught_up[key].wait(60) for key in first)
+        followers += [hub.follow(key, (dep.topics.results,), since, sink_of(key)) for key in later]
+        assert all(caught_up[key].wait(60) for key in later)
+        time.sleep(0.5)  # anything read again after the later ones caught up would have come by now
+        assert got == {key: [key.encode()] for key in keys}
+        for f in followers:
+            hub.unfollow(f)
+    finally:
+        hub.close()

@@ -62,6 +62,9 @@ class Follower:
     pending: dict[Partition, int] = field(default_factory=dict)  # partition -> end offset still to reach
     placement: int = 0  # rewinds asked for (by the follower's own thread)
     placed: int = 0  # the placement the hub made last (its CaughtUp tells this number)
+    # partition -> the offset past the last record delivered: a partition read again for a follower placed
+    # later (or rewound) must not hand this one the records it already has
+    delivered: dict[Partition, int] = field(default_factory=dict)
     hub: StreamHub | None = field(default=None, repr=False)
     sink: Callable[[Record | CaughtUp | Failed], None] | None = field(default=None, repr=False)
 
@@ -163,7 +166,10 @@ class StreamHub:
                 routes = self._routes
                 for record in self._poll(reader):
                     for f in routes.get((record.source, record.key), ()):
-                        if record.timestamp_ms >= f.since_ms:
+                        if record.timestamp_ms >= f.since_ms and record.offset >= f.delivered.get(
+                            record.source, 0
+                        ):
+                            f.delivered[record.source] = record.offset + 1
                             f.deliver(record)
                 self._report_caught_up(reader)
         except Exception as exc:  # noqa: BLE001 - whatever stops the thread is every follower's error
@@ -250,6 +256,7 @@ class StreamHub:
             if p in new or target < reader.position(p):
                 reader.seek(p, target)
         for f, placement in placements:
+            f.delivered.clear()  # placed (or rewound): its records since `since_ms` are read for it again
             for p in f.partitions:
                 f.pending[p] = ends[p]
                 if f not in followers.setdefault(p, []):
