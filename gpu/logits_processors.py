@@ -139,11 +139,19 @@ class LogitsPlan:
     counted: CountedRows | None = None
     counts: DeviceCounts | None = None
 
+    # its copies on other devices (`to`): a plan is used by every step of the same rows (LogitsState.plan)
+    _on: dict[torch.device, LogitsPlan] = dataclasses.field(default_factory=dict, init=False, repr=False)
+
     def to(self, device: torch.device) -> LogitsPlan:
-        """The plan on `device`: its tensors in one non-blocking copy from pinned memory (CPU: this)."""
-        moved = tensors_to(self, device)
-        if self.counted is not None:
-            moved = dataclasses.replace(moved, counted=self.counted.to(device))
+        """The plan on `device`: its tensors in one non-blocking copy from pinned memory, once (CPU: this)."""
+        if device.type == "cpu":
+            return self
+        moved = self._on.get(device)
+        if moved is None:
+            moved = tensors_to(self, device)
+            if self.counted is not None:
+                moved = dataclasses.replace(moved, counted=self.counted.to(device))
+            self._on[device] = moved
         return moved
 
 
@@ -194,11 +202,25 @@ class LogitsState:
     def plan(self, chunks: Sequence[ScheduledChunk], rows: np.ndarray | None = None) -> LogitsPlan | None:
         """The plan for the step's sampling chunks (the logits' rows, in order; `rows`: their table rows,
         when known); None: no row is tracked."""
-        tracked = self._tracked
-        counted = None
         if self.counts is not None:  # penalties counted on the device: found and planned with arrays
             table = self.table
             rows = table.rows(chunks) if rows is None else rows
+            # the plan of a step with the last one's rows and slots: that one's (a decode step's, mostly)
+            kept = table.derived(rows, "logits plan", dict)
+            if kept and kept["slots"] == self.counts.version:
+                return kept["plan"]
+            plan = self._plan(chunks, rows)
+            if plan is None or plan.counted is None or not len(plan.counted.fresh):  # (fresh: built once)
+                kept.update(slots=self.counts.version, plan=plan)
+            return plan
+        return self._plan(chunks, rows)
+
+    def _plan(self, chunks: Sequence[ScheduledChunk], rows: np.ndarray | None) -> LogitsPlan | None:
+        tracked = self._tracked
+        counted = None
+        if self.counts is not None:
+            table = self.table
+            assert rows is not None
             on_device = np.flatnonzero(table.penalised[rows])
             if len(on_device):
                 counted = self.counts.rows(on_device, rows[on_device], table)

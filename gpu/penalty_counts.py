@@ -61,6 +61,7 @@ class DeviceCounts:
         self._slot_at = np.full(_FIRST_CAPACITY, -1, dtype=np.int64)  # table row -> its slot (-1: none yet)
         self._free: list[int] = []
         self._used = 0  # slots handed out at least once
+        self.version = 0  # counts changes of which sequence holds which slot (a step's rows may be reused)
         # table row -> (its prompt's ids, the tokens it started with), until it first runs
         self._start: dict[int, tuple[Sequence[int], Sequence[int]]] = {}
 
@@ -70,12 +71,14 @@ class DeviceCounts:
         return self._used - len(self._free)
 
     def add(self, row: int, prompt: Sequence[int], generated: Sequence[int] = ()) -> None:
+        self.version += 1
         if row >= len(self._slot_at):
             self._slot_at = np.concatenate([self._slot_at, np.full(row + 1, -1, dtype=np.int64)])
         self._slot_at[row] = -1
         self._start[row] = (prompt, generated)
 
     def drop(self, row: int) -> None:
+        self.version += 1
         self._start.pop(row, None)
         slot = int(self._slot_at[row])
         if slot >= 0:
@@ -88,6 +91,7 @@ class DeviceCounts:
         slots = self._slot_at[table_rows]
         fresh, prompts, generated = [], [], []
         for j in np.flatnonzero(slots < 0).tolist():  # newcomers: built from their prompt and first tokens
+            self.version += 1
             row = int(table_rows[j])
             slot = self._free.pop() if self._free else self._take()
             slots[j] = self._slot_at[row] = slot

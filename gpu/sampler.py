@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -97,26 +98,16 @@ class SamplingBatch:
         if not table.drawing and not forcing:  # every live sequence is greedy: no lookup at all
             return None
         rows = table.rows(chunks) if rows is None else rows
-        temperature = table.temperature[rows]
-        random = np.flatnonzero(temperature > 0.0)
-        if not len(random) and not forcing:
+        draws = table.derived(rows, "draws", lambda: _Draws.of(table, rows, vocab_size))
+        if draws is None and not forcing:
             return None
-        picked = rows[random]
-        if len(random) == len(chunks):  # every row draws (a sampled batch): no indexing
-            positions = np.fromiter((c.num_generated for c in chunks), np.int64, len(chunks))
+        if draws is None:
+            return cls._of(None, len(chunks), _NO_POSITIONS, forced)
+        if draws.count == len(chunks):  # every row draws (a sampled batch): no indexing
+            positions = np.fromiter(map(_NUM_GENERATED, chunks), np.int64, len(chunks))
         else:
-            positions = np.fromiter((chunks[i].num_generated for i in random.tolist()), np.int64, len(random))
-        return cls._of(
-            random,
-            len(chunks),
-            temperature[random],
-            table.keys[picked],
-            positions,
-            table.top_k[picked],
-            table.top_p[picked],
-            vocab_size,
-            forced,
-        )
+            positions = np.fromiter(map(_NUM_GENERATED, map(chunks.__getitem__, draws.indices)), np.int64)
+        return cls._of(draws, len(chunks), positions, forced)
 
     @classmethod
     def build(
@@ -136,56 +127,83 @@ class SamplingBatch:
         return cls.for_step(table, chunks, vocab_size, forced)
 
     @classmethod
-    def _of(
-        cls,
-        rows: np.ndarray,
-        num_rows: int,
-        temperature: np.ndarray,
-        keys: np.ndarray,
-        positions: np.ndarray,
-        top_k: np.ndarray,
-        top_p: np.ndarray,
-        vocab_size: int,
-        forced: Any,
-    ) -> SamplingBatch:
-        """The drawing rows' settings as tensors: which filters run is decided here, from these values."""
-        arrays: dict[str, np.ndarray] = {}
-        count = len(rows)
-        max_top_k, partial = 0, False
-        if count:
-            arrays["rows"] = rows
-            arrays["temperature"] = temperature
-            arrays["uniforms"] = uniforms(keys, positions)
-            kept = (top_k > 0) & (top_k < vocab_size)
-            if kept.any():
-                max_top_k = int(top_k[kept].max())
-                partial = not kept.all()
-                arrays["top_k"] = np.where(kept, top_k - 1, max_top_k)
-            nucleus = top_p < 1.0
-            if nucleus.any():
-                arrays["top_p"] = np.where(nucleus, np.maximum(top_p, _MIN_TOP_P), _NO_TOP_P).astype(
-                    np.float32, copy=False
-                )
+    def _of(cls, draws: _Draws | None, num_rows: int, positions: np.ndarray, forced: Any) -> SamplingBatch:
+        """The step's settings: the drawing rows' (and their uniforms at these output positions) and the
+        forced rows'."""
+        forced_rows = forced_tokens = None
         if forced is not None and len(forced.forced_rows):
-            arrays["forced_rows"] = forced.forced_rows
-            arrays["forced_tokens"] = forced.forced_tokens
-        tensors = {name: torch.from_numpy(a) for name, a in arrays.items()}  # host tensors; `to` moves them
+            forced_rows = torch.from_numpy(forced.forced_rows)
+            forced_tokens = torch.from_numpy(forced.forced_tokens)
+        if draws is None:
+            return cls(None, False, None, None, 0, None, False, None, forced_rows, forced_tokens)
         return cls(
-            rows=tensors.get("rows"),
-            draws_all=count == num_rows,
-            temperature=tensors.get("temperature"),
-            uniforms=tensors.get("uniforms"),
-            max_top_k=max_top_k,
-            top_k=tensors.get("top_k"),
-            top_k_partial=partial,
-            top_p=tensors.get("top_p"),
-            forced_rows=tensors.get("forced_rows"),
-            forced_tokens=tensors.get("forced_tokens"),
+            rows=draws.rows,
+            draws_all=draws.count == num_rows,
+            temperature=draws.temperature,
+            uniforms=torch.from_numpy(uniforms(draws.keys, positions)),
+            max_top_k=draws.max_top_k,
+            top_k=draws.top_k,
+            top_k_partial=draws.top_k_partial,
+            top_p=draws.top_p,
+            forced_rows=forced_rows,
+            forced_tokens=forced_tokens,
         )
 
     def to(self, device: torch.device) -> SamplingBatch:
         """The settings on `device`: one copy from pinned memory that does not block (CPU: these)."""
         return tensors_to(self, device)
+
+
+@dataclass(frozen=True)
+class _Draws:
+    """What a step's drawing rows' settings decide, from the settings alone: which rows draw, their
+    temperature, which filters run and with which thresholds (host tensors, shared read-only by the steps of
+    the same rows: SamplingTable.derived)."""
+
+    indices: list[int]  # the drawing rows, among the step's sampling rows
+    count: int
+    rows: torch.Tensor  # [R] int64 the same
+    keys: np.ndarray  # [R] int64 their stream keys (gpu/samples.py)
+    temperature: torch.Tensor  # [R] float32
+    max_top_k: int
+    top_k: torch.Tensor | None
+    top_k_partial: bool
+    top_p: torch.Tensor | None
+
+    @classmethod
+    def of(cls, table: SamplingTable, rows: np.ndarray, vocab_size: int) -> _Draws | None:
+        """None: no row draws."""
+        temperature = table.temperature[rows]
+        random = np.flatnonzero(temperature > 0.0)
+        if not len(random):
+            return None
+        picked = rows[random]
+        top_k, top_p = table.top_k[picked], table.top_p[picked]
+        max_top_k, partial, k_index, p_threshold = 0, False, None, None
+        kept = (top_k > 0) & (top_k < vocab_size)
+        if kept.any():
+            max_top_k = int(top_k[kept].max())
+            partial = not kept.all()
+            k_index = torch.from_numpy(np.where(kept, top_k - 1, max_top_k))
+        nucleus = top_p < 1.0
+        if nucleus.any():
+            threshold = np.where(nucleus, np.maximum(top_p, _MIN_TOP_P), _NO_TOP_P).astype(np.float32)
+            p_threshold = torch.from_numpy(threshold)
+        return cls(
+            indices=random.tolist(),
+            count=len(random),
+            rows=torch.from_numpy(random),
+            keys=table.keys[picked],
+            temperature=torch.from_numpy(temperature[random]),
+            max_top_k=max_top_k,
+            top_k=k_index,
+            top_k_partial=partial,
+            top_p=p_threshold,
+        )
+
+
+_NUM_GENERATED = attrgetter("num_generated")
+_NO_POSITIONS = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True, slots=True)

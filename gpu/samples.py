@@ -48,12 +48,24 @@ def stream_key(seed: int, index: int) -> int:
 
 def uniforms(keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """One uniform number in [0, 1) per row, from its stream key (int64) and output position (int64)."""
-    # uint64 arrays wrap, as SplitMix64 intends (numpy warns of overflow for scalars only)
-    z = keys.view(np.uint64) + (positions.astype(np.uint64) + _ONE) * _STEP
-    z = (z ^ (z >> _S30)) * _M1
-    z = (z ^ (z >> _S27)) * _M2
-    z ^= z >> _S31
-    return (z >> _S12).astype(np.float64) * (1.0 / (1 << 52))  # 52 bits: u * total < total
+    # uint64 arrays wrap, as SplitMix64 intends (numpy warns of overflow for scalars only); in place, as a
+    # step computes this for every drawing row
+    z = positions.astype(np.uint64)
+    z += _ONE
+    z *= _STEP
+    z += keys.view(np.uint64)
+    shifted = z >> _S30
+    z ^= shifted
+    z *= _M1
+    np.right_shift(z, _S27, out=shifted)
+    z ^= shifted
+    z *= _M2
+    np.right_shift(z, _S31, out=shifted)
+    z ^= shifted
+    z >>= _S12
+    out = z.astype(np.float64)
+    out *= 1.0 / (1 << 52)  # 52 bits: u * total < total
+    return out
 
 
 _ONE, _STEP = np.uint64(1), np.uint64(_GOLDEN)

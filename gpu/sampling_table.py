@@ -4,12 +4,16 @@ a Python pass per setting per row (gpu/sampler.py, gpu/logits_processors.py, gpu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from operator import attrgetter
+from typing import Any, TypeVar
 
 import numpy as np
 
 from scheduler.types import SamplingParams
+
+T = TypeVar("T")
+_SEQ_ID = attrgetter("seq_id")
 
 
 class SamplingTable:
@@ -31,6 +35,11 @@ class SamplingTable:
     def __init__(self, capacity: int = 64) -> None:
         self._row: dict[str, int] = {}
         self._free: list[int] = []
+        # The last step's sequences and rows, and what was derived from them (`derived`); `version` counts
+        # changes to any row's settings, which void them.
+        self.version = 0
+        self._last: tuple[tuple[str, ...], int, np.ndarray] | None = None
+        self._derived: dict[str, Any] = {}
         self.drawing = 0  # live rows with temperature > 0 (none: a step's rows need no lookup at all)
         for name, dtype in self._COLUMNS.items():
             setattr(self, name, np.zeros(capacity, dtype=dtype))
@@ -46,6 +55,7 @@ class SamplingTable:
 
     def add(self, seq_id: str, key: int, params: SamplingParams) -> int:
         """The sequence's row (a new one, or the one it has), its settings written in."""
+        self.version += 1
         row = self._row.get(seq_id)
         if row is None:
             row = self._row[seq_id] = self._free.pop() if self._free else len(self._row)
@@ -71,6 +81,7 @@ class SamplingTable:
     def drop(self, seq_id: str) -> None:
         row = self._row.pop(seq_id, None)
         if row is not None:
+            self.version += 1
             self.drawing -= bool(self.temperature[row] > 0.0)
             self.temperature[row] = 0.0
             self._free.append(row)
@@ -82,6 +93,23 @@ class SamplingTable:
         return int(self.keys[self._row[seq_id]])
 
     def rows(self, chunks: Sequence[Any]) -> np.ndarray:
-        """The table rows of the chunks' sequences, in order (int64 [S])."""
-        row = self._row
-        return np.fromiter((row[c.seq_id] for c in chunks), dtype=np.int64, count=len(chunks))
+        """The table rows of the chunks' sequences, in order (int64 [S], read-only: the same array while the
+        step's sequences and the table stay the same)."""
+        ids = tuple(map(_SEQ_ID, chunks))
+        last = self._last
+        if last is not None and last[1] == self.version and last[0] == ids:
+            return last[2]
+        rows = np.fromiter(map(self._row.__getitem__, ids), dtype=np.int64, count=len(ids))
+        rows.flags.writeable = False
+        self._last, self._derived = (ids, self.version, rows), {}
+        return rows
+
+    def derived(self, rows: np.ndarray, name: str, build: Callable[[], T]) -> T:
+        """What `build` derives from the settings of `rows` alone (and may be shared, read-only, by the steps
+        of these rows): built once while these are the last step's rows and the table is unchanged."""
+        last = self._last
+        if last is None or last[2] is not rows or last[1] != self.version:
+            return build()
+        if name not in self._derived:
+            self._derived[name] = build()
+        return self._derived[name]

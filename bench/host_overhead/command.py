@@ -3,8 +3,9 @@
 The model's forward is replaced by a stub returning fixed logits (greedy always picks one printable
 token, EOS ignored), so what is timed is what the host does around a forward: schedule, build the
 inputs, sample (its argmax over the vocabulary included, shown alone as `argmax`), and turn the tokens
-into outputs. Every row decodes; prefill steps are not measured. Two workloads side by side: every row
-greedy, and every row sampled (temperature, top-k, top-p, presence/frequency/repetition penalties).
+into outputs. Every row decodes; prefill steps are not measured. Two workloads side by side, each on its own
+engine, their repetitions taking turns: every row greedy, and every row sampled (temperature, top-k, top-p,
+presence/frequency/repetition penalties).
 
 With --device-argmax the stub stands in for the CUDA step: it returns each row's argmax too, as the CUDA
 decode graph does, the engine keeps penalty counts on the device as on CUDA, and the sampler's tensor
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -78,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before torch is imported, or it has no effect
     import torch
 
-    from bench.host_overhead.steps import GREEDY, SAMPLED, measure_host_steps, stub_engine
+    from bench.host_overhead.steps import GREEDY, SAMPLED, measure_side_by_side, stub_engine
     from bench.machine import machine_info
     from bench.report import default_json_path, write_json
 
@@ -86,19 +88,19 @@ def run(args: argparse.Namespace) -> int:
     # Early rows decode while later ones prefill (1024 prompt tokens a step): room for those steps too.
     prefill_steps = -(-max(batches) * args.prompt_len // 1024) + 8
     max_context = args.prompt_len + prefill_steps + args.warmup + args.steps * args.reps + 1  # + op count
-    engine, stub = stub_engine(
-        args.model, max(batches), max_context, args.async_scheduling, args.device_argmax
-    )
-    results = {
-        workload: [
-            measure_host_steps(
-                engine, b, args.prompt_len, args.steps, args.reps, args.warmup, args.seed, workload,
-                args.device_argmax,
-            )
-            for b in batches
-        ]
-        for workload in workloads
-    }  # fmt: skip
+    # An engine per workload: their repetitions take turns, so the difference is measured side by side.
+    engines = {
+        w: stub_engine(args.model, max(batches), max_context, args.async_scheduling, args.device_argmax)
+        for w in workloads
+    }
+    by_batch = [
+        measure_side_by_side(
+            {w: engine for w, (engine, _) in engines.items()}, b, args.prompt_len, args.steps, args.reps,
+            args.warmup, args.seed, args.device_argmax,
+        )
+        for b in batches
+    ]  # fmt: skip
+    results = {workload: [measured[workload] for measured in by_batch] for workload in workloads}
 
     def each(value: Any) -> dict[str, dict[str, Any]]:
         return {w: {str(r.batch): value(r) for r in rs} for w, rs in results.items()}
@@ -108,9 +110,11 @@ def run(args: argparse.Namespace) -> int:
     # no argmax.
     argmax_off = args.async_scheduling or args.device_argmax
     if GREEDY in results and SAMPLED in results:  # what sampling adds to a step of greedy rows
+        # the median of each round's difference (their repetitions ran back to back): a slow spell of the
+        # machine falls on both sides of a difference, not on one median
         payload_extra = {
             "sampled_minus_greedy_ms": {
-                str(g.batch): s.host_ms - g.host_ms
+                str(g.batch): statistics.median(b - a for a, b in zip(g.host_reps, s.host_reps, strict=True))
                 for g, s in zip(results[GREEDY], results[SAMPLED], strict=True)
             }
         }
@@ -131,12 +135,13 @@ def run(args: argparse.Namespace) -> int:
         ),
         "decode_steps": each(lambda r: r.decode_steps),
         "tokens": each(lambda r: r.tokens),
-        "forward_calls": stub.calls,
+        "forward_calls": sum(stub.calls for _, stub in engines.values()),
         **payload_extra,
         "machine": machine_info(),
         "options": {k: (str(v) if v is not None else None) for k, v in vars(args).items() if k != "func"},
     }
-    engine.close()
+    for engine, _ in engines.values():
+        engine.close()
     print(render(payload))
     if not args.no_launches:
         from bench.host_overhead import launches as step_launches
@@ -174,11 +179,8 @@ def render(payload: dict) -> str:
         for batch, host in payload["host_ms_per_step"][workload].items()
     ]
     extra = payload.get("sampled_minus_greedy_ms")
-    added = (
-        "sampled - greedy, host ms: " + ", ".join(f"batch {b} {ms:+.3f}" for b, ms in extra.items()) + "\n"
-        if extra
-        else ""
-    )
+    differences = ", ".join(f"batch {b} {ms:+.3f}" for b, ms in (extra or {}).items())
+    added = f"sampled - greedy, host ms (median of the rounds' differences): {differences}\n" if extra else ""
     note = added + (
         "ms per decode step (medians); host = the step without the stub forward; argmax: inside sample\n"
         "sampler: its tensor work per step (inside sample), ops: the tensor operations it issues (kernel\n"

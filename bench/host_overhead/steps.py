@@ -163,6 +163,7 @@ class HostSteps:
     argmax_ms: float  # the sampler's argmax over the stub logits alone (device work on CUDA)
     decode_steps: int  # steps measured
     tokens: int  # tokens those steps returned (batch per step)
+    host_reps: tuple[float, ...] = ()  # host_ms of each repetition, in order (paired across workloads)
 
 
 def stub_engine(
@@ -203,6 +204,87 @@ def stub_engine(
     return engine, stub
 
 
+class HostRun:
+    """One workload at one batch size on its own engine: `batch` requests started and prefilled, then timed
+    a repetition of `steps` decode steps at a time (`rep`), so that the workloads' repetitions can take turns
+    (a noisy machine's slow spells then fall on each of them alike); `finish` ends them and gives the
+    medians. `device_argmax`: the stub stands in for the CUDA step, so the sampler's tensor work is the
+    device's and is left out of the host's time (it is reported apart either way)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        batch: int,
+        prompt_len: int,
+        warmup: int,
+        seed: int = 0,
+        workload: str = GREEDY,
+        device_argmax: bool = False,
+    ) -> None:
+        from gpu.engine import EngineRequest
+
+        self.engine, self.batch, self.workload, self.device_argmax = engine, batch, workload, device_argmax
+        rng = random.Random(seed * 1_000_003 + batch)
+        # As long as the context allows: no row may finish while it is timed (_decode_step checks).
+        max_tokens = engine.scheduler.config.max_model_len - prompt_len
+        self.ids = [f"host-{workload}-{batch}-{i}" for i in range(batch)]
+        for i, request_id in enumerate(self.ids):
+            prompt = tuple(rng.randrange(3, 259) for _ in range(prompt_len))  # random: no prefix-cache hits
+            engine.add_request(EngineRequest(request_id, prompt, workload_sampling(workload, max_tokens, i)))
+        _until_all_decode(engine, set(self.ids))
+        for _ in range(warmup):
+            _decode_step(engine, batch)
+        self.ops = sampler_ops(engine, batch)
+        self.step_ms: list[float] = []
+        self.cpu_ms: list[float] = []
+        self.phase_ms: list[dict[str, float]] = []
+        self.sampler_ms: list[float] = []
+        self.steps = self.tokens = 0
+
+    def rep(self, steps: int) -> None:
+        """Time `steps` decode steps."""
+        engine = self.engine
+        sampler = SamplerClock(engine.runner.forward.token if self.device_argmax else None)
+        try:
+            before = engine.clock.snapshot()
+            start, cpu = time.perf_counter(), time.thread_time()
+            for _ in range(steps):
+                self.tokens += _decode_step(engine, self.batch)
+            self.step_ms.append((time.perf_counter() - start) / steps * 1000)
+            self.cpu_ms.append((time.thread_time() - cpu) / steps * 1000)
+            after = engine.clock.snapshot()
+            self.phase_ms.append({p: (after[p] - before[p]) / steps * 1000 for p in PHASES})
+            self.sampler_ms.append(sampler.seconds / steps * 1000)
+            self.steps += steps
+        finally:
+            sampler.close()
+
+    def finish(self) -> HostSteps:
+        """End the requests; the medians of the repetitions timed."""
+        for request_id in self.ids:
+            self.engine.abort_request(request_id)
+        phases = {p: statistics.median(r[p] for r in self.phase_ms) for p in PHASES}
+        # the stand-in's own instant, left out too
+        device = self.sampler_ms if self.device_argmax else [0.0] * len(self.phase_ms)
+        reps = zip(self.phase_ms, device, strict=True)
+        host_reps = tuple(sum(r.values()) - r[FORWARD] - d for r, d in reps)
+        host = statistics.median(host_reps)
+        return HostSteps(
+            workload=self.workload,
+            batch=self.batch,
+            step_ms=statistics.median(self.step_ms),
+            host_ms=host,
+            engine_cpu_ms=statistics.median(self.cpu_ms),
+            phases_ms=phases,
+            sampler_ms=statistics.median(self.sampler_ms),
+            sampler_ops=self.ops,
+            argmax_ms=_argmax_ms(self.engine, self.batch),
+            decode_steps=self.steps,
+            tokens=self.tokens,
+            host_reps=host_reps,
+        )
+
+
 def measure_host_steps(
     engine: Engine,
     batch: int,
@@ -214,55 +296,30 @@ def measure_host_steps(
     workload: str = GREEDY,
     device_argmax: bool = False,
 ) -> HostSteps:
-    """Start `batch` requests of the workload, prefill them all, then time `reps` runs of `steps` decode
-    steps each. `device_argmax`: the stub stands in for the CUDA step, so the sampler's tensor work is the
-    device's and is left out of the host's time (it is reported apart either way)."""
-    from gpu.engine import EngineRequest
+    """One workload alone: `reps` repetitions of `steps` decode steps (HostRun)."""
+    run = HostRun(engine, batch, prompt_len, warmup, seed, workload, device_argmax)
+    for _ in range(reps):
+        run.rep(steps)
+    return run.finish()
 
-    rng = random.Random(seed * 1_000_003 + batch)
-    # As long as the context allows: no row may finish while it is timed (_decode_step checks).
-    max_tokens = engine.scheduler.config.max_model_len - prompt_len
-    ids = [f"host-{workload}-{batch}-{i}" for i in range(batch)]
-    for i, request_id in enumerate(ids):
-        prompt = tuple(rng.randrange(3, 259) for _ in range(prompt_len))  # random: no prefix-cache hits
-        engine.add_request(EngineRequest(request_id, prompt, workload_sampling(workload, max_tokens, i)))
-    _until_all_decode(engine, set(ids))
-    for _ in range(warmup):
-        _decode_step(engine, batch)
-    ops = sampler_ops(engine, batch)
-    sampler = SamplerClock(engine.runner.forward.token if device_argmax else None)
-    step_ms, cpu_ms, phase_ms, sampler_ms, tokens = [], [], [], [], 0
-    try:
-        for _ in range(reps):
-            before, sampled = engine.clock.snapshot(), sampler.seconds
-            start, cpu = time.perf_counter(), time.thread_time()
-            for _ in range(steps):
-                tokens += _decode_step(engine, batch)
-            step_ms.append((time.perf_counter() - start) / steps * 1000)
-            cpu_ms.append((time.thread_time() - cpu) / steps * 1000)
-            after = engine.clock.snapshot()
-            phase_ms.append({p: (after[p] - before[p]) / steps * 1000 for p in PHASES})
-            sampler_ms.append((sampler.seconds - sampled) / steps * 1000)
-    finally:
-        sampler.close()
-    for request_id in ids:
-        engine.abort_request(request_id)
-    phases = {p: statistics.median(r[p] for r in phase_ms) for p in PHASES}
-    device = sampler_ms if device_argmax else [0.0] * reps  # the stand-in's own instant, left out too
-    host = statistics.median(sum(r.values()) - r[FORWARD] - d for r, d in zip(phase_ms, device, strict=True))
-    return HostSteps(
-        workload=workload,
-        batch=batch,
-        step_ms=statistics.median(step_ms),
-        host_ms=host,
-        engine_cpu_ms=statistics.median(cpu_ms),
-        phases_ms=phases,
-        sampler_ms=statistics.median(sampler_ms),
-        sampler_ops=ops,
-        argmax_ms=_argmax_ms(engine, batch),
-        decode_steps=steps * reps,
-        tokens=tokens,
-    )
+
+def measure_side_by_side(
+    engines: dict[str, Engine],
+    batch: int,
+    prompt_len: int,
+    steps: int,
+    reps: int,
+    warmup: int,
+    seed: int = 0,
+    device_argmax: bool = False,
+) -> dict[str, HostSteps]:
+    """Each workload on its engine, their repetitions taking turns (the order flipped every round), so a
+    difference between them is not one spell of a noisy machine."""
+    runs = [HostRun(e, batch, prompt_len, warmup, seed, w, device_argmax) for w, e in engines.items()]
+    for rep in range(reps):
+        for run in runs if rep % 2 == 0 else runs[::-1]:
+            run.rep(steps)
+    return {run.workload: run.finish() for run in runs}
 
 
 def _until_all_decode(engine: Engine, ids: set[str]) -> None:

@@ -199,3 +199,26 @@ def test_fast_topk_equals_torch_topk(vocab, k):
     assert torch.equal(values, want.values)
     assert torch.equal(x.gather(1, ids), values)  # the ids hold those values (order among ties may differ)
     assert all(len(set(row)) == k for row in ids.tolist())
+
+
+def test_the_device_path_plans_a_repeated_step_once_and_builds_a_newcomers_counts_once():
+    """A step with the last one's rows reuses its plan (no lookups); a sequence in a step for the first
+    time has its count row built by that step's plan alone, never again (a rebuild would zero its counts)."""
+    state = LogitsState(VOCAB, device_counts=True)
+    penalised = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
+    state.add("a", [1, 2], penalised)
+    first = state.plan([chunk("a")])
+    assert first is not None and first.counted is not None and len(first.counted.fresh) == 1
+    second = state.plan([chunk("a")])
+    assert second is not first and not len(second.counted.fresh)
+    assert state.plan([chunk("a")]) is second  # the same rows and slots: the same plan
+    state.add("b", [3], penalised)  # a newcomer: a new plan, building b's row alone
+    third = state.plan([chunk("a"), chunk("b")])
+    assert third.counted.fresh.tolist() == [third.counted.slots.tolist()[1]]
+    assert not len(state.plan([chunk("a"), chunk("b")]).counted.fresh)
+    logits = torch.zeros(2, VOCAB)
+    for _ in range(3):  # b generates token 5 three times: counted, never reset
+        run_step(state, ["a", "b"], logits, [4, 5])
+    got, _ = run_step(state, ["a", "b"], logits, [4, 5])
+    assert got[1, 5].item() == pytest.approx(-(0.25 * 3 + 0.5))
+    assert got[0, 4].item() == pytest.approx(-(0.25 * 3 + 0.5))

@@ -11,6 +11,7 @@ import torch
 from gpu.engine import EngineRequest
 from gpu.sampler import SamplingBatch, draw, fast_argmax, filter_logits, sample
 from gpu.samples import stream_key, uniforms
+from scheduler.output import ScheduledChunk
 from scheduler.types import SamplingParams
 from tests.gpu.factories import make_engine, make_prompts
 
@@ -170,6 +171,20 @@ def test_uniforms_depend_only_on_seed_sample_and_position():
     assert stream_key(2**63 - 1, 3) != stream_key(2**63 - 1, 2)  # the largest seed a job may carry
 
 
+def test_uniforms_are_splitmix64s_outputs_at_each_rows_key_and_position():
+    """The formula of gpu/samples.py, one row at a time in Python integers: a draw resumed or replayed by
+    another build of the engine (or another machine) must land on the same bits."""
+    from gpu.samples import _GOLDEN, _MASK, _mix64
+
+    keys = [stream_key(seed, i) for seed, i in ((0, 0), (1, 0), (2**63 - 1, 3), (12345, 7))]
+    positions = [0, 1, 2**40 + 3, 999]
+    got = uniforms(np.array(keys, dtype=np.int64), np.array(positions, dtype=np.int64)).tolist()
+    want = [
+        (_mix64((k + (p + 1) * _GOLDEN) & _MASK) >> 12) / 2**52 for k, p in zip(keys, positions, strict=True)
+    ]
+    assert got == want
+
+
 def test_uniforms_of_one_stream_and_across_seeds_are_uniform():
     """Positions 0..N-1 of one seed, and position 0 of N consecutive seeds (1, 2, 3...: unrelated streams):
     each fills 16 equal bins as uniform numbers do (chi-square, 15 degrees of freedom, p = 0.001: 37.7)."""
@@ -270,3 +285,36 @@ def test_the_sampling_table_counts_its_drawing_rows_and_reuses_rows():
         table.row("t"),
         table.row("g"),
     ]
+
+
+def test_a_repeated_step_reuses_its_rows_settings_and_a_changed_row_voids_them():
+    """Decode steps repeat the step before: its rows' settings are derived once (SamplingTable.derived),
+    the uniforms still follow each row's position, and a row whose settings change is read again."""
+    from gpu.sampling_table import SamplingTable
+
+    table = SamplingTable()
+    drawn = SamplingParams(temperature=0.7, top_k=5, top_p=0.9)
+    table.add("a", 11, drawn)
+    table.add("g", 12, SamplingParams())
+    table.add("b", 13, drawn)
+
+    def step(generated: int) -> tuple[list, SamplingBatch]:
+        chunks = [ScheduledChunk(s, (0,), 0, (), True, SamplingParams(), generated) for s in ("a", "g", "b")]
+        return chunks, SamplingBatch.for_step(table, chunks, 100)
+
+    first_chunks, first = step(3)
+    _, second = step(4)
+    assert table.rows(first_chunks) is table.rows(first_chunks)  # the same rows: looked up once
+    assert second.temperature is first.temperature and second.top_k is first.top_k
+    assert second.rows.tolist() == [0, 2] and not second.draws_all
+    keys = np.array([11, 13], dtype=np.int64)
+    assert second.uniforms.tolist() == uniforms(keys, np.array([4, 4])).tolist()
+    assert first.uniforms.tolist() == uniforms(keys, np.array([3, 3])).tolist()
+    table.add("b", 13, SamplingParams(temperature=0.5, top_k=2))  # its settings replaced
+    _, third = step(5)
+    assert third.temperature.tolist() == pytest.approx([0.7, 0.5])
+    assert third.top_k.tolist() == [4, 1] and third.top_p.tolist() == pytest.approx([0.9, 2.0])
+    table.drop("a")
+    table.add("a", 11, SamplingParams())  # greedy now: only b draws
+    _, fourth = step(6)
+    assert fourth.rows.tolist() == [2] and fourth.temperature.tolist() == pytest.approx([0.5])
