@@ -140,7 +140,9 @@ class LogitsPlan:
     counts: DeviceCounts | None = None
 
     # its copies on other devices (`to`): a plan is used by every step of the same rows (LogitsState.plan)
-    _on: dict[torch.device, LogitsPlan] = dataclasses.field(default_factory=dict, init=False, repr=False)
+    _on: dict[torch.device, LogitsPlan] = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def to(self, device: torch.device) -> LogitsPlan:
         """The plan on `device`: its tensors in one non-blocking copy from pinned memory, once (CPU: this)."""
