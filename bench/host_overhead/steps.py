@@ -285,24 +285,6 @@ class HostRun:
         )
 
 
-def measure_host_steps(
-    engine: Engine,
-    batch: int,
-    prompt_len: int,
-    steps: int,
-    reps: int,
-    warmup: int,
-    seed: int = 0,
-    workload: str = GREEDY,
-    device_argmax: bool = False,
-) -> HostSteps:
-    """One workload alone: `reps` repetitions of `steps` decode steps (HostRun)."""
-    run = HostRun(engine, batch, prompt_len, warmup, seed, workload, device_argmax)
-    for _ in range(reps):
-        run.rep(steps)
-    return run.finish()
-
-
 def measure_side_by_side(
     engines: dict[str, Engine],
     batch: int,
