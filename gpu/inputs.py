@@ -3,10 +3,11 @@
 Each live sequence holds a seat: a row of one persistent block-table array. A step writes only the blocks
 a sequence gained since its last step; token positions and KV slots are computed with numpy over the whole
 step at once. On the CPU, attention kernels read the persistent table directly (rows by seat), so no
-per-step table is built for them. Where the table must travel or outlive the next build (CUDA, whose step
-copies it to the device; async scheduling, whose step runs while the next is built), a step's table is its
-own chunks' rows up to its widest context, seat i being chunk i: that many bytes rather than the whole
-table's (256 seats x 8,192 blocks is 16.8 MB, copied every step before).
+per-step table is built for them; under async scheduling on the CPU, whose step runs while the next is
+built, a step's table is its own chunks' rows up to its widest context, seat i being chunk i.
+On CUDA the persistent table lives on the device too (`device_tables`): each step carries the entries
+written since the step before (`TableUpdates`, a few per step: the blocks its sequences gained), applied
+on the device in step order, so no step copies a table (256 seats x 8,192 blocks is 16.8 MB).
 """
 
 from __future__ import annotations
@@ -25,6 +26,17 @@ _NO_ROWS = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True)
+class TableUpdates:
+    """The block-table entries written since the last step's, for a copy of the table kept elsewhere (the
+    device's): entry `index[i]` (seat * max_blocks + block) is now `values[i]`. Applied in step order, they
+    bring a table of `seats` rows up to date with the host's for every seat a step reads."""
+
+    seats: int  # rows of the host table: the copy grows to as many
+    index: np.ndarray  # [N] int64 flat positions
+    values: np.ndarray  # [N] int64 block ids
+
+
+@dataclass(frozen=True)
 class StepInputs:
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64 position of every token in its sequence
@@ -36,13 +48,23 @@ class StepInputs:
     # one's index in that step's sampling order; the runner fills them in once those tokens are known.
     placeholder_rows: np.ndarray = field(default_factory=lambda: _NO_ROWS)
     placeholder_from: np.ndarray = field(default_factory=lambda: _NO_ROWS)
+    table_updates: TableUpdates | None = None  # device_tables builders: what changed since the last step
 
 
 class InputBuilder:
-    def __init__(self, block_size: int, max_model_len: int, seats: int = 64, compact: bool = False) -> None:
-        """compact: every step's block table is its own rows (see above), not the persistent one."""
+    def __init__(
+        self,
+        block_size: int,
+        max_model_len: int,
+        seats: int = 64,
+        device_tables: bool = False,
+    ) -> None:
+        """device_tables: every step carries its TableUpdates for the device's copy of the table (and
+        async scheduling's steps need no rows of their own: the device applies a step's updates only after
+        the step before has read the table)."""
         self.block_size = block_size
-        self.compact = compact
+        self.device_tables = device_tables
+        self._log: list[tuple[int, int, int]] = []  # (seat, first, end) written since the last build
         self.max_blocks = -(-max_model_len // block_size)
         self._tables = np.zeros((seats, self.max_blocks), dtype=np.int64)
         self._known = np.zeros(seats, dtype=np.int64)  # blocks written per seat
@@ -64,6 +86,12 @@ class InputBuilder:
             self._written[seat] = None
             self._free.append(seat)
 
+    def forget(self) -> None:
+        """The device's copy may have missed updates (a step failed between its build and its launch):
+        every seat's next step writes its whole row again."""
+        self._known[:] = 0
+        self._written = [None] * len(self._written)
+
     def seat_of(self, chunk: ScheduledChunk) -> int:
         """The chunk's seat, its table brought up to date with the blocks it gained."""
         seat = self._seat.get(chunk.seq_id)
@@ -80,6 +108,8 @@ class InputBuilder:
             row[:] = table[known:]
             if not known:  # a whole table may start with places given back (NO_BLOCK, behind the window):
                 np.maximum(row, 0, out=row)  # any block reads there; every query masks those keys out
+            if self.device_tables:
+                self._log.append((seat, known, len(table)))
             self._known[seat] = len(table)
         self._written[seat] = table if isinstance(table, tuple) else None  # a list could change later
         return seat
@@ -93,11 +123,25 @@ class InputBuilder:
             self._free = list(range(2 * old - 1, old - 1, -1))
         return self._free.pop()
 
+    def _updates(self) -> TableUpdates:
+        """The entries written since the last call, their values as they are now."""
+        log, self._log = self._log, []
+        if not log:
+            return TableUpdates(len(self._tables), _NO_ROWS, _NO_ROWS)
+        seats, firsts, ends = np.array(log, dtype=np.int64).T
+        lengths = ends - firsts
+        total = int(lengths.sum())
+        # each entry's block: its range's first plus its offset inside the range
+        offsets = np.arange(total, dtype=np.int64)
+        blocks = np.repeat(firsts - (np.cumsum(lengths) - lengths), lengths) + offsets
+        rows = np.repeat(seats, lengths)
+        return TableUpdates(len(self._tables), rows * self.max_blocks + blocks, self._tables[rows, blocks])
+
     def build(self, output: SchedulerOutput, previous: list[str] | None = None) -> StepInputs:
         """The step's inputs. `previous` (async scheduling): the sequences of the in-flight step that
-        sample, in order, for the placeholder tokens; the step then gets its own rows of the block table,
-        since the next build changes the persistent one (and may give a seat to another sequence) while
-        this step runs."""
+        sample, in order, for the placeholder tokens; the step then gets its own rows of the block table
+        (unless device_tables), since the next build changes the persistent one (and may give a seat to
+        another sequence) while this step runs."""
         chunks = output.chunks
         count = len(chunks)
         seat_of, written, seat = self.seat_of, self._written, self._seat
@@ -160,7 +204,8 @@ class InputBuilder:
                     index = {seq_id: i for i, seq_id in enumerate(previous)}
                     placeholder_from = np.array([index[n] for n in names], dtype=np.int64)
         tables, table_seats = self._tables, seats
-        if self.compact or previous is not None:  # the step's own rows: chunk i's in row i
+        updates = self._updates() if self.device_tables else None
+        if previous is not None and not self.device_tables:  # the step's own rows: chunk i's in row i
             width = -(-int((starts + lengths).max()) // bs) if count else 0
             tables, table_seats = self._tables[seats, :width], np.arange(count, dtype=np.int64)
             chunk_of = np.flatnonzero(~single).tolist()
@@ -183,4 +228,5 @@ class InputBuilder:
             sample_chunks=sample_chunks,
             placeholder_rows=placeholder_rows,
             placeholder_from=placeholder_from,
+            table_updates=updates,
         )

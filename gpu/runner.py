@@ -107,8 +107,10 @@ class ModelRunner:
         cuda = self.device.type == "cuda"
         # On CUDA one more block, never scheduled, takes the K/V of a graph's padding rows.
         self.cache = KVCache(shape, self.num_blocks + cuda, self.device)
-        # On CUDA each step's table is copied to the device: its own rows only (gpu/inputs.py).
-        self.inputs = InputBuilder(config.block_size, config.max_model_len, config.max_num_seqs, compact=cuda)
+        # On CUDA the block table is kept on the device too: a step copies only the entries it changed.
+        self.inputs = InputBuilder(
+            config.block_size, config.max_model_len, config.max_num_seqs, device_tables=cuda
+        )
         self.cuda_step = None
         if cuda:
             from gpu.cuda.step import build_cuda_step
@@ -187,7 +189,14 @@ class ModelRunner:
         penalties or logprobs; the step's sampled tokens and log probabilities are recorded into it.
         `grammars`: each constrained sequence's grammar matcher (gpu.grammar); the others sample freely.
         `resumes`: resumed samples whose saved tokens are not out yet (gpu/resume.py)."""
-        return self.run(self.prepare(output, table, None, resumes, logits_state), logits_state, grammars)
+        try:
+            return self.run(self.prepare(output, table, None, resumes, logits_state), logits_state, grammars)
+        except Exception:
+            # The step's table updates may not have reached the device, and its sequences live on (the
+            # engine retries them): their next step writes their whole rows. (Async scheduling's failed
+            # steps preempt their sequences, which releases their seats.)
+            self.inputs.forget()
+            raise
 
     @torch.inference_mode()  # its tensors are made as before the split: inference tensors
     def prepare(

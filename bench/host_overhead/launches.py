@@ -112,6 +112,7 @@ def _engine(model: str, kernels: str) -> Any:
     # Triton: every kernel, as the choice makes it in bf16 on a GPU (the fused ones too)
     chosen = CudaKernels.all_triton() if kernels == "triton" else CudaKernels.torch_only()
     seats, blocks = config.max_num_seqs, runner.inputs.max_blocks
+    runner.inputs.device_tables = True  # the block table kept on the device's side, as on CUDA
     runner.cuda_step = CudaStep(forward, cache, seats, blocks, runner.num_blocks, False, chosen)
     runner.cuda_step.graphs = None  # every step eager: the steps counted here never replay a graph
     return engine

@@ -1,7 +1,9 @@
 """Decode steps replayed as CUDA graphs, all captured at engine start.
 
-A decode-only step's host work is then two copies into the graphs' static inputs and one replay: no
-per-layer kernel launches from Python and no host syncs inside; the greedy argmax runs inside the graph.
+A decode-only step's host work is then one copy into the graphs' static inputs (ids, positions, slots,
+lengths and seats), a gather of its seats' rows of the device's block table (gpu/cuda/tables.py) into the
+static table, and one replay: no per-layer kernel launches from Python and no host syncs inside; the
+greedy argmax runs inside the graph.
 
 Keys: with the Triton paged decode kernel (which reads each row's blocks in place up to its own length),
 shapes depend on the batch alone, so there is one graph per batch bucket up to max_num_seqs, captured
@@ -45,8 +47,9 @@ from gpu.lora.slots import SlotLora, StackedSlots
 log = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256)
-# Static input vectors, one row each of DecodeGraphs.vectors
-IDS, POSITIONS, SLOTS, LENS = range(4)
+# Static input vectors, one row each of DecodeGraphs.vectors (SEATS: which rows of the block table to gather)
+IDS, POSITIONS, SLOTS, LENS, SEATS = range(5)
+_VECTORS = 5
 
 
 def bucket_of(n: int, buckets: tuple[int, ...] | list[int]) -> int:
@@ -129,10 +132,10 @@ class DecodeGraphs:
         self.blocks = [max_blocks] if self.paged else block_buckets(max_blocks)
         self.trash_block = trash_block
         self._trash_slot = trash_block * cache.shape.block_size
-        # Static inputs: a graph of batch b reads the first 4 * even(b) elements as [4, even(b)] (ids,
-        # positions, slots, lens; rows padded to an even length so each starts 16-byte aligned, as Triton
-        # specialises on alignment), so a step's staged [4, even(b)] goes over in one plain copy.
-        self._vector_storage = torch.zeros(4 * _even(max_batch), dtype=torch.long, device=device)
+        # Static inputs: a step of batch b copies its [5, even(b)] vectors (ids, positions, slots, lens,
+        # seats; rows padded to an even length so each starts 16-byte aligned, as Triton specialises on
+        # alignment) over in one plain copy into the first 5 * even(b) elements; the graph reads 4 of them.
+        self._vector_storage = torch.zeros(_VECTORS * _even(max_batch), dtype=torch.long, device=device)
         self.tables = torch.full((max_batch, max_blocks), trash_block, dtype=torch.long, device=device)
         self._graphs: dict[tuple[int, int], tuple[Callable[[], None], DecodeOutput]] = {}
         self.recorder = recorder if recorder is not None else CudaGraphRecorder() if capture else None
@@ -169,8 +172,11 @@ class DecodeGraphs:
         return time.perf_counter() - start
 
     def vectors(self, b: int) -> torch.Tensor:
-        """The static [4, b] inputs of batch b's graph (a view; its rows contiguous)."""
-        return self._vector_storage[: 4 * _even(b)].view(4, _even(b))[:, :b]
+        """The static [5, b] inputs of batch b's step (a view; its rows contiguous)."""
+        return self._staged_vectors(b)[:, :b]
+
+    def _staged_vectors(self, b: int) -> torch.Tensor:
+        return self._vector_storage[: _VECTORS * _even(b)].view(_VECTORS, _even(b))
 
     def _pad(self, b: int) -> None:
         """Every row a padding row (token 0 at position 0, one key, in the trash block): what a capture's
@@ -183,7 +189,7 @@ class DecodeGraphs:
             self._lora_meta.zero_()
 
     def _body(self, b: int, nb: int, lora: bool = False) -> DecodeOutput:
-        ids, positions, slots, lens = self.vectors(b).unbind(0)
+        ids, positions, slots, lens = self.vectors(b)[IDS : LENS + 1].unbind(0)
         tables, scale = self.tables[:b, :nb], self.forward.scale
         attention = paged_decode if self.paged else decode_attention
 
@@ -218,14 +224,15 @@ class DecodeGraphs:
         positions: np.ndarray,
         slots: np.ndarray,
         lens: np.ndarray,
-        block_tables: np.ndarray,
+        block_tables: torch.Tensor,
         seats: np.ndarray,
         blocks: int,
         before_forward: Callable[[torch.Tensor], None] | None = None,
         lora_meta: np.ndarray | None = None,
     ) -> DecodeOutput:
         """A decode-only step of `rows` real rows (host arrays), each reading block_tables[seats[i]] up to
-        lens[i] keys, the longest `blocks` blocks. Padding and both copies are prepared on the host.
+        lens[i] keys, the longest `blocks` blocks. block_tables: the device's (gpu/cuda/tables.py), its last
+        row all trash block: the padding rows' seat. Padding and the vectors' copy are prepared on the host.
         `lora_meta`: the rows under each adapter slot (padding rows are in none); None: no adapter rows."""
         rows = len(ids)
         b, nb = self.key(rows, blocks)
@@ -234,22 +241,18 @@ class DecodeGraphs:
         if self.capture and key not in graphs:  # LoRA graphs and the SDPA path's shapes come lazily
             # Before this step's inputs are copied in: the capture pads every row of the static buffers.
             graphs[key] = self._capture(b, nb, lora=lora)
-        staged = staging.buffer("graph_vectors", (4, _even(b)), torch.long)
+        staged = staging.buffer("graph_vectors", (_VECTORS, _even(b)), torch.long)
         vectors = staged.numpy()[:, :b]
         vectors[IDS, :rows], vectors[POSITIONS, :rows], vectors[SLOTS, :rows] = ids, positions, slots
-        vectors[LENS, :rows] = lens
+        vectors[LENS, :rows], vectors[SEATS, :rows] = lens, seats
         # padding rows: token 0 at position 0, one key, in the trash block
         vectors[IDS:SLOTS, rows:] = 0
         vectors[SLOTS, rows:], vectors[LENS, rows:] = self._trash_slot, 1
+        vectors[SEATS, rows:] = block_tables.shape[0] - 1
+        self._staged_vectors(b).copy_(staged, non_blocking=True)
         # The paged kernel reads no entry past a row's length; the SDPA path reads all nb, masked.
         width = blocks if self.paged else nb
-        tables = staging.buffer("graph_tables", (b, width), torch.long)
-        table_rows = tables.numpy()
-        table_rows[:rows, :blocks] = block_tables[seats, :blocks]
-        table_rows[:rows, blocks:] = self.trash_block
-        table_rows[rows:] = self.trash_block
-        self._vector_storage[: 4 * _even(b)].view(4, _even(b)).copy_(staged, non_blocking=True)
-        self.tables[:b, :width].copy_(tables, non_blocking=True)
+        self.tables[:b, :width] = block_tables[:, :width].index_select(0, self.vectors(b)[SEATS])
         if before_forward is not None:  # e.g. placeholder tokens filled on the device (gpu/runner.py)
             before_forward(self.vectors(b)[IDS, :rows])
         if lora_meta is not None:

@@ -22,6 +22,7 @@ from gpu.cuda.attention import CudaPagedAttention
 from gpu.cuda.graphs import DecodeGraphs, DecodeOutput
 from gpu.cuda.kernels import CudaKernels
 from gpu.cuda.staging import PinnedStaging
+from gpu.cuda.tables import DeviceBlockTables
 from gpu.forward import LlamaForward
 from gpu.inputs import StepInputs
 from gpu.kv_cache import KVCache
@@ -57,6 +58,8 @@ class CudaStep:
         self.kernels = kernels or CudaKernels()
         cuda_kernels.install(forward, self.kernels)
         self.staging = PinnedStaging(cache.k.device)
+        # the block table on the device, kept up to date by each step's changed entries
+        self.tables = DeviceBlockTables(max_num_seqs, max_blocks, trash_block or 0, cache.k.device)
         group = forward.num_heads // forward.num_kv_heads
         self.attention = CudaPagedAttention(self.kernels, self.staging, group)
         self.graphs = (
@@ -105,6 +108,7 @@ class CudaStep:
         before_forward: Callable[[torch.Tensor], None] | None,
         lora_meta: np.ndarray | None = None,
     ) -> StepLogits:
+        tables = self.tables.apply(inputs.table_updates, self.staging)  # first: what any step reads
         meta = inputs.attention
         rows = inputs.input_ids.numel()
         if self.graphs is not None and meta.num_decodes == rows == len(inputs.sample_chunks):
@@ -116,14 +120,14 @@ class CudaStep:
                     inputs.positions.numpy(),
                     inputs.slots.numpy(),
                     meta.decode_lens.numpy(),
-                    meta.block_tables.numpy(),
+                    tables,
                     meta.decode_seats.numpy(),
                     blocks,
                     before_forward=before_forward,
                     lora_meta=lora_meta,
                 )
                 return StepLogits(out.logits, out.greedy)
-        staged = self._to_device(inputs)
+        staged = self._to_device(inputs, tables)
         if before_forward is not None:
             before_forward(staged.input_ids)
         lora = None
@@ -133,12 +137,12 @@ class CudaStep:
             lora = SlotLora(self.lora_slots, meta, rows, self.lora_kernels)
         return StepLogits(self.forward(staged, self.cache, self.attention, lora), None)
 
-    def _to_device(self, inputs: StepInputs) -> StepInputs:
+    def _to_device(self, inputs: StepInputs, tables: torch.Tensor) -> StepInputs:
         stage = self.staging.to_device
         meta = inputs.attention
         attention = dataclasses.replace(
             meta,
-            block_tables=stage("tables", meta.block_tables),
+            block_tables=tables,
             decode_rows=stage("decode_rows", meta.decode_rows),
             decode_seats=stage("decode_seats", meta.decode_seats),
             decode_lens=stage("decode_lens", meta.decode_lens),

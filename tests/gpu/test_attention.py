@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -156,23 +157,53 @@ def test_block_tables_persist_and_update_incrementally():
     assert builder.block_tables[b, :2].tolist() == [6, 8]
 
 
-def test_a_compact_step_table_is_its_own_rows_up_to_its_widest_context():
-    """On CUDA (and for async scheduling's steps) a step's table is its chunks' rows, chunk i's in row i,
-    cut to the widest context: what the step reads, not the whole persistent table."""
-    wide = InputBuilder(BLOCK, max_model_len=4096, seats=8)
+def test_device_table_updates_are_the_entries_written_since_the_last_step():
+    """With device_tables each step carries what changed since the step before (a new sequence's whole
+    row, the blocks an old one gained, a readmitted or re-seated sequence's whole new row, everything after
+    forget()), and those updates, applied in order, keep a copy of the table equal to the host's."""
+    builder = InputBuilder(BLOCK, max_model_len=64, seats=2, device_tables=True)
+    width = builder.max_blocks
+    copy = np.full((2, width), -1, dtype=np.int64)
+
+    def step(*chunks, previous=None):
+        updates = builder.build(SchedulerOutput(chunks, 1, (), (), 0), previous).table_updates
+        assert updates is not None and updates.seats == len(builder.block_tables)
+        if updates.seats > len(copy):
+            copy.resize((updates.seats, width), refcheck=False)
+        copy.reshape(-1)[updates.index] = updates.values
+        for c in chunks:  # every row this step reads is the device's too
+            seat = builder.seat_of(c)
+            assert copy[seat, : len(c.block_table)].tolist() == list(c.block_table)
+        return sorted(zip((updates.index // width).tolist(), (updates.index % width).tolist(), strict=True))
+
+    a = step(chunk("a", 0, 3, [5]), chunk("b", 0, 2, [4, 2]))
+    sa, sb = builder.seat_of(chunk("a", 0, 3, [5])), builder.seat_of(chunk("b", 0, 2, [4, 2]))
+    assert a == sorted([(sa, 0), (sb, 0), (sb, 1)])
+    assert step(chunk("a", 3, 1, [5]), chunk("b", 2, 1, [4, 2])) == []  # no new block: nothing copied
+    assert step(chunk("a", 4, 1, [5, 9]), chunk("b", 3, 1, [4, 2])) == [(sa, 1)]  # one gained block
+    assert step(chunk("b", 0, 4, [6, 8]), previous=[]) == [(sb, 0), (sb, 1)]  # readmitted: a new table
+    builder.release("a")
+    assert step(chunk("c", 0, 2, [7])) == [(sa, 0)]  # the seat's new sequence writes its own row
+    builder.forget()
+    assert step(chunk("c", 2, 1, [7]), chunk("b", 4, 1, [6, 8])) == sorted([(sa, 0), (sb, 0), (sb, 1)])
+    grown = step(chunk("c", 3, 1, [7]), chunk("d", 0, 1, [11]), chunk("e", 0, 1, [12]))  # a third seat
+    assert len(builder.block_tables) == 4 and [entry[1] for entry in grown] == [0, 0]
+
+
+def test_an_async_step_table_is_its_own_rows_up_to_its_widest_context():
+    """On the CPU an async scheduling step's table is its chunks' rows, chunk i's in row i, cut to the
+    widest context: the next build may change the persistent table while this step runs."""
+    builder = InputBuilder(BLOCK, max_model_len=4096, seats=8)
     for name, blocks in (("x", [30, 31]), ("y", [40])):  # other sequences hold seats 0 and 1
-        wide.seat_of(chunk(name, 0, 2, blocks))
+        builder.seat_of(chunk(name, 0, 2, blocks))
     step = SchedulerOutput((chunk("a", 5, 1, [2, 0]), chunk("b", 2, 3, [1, 3])), 4, (), (), 0)
-    persistent = wide.build(step).attention
+    persistent = builder.build(step).attention
     assert persistent.block_tables.shape == (8, 4096 // BLOCK)
-    for compact in (InputBuilder(BLOCK, 4096, seats=8, compact=True), wide):
-        if compact is not wide:
-            for name, blocks in (("x", [30, 31]), ("y", [40])):
-                compact.seat_of(chunk(name, 0, 2, blocks))
-        meta = compact.build(step, previous=None if compact.compact else []).attention
-        assert meta.block_tables.tolist() == [[2, 0], [1, 3]]  # widest context: 6 keys, 2 blocks
-        assert meta.decode_seats.tolist() == [0] and [p.seat for p in meta.prefills] == [1]
-        assert [p.row_start for p in meta.prefills] == [p.row_start for p in persistent.prefills]
+    assert persistent.decode_seats.tolist() == [2] and [p.seat for p in persistent.prefills] == [3]
+    meta = builder.build(step, previous=[]).attention
+    assert meta.block_tables.tolist() == [[2, 0], [1, 3]]  # widest context: 6 keys, 2 blocks
+    assert meta.decode_seats.tolist() == [0] and [p.seat for p in meta.prefills] == [1]
+    assert [p.row_start for p in meta.prefills] == [p.row_start for p in persistent.prefills]
 
 
 def test_more_live_sequences_than_seats_grow_the_tables():

@@ -5,16 +5,21 @@ What needs a GPU (capture, pinned memory, bf16 kernels) is in tests/gpu/test_cud
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from gpu.cuda.attention import CudaPagedAttention, decode_attention
 from gpu.cuda.graphs import IDS, LENS, POSITIONS, SLOTS, DecodeGraphs, DecodeOutput, block_buckets, bucket_of
+from gpu.cuda.staging import PinnedStaging
 from gpu.cuda.step import CudaStep
+from gpu.cuda.tables import DeviceBlockTables
+from gpu.engine_types import StepFailed
 from gpu.forward import LlamaForward
+from gpu.inputs import TableUpdates
 from gpu.kv_cache import KVCache, KVShape
 from gpu.lora.manager import LoraManager
-from tests.gpu.factories import make_engine, make_model, make_prompts
+from tests.gpu.factories import assert_matches_hf, make_engine, make_model, make_prompts, make_requests
 from tests.gpu.test_attention import BLOCK, DIM, HEADS, KV_HEADS, dense_reference, run_step
 from tests.gpu.test_gold import OUTPUT_LENS, run_and_check
 
@@ -59,7 +64,7 @@ def cuda_path_engine(model, kernels=None, **config):
     device slots as on CUDA (applied with the torch reference: LoraKernels on CPU tensors are off)."""
     engine = make_engine(model, **config)
     runner = engine.runner
-    runner.inputs.compact = True  # each step's own block-table rows, as on CUDA
+    runner.inputs.device_tables = True  # the block table kept on the device, as on CUDA
     cache = KVCache(runner.cache.shape, runner.num_blocks + 1, torch.device("cpu"))
     runner.cache = cache
     runner.forward = LlamaForward(model, engine.runner.config.max_model_len)  # the hooks unset: as on CUDA
@@ -101,6 +106,92 @@ def test_cuda_step_logic_with_preemption_and_prefix_hits():
     run_and_check(engine, model, [shared + t for t in make_prompts(3, 1, 12, seed=4)], [10, 5, 8], prefix="a")
     run_and_check(engine, model, [shared + t for t in make_prompts(3, 1, 12, seed=6)], [6, 9, 4], prefix="b")
     assert engine.stats().prefix_cache_hits > 0
+
+
+def test_the_device_table_gets_only_the_entries_each_step_changed():
+    """The block table on the device is brought up to date by each step's updates, not copied: over a run
+    every entry a sequence's table ever held is copied exactly once (the blocks it gained), and after each
+    step's updates the device's rows of every live seat equal the host's."""
+    model = make_model()
+    engine = cuda_path_engine(model, block_size=4)
+    step, builder = engine.runner.cuda_step, engine.runner.inputs
+    held: dict[str, int] = {}  # the most blocks each sequence's table held
+    seat_of = builder.seat_of
+
+    def seat_recorded(chunk):
+        held[chunk.seq_id] = max(held.get(chunk.seq_id, 0), len(chunk.block_table))
+        return seat_of(chunk)
+
+    builder.seat_of = seat_recorded
+    copied, apply = [], step.tables.apply
+
+    def apply_checked(updates, staging):
+        copied.append(len(updates.index))
+        table = apply(updates, staging)
+        for seat in builder._seat.values():
+            known = int(builder._known[seat])
+            assert table[seat, :known].tolist() == builder.block_tables[seat, :known].tolist()
+        return table
+
+    step.tables.apply = apply_checked
+    stats = run_and_check(engine, model, make_prompts(8, 1, 60), OUTPUT_LENS)
+    assert stats.preemptions == 0 and len(held) == 8
+    assert sum(copied) == sum(held.values())  # none twice, none missed
+    assert copied.count(0) > 0  # decode steps where no sequence entered a new block copied nothing
+
+
+def test_the_device_table_grows_with_the_hosts_and_keeps_an_all_trash_padding_row():
+    staging = PinnedStaging(torch.device("cpu"))
+    tables = DeviceBlockTables(2, 4, trash_block=9, device=torch.device("cpu"))
+    assert tables.padding_seat == 2 and (tables.table == 9).all()
+    staging.begin_step()
+    # seat 0's block 1, seat 1's block 0; then the host's table has grown to 4 seats
+    tables.apply(TableUpdates(2, np.array([1, 4]), np.array([3, 5])), staging)
+    grown = tables.apply(TableUpdates(4, np.array([3 * 4]), np.array([7])), staging)
+    assert grown.shape == (5, 4) and tables.padding_seat == 4
+    assert grown[:2].tolist() == [[9, 3, 9, 9], [5, 9, 9, 9]] and grown[3].tolist() == [7, 9, 9, 9]
+    assert (grown[2] == 9).all() and (grown[4] == 9).all()  # the old padding row is a seat like the others
+    with pytest.raises(ValueError, match="device_tables"):
+        tables.apply(None, staging)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("fail_at", [1, 4])
+def test_a_step_failing_before_its_table_updates_arrive_leaves_no_stale_row(fail_at, async_scheduling):
+    """A step built (its sequences' new blocks logged as written) whose CUDA step fails before it copies
+    them: its sequences, retried, must write their rows again, or they read blocks the device never got
+    (the first step: every block of every prompt). Greedy output still equals HF's."""
+    model = make_model()
+    engine = cuda_path_engine(model, block_size=4, async_scheduling=async_scheduling)
+    step = engine.runner.cuda_step
+    calls, run = 0, step.run
+
+    def fail_once(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == fail_at:
+            raise RuntimeError("injected")
+        return run(*args, **kwargs)
+
+    step.run = fail_once
+    prompts = make_prompts(6, 3, 30, seed=11)
+    requests = make_requests(prompts, OUTPUT_LENS[:6])
+    for request in requests:
+        engine.add_request(request)
+    tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    failures = 0
+    while engine.has_unfinished():
+        try:
+            outs = engine.step()
+        except StepFailed as failed:
+            failures += 1
+            outs = failed.outputs
+        for out in outs:
+            tokens[out.request_id] += out.new_token_ids
+    engine.close()
+    assert failures == 1
+    for request, prompt in zip(requests, prompts, strict=True):
+        assert_matches_hf(model, prompt, tokens[request.request_id], request.sampling.max_tokens)
 
 
 def test_a_graph_body_run_before_any_step_touches_only_the_trash_block():
