@@ -199,6 +199,7 @@ def stub_engine(
         from gpu.logits_processors import LogitsState
 
         engine.runner.cuda_step = StubDeviceStep(stub)  # type: ignore[assignment]
+        engine.runner.inputs.device_tables = True  # as on CUDA: each step logs its block-table updates
         # as on CUDA: penalty counts on the "device" (gpu/penalty_counts.py), counted there
         engine._logits = LogitsState(engine.model.config.vocab_size, True, engine._seeds)
     return engine, stub
