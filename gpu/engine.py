@@ -10,7 +10,6 @@ and `close` (and the scheduler it makes): with async scheduling off it is the co
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 import threading
@@ -140,9 +139,10 @@ class Engine(EngineCore):
     def close(self) -> None:
         """Finish the step in flight (its outputs are dropped) and stop the async worker thread."""
         if self._inflight is not None:
-            if self._inflight.future.exception() is None:
-                with contextlib.suppress(Exception):  # its failure has no one left to report to
-                    self._inflight.future.result().tokens()
+            try:
+                self._inflight.future.result().tokens()
+            except Exception:  # no one is left to report its failure to; its table updates may be lost
+                self.runner.forget_tables()
             self._inflight = None
         if self._worker is not None:
             self._worker.shutdown(wait=True)
@@ -179,18 +179,22 @@ class Engine(EngineCore):
                     self.fault_hook(tuple(self._request_ids(output.chunks)))
                 except Exception as exc:
                     raise self._failed(output, exc, previous) from exc
-            prepared = self.runner.prepare(
-                output, self._seeds, previous.pending.seq_ids if previous else None
-            )
-            started = self._newly_started(output)
-            assert self._worker is not None
-            launched = InFlightStep(
-                output,
-                self.scheduler.advance(output),
-                started,
-                self._worker.submit(self._run_after, prepared, previous.future if previous else None),
-                time.perf_counter(),
-            )
+            try:
+                prepared = self.runner.prepare(
+                    output, self._seeds, previous.pending.seq_ids if previous else None
+                )
+                started = self._newly_started(output)
+                assert self._worker is not None
+                launched = InFlightStep(
+                    output,
+                    self.scheduler.advance(output),
+                    started,
+                    self._worker.submit(self._run_after, prepared, previous.future if previous else None),
+                    time.perf_counter(),
+                )
+            except Exception:  # built but never launched: its table updates never reach the device
+                self.runner.forget_tables()
+                raise
             self.clock.lap(INPUTS)  # the placeholders and the launch: host work like building the inputs
         self._inflight = launched
         return [] if previous is None else self._collect(previous, launched)

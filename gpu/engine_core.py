@@ -367,6 +367,7 @@ class EngineCore:
                     output, self._seeds, self._logits, self._matchers, self._resumes or None
                 )
             except Exception as exc:
+                self.runner.forget_tables()  # its sequences live on: their next step rewrites their rows
                 raise StepFailed(self.last_step, results, exc) from exc
             self._record(len(output.chunks), output.num_tokens, time.perf_counter() - start)
         started = self._newly_started(output)

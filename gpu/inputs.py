@@ -32,6 +32,7 @@ class TableUpdates:
     bring a table of `seats` rows up to date with the host's for every seat a step reads."""
 
     seats: int  # rows of the host table: the copy grows to as many
+    width: int  # entries a row (the flat positions' stride)
     index: np.ndarray  # [N] int64 flat positions
     values: np.ndarray  # [N] int64 block ids
 
@@ -127,7 +128,7 @@ class InputBuilder:
         """The entries written since the last call, their values as they are now."""
         log, self._log = self._log, []
         if not log:
-            return TableUpdates(len(self._tables), _NO_ROWS, _NO_ROWS)
+            return TableUpdates(len(self._tables), self.max_blocks, _NO_ROWS, _NO_ROWS)
         seats, firsts, ends = np.array(log, dtype=np.int64).T
         lengths = ends - firsts
         total = int(lengths.sum())
@@ -135,7 +136,8 @@ class InputBuilder:
         offsets = np.arange(total, dtype=np.int64)
         blocks = np.repeat(firsts - (np.cumsum(lengths) - lengths), lengths) + offsets
         rows = np.repeat(seats, lengths)
-        return TableUpdates(len(self._tables), rows * self.max_blocks + blocks, self._tables[rows, blocks])
+        index = rows * self.max_blocks + blocks
+        return TableUpdates(len(self._tables), self.max_blocks, index, self._tables[rows, blocks])
 
     def build(self, output: SchedulerOutput, previous: list[str] | None = None) -> StepInputs:
         """The step's inputs. `previous` (async scheduling): the sequences of the in-flight step that

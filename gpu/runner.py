@@ -88,6 +88,8 @@ class ModelRunner:
             choice.log_choice(kernels, trials)
             chose_s = time.perf_counter() - began
         activations += decode_gather_bytes(kernels, config.max_num_seqs, config.max_model_len, shape, element)
+        if kernels is not None:  # CUDA: the block table's device copy and the graphs' static one, int64
+            activations += (2 * config.max_num_seqs + 1) * -(-config.max_model_len // config.block_size) * 8
         self.kv_window = self.forward.kv_window  # every layer windowed: blocks behind it are given back
         self.tokens_kept = config.max_model_len  # the KV one sequence holds at most
         if self.kv_window is not None:  # its window, one step's chunk, a partial block at each end
@@ -189,14 +191,12 @@ class ModelRunner:
         penalties or logprobs; the step's sampled tokens and log probabilities are recorded into it.
         `grammars`: each constrained sequence's grammar matcher (gpu.grammar); the others sample freely.
         `resumes`: resumed samples whose saved tokens are not out yet (gpu/resume.py)."""
-        try:
-            return self.run(self.prepare(output, table, None, resumes, logits_state), logits_state, grammars)
-        except Exception:
-            # The step's table updates may not have reached the device, and its sequences live on (the
-            # engine retries them): their next step writes their whole rows. (Async scheduling's failed
-            # steps preempt their sequences, which releases their seats.)
-            self.inputs.forget()
-            raise
+        return self.run(self.prepare(output, table, None, resumes, logits_state), logits_state, grammars)
+
+    def forget_tables(self) -> None:
+        """A step failed after its inputs were built: its block-table updates may never have reached the
+        device (CUDA), so every sequence's next step writes its whole row."""
+        self.inputs.forget()
 
     @torch.inference_mode()  # its tensors are made as before the split: inference tensors
     def prepare(

@@ -250,9 +250,11 @@ class DecodeGraphs:
         vectors[SLOTS, rows:], vectors[LENS, rows:] = self._trash_slot, 1
         vectors[SEATS, rows:] = block_tables.shape[0] - 1
         self._staged_vectors(b).copy_(staged, non_blocking=True)
-        # The paged kernel reads no entry past a row's length; the SDPA path reads all nb, masked.
-        width = blocks if self.paged else nb
-        self.tables[:b, :width] = block_tables[:, :width].index_select(0, self.vectors(b)[SEATS])
+        # The paged kernel reads no entry past a row's length; the SDPA path reads all nb, masked (a NaN in
+        # a masked value still spreads: 0 * NaN).
+        self.tables[:b, :blocks] = block_tables[:, :blocks].index_select(0, self.vectors(b)[SEATS])
+        if nb > blocks and not self.paged:  # read and masked: the trash block, not a block someone holds
+            self.tables[:b, blocks:nb] = self.trash_block
         if before_forward is not None:  # e.g. placeholder tokens filled on the device (gpu/runner.py)
             before_forward(self.vectors(b)[IDS, :rows])
         if lora_meta is not None:

@@ -32,10 +32,13 @@ class DeviceBlockTables:
         """Queue a step's updates (one copy over and one scatter; nothing when none); returns the table."""
         if updates is None:
             raise ValueError("the CUDA step needs its table updates: build inputs with device_tables=True")
+        if updates.width != self.max_blocks:
+            raise ValueError(f"table updates for rows of {updates.width} blocks, not {self.max_blocks}")
         if updates.seats > self.padding_seat:  # the host's table grew (more live sequences than seats)
             shape = (updates.seats + 1, self.max_blocks)
-            grown = torch.full(shape, self.trash_block, dtype=torch.long, device=self.device)
-            grown[: self.padding_seat] = self.table[: self.padding_seat]
+            with torch.inference_mode(False):  # a plain tensor, as at start, whatever mode the step runs in
+                grown = torch.full(shape, self.trash_block, dtype=torch.long, device=self.device)
+                grown[: self.padding_seat] = self.table[: self.padding_seat]
             self.table = grown
         count = len(updates.index)
         if count:

@@ -140,40 +140,70 @@ def test_the_device_table_gets_only_the_entries_each_step_changed():
     assert copied.count(0) > 0  # decode steps where no sequence entered a new block copied nothing
 
 
+def test_sdpa_graph_rows_read_the_trash_block_past_their_blocks():
+    """The SDPA fallback's graphs read every entry of their block bucket, masked past each row's length: past
+    the step's blocks those entries are the trash block, not a block some other sequence holds (whose
+    values a masked read would still carry into the output were they NaN: 0 * NaN)."""
+    model = make_model()
+    engine = cuda_path_engine(model, max_num_seqs=5, block_size=4)
+    graphs = engine.runner.cuda_step.graphs
+    assert not graphs.paged
+    checked, run = [], graphs.run
+
+    def run_checked(staging, ids, positions, slots, lens, tables, seats, blocks, *args, **kwargs):
+        out = run(staging, ids, positions, slots, lens, tables, seats, blocks, *args, **kwargs)
+        b, nb = graphs.key(len(ids), blocks)
+        assert (graphs.tables[:b, blocks:nb] == graphs.trash_block).all()
+        checked.append(nb - blocks)
+        return out
+
+    graphs.run = run_checked
+    run_and_check(engine, model, make_prompts(8, 1, 60), OUTPUT_LENS)
+    assert sum(checked) > 0
+
+
 def test_the_device_table_grows_with_the_hosts_and_keeps_an_all_trash_padding_row():
     staging = PinnedStaging(torch.device("cpu"))
     tables = DeviceBlockTables(2, 4, trash_block=9, device=torch.device("cpu"))
     assert tables.padding_seat == 2 and (tables.table == 9).all()
     staging.begin_step()
     # seat 0's block 1, seat 1's block 0; then the host's table has grown to 4 seats
-    tables.apply(TableUpdates(2, np.array([1, 4]), np.array([3, 5])), staging)
-    grown = tables.apply(TableUpdates(4, np.array([3 * 4]), np.array([7])), staging)
+    tables.apply(TableUpdates(2, 4, np.array([1, 4]), np.array([3, 5])), staging)
+    grown = tables.apply(TableUpdates(4, 4, np.array([3 * 4]), np.array([7])), staging)
     assert grown.shape == (5, 4) and tables.padding_seat == 4
     assert grown[:2].tolist() == [[9, 3, 9, 9], [5, 9, 9, 9]] and grown[3].tolist() == [7, 9, 9, 9]
     assert (grown[2] == 9).all() and (grown[4] == 9).all()  # the old padding row is a seat like the others
     with pytest.raises(ValueError, match="device_tables"):
         tables.apply(None, staging)
+    with pytest.raises(ValueError, match="8 blocks"):
+        tables.apply(TableUpdates(4, 8, np.array([9]), np.array([1])), staging)
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-@pytest.mark.parametrize("fail_at", [1, 4])
-def test_a_step_failing_before_its_table_updates_arrive_leaves_no_stale_row(fail_at, async_scheduling):
-    """A step built (its sequences' new blocks logged as written) whose CUDA step fails before it copies
-    them: its sequences, retried, must write their rows again, or they read blocks the device never got
-    (the first step: every block of every prompt). Greedy output still equals HF's."""
+@pytest.mark.parametrize(("stage", "fail_at"), [("launch", 1), ("launch", 4), ("prepare", 3)])
+def test_a_step_failing_before_its_table_updates_arrive_leaves_no_stale_row(
+    stage, fail_at, async_scheduling, monkeypatch
+):
+    """A step built (its sequences' new blocks logged as written) that fails before the CUDA step copies
+    them, in the CUDA step itself or in the rest of its preparation (its sampling settings): its sequences,
+    retried, must write their rows again, or they read blocks the device never got (the first step: every
+    block of every prompt). Greedy output still equals HF's."""
+    import gpu.runner
+
     model = make_model()
     engine = cuda_path_engine(model, block_size=4, async_scheduling=async_scheduling)
-    step = engine.runner.cuda_step
-    calls, run = 0, step.run
+    step, sampling = engine.runner.cuda_step, gpu.runner.SamplingBatch
+    owner, name = (step, "run") if stage == "launch" else (sampling, "for_step")
+    calls, call = 0, getattr(owner, name)
 
     def fail_once(*args, **kwargs):
         nonlocal calls
         calls += 1
         if calls == fail_at:
             raise RuntimeError("injected")
-        return run(*args, **kwargs)
+        return call(*args, **kwargs)
 
-    step.run = fail_once
+    monkeypatch.setattr(owner, name, fail_once)
     prompts = make_prompts(6, 3, 30, seed=11)
     requests = make_requests(prompts, OUTPUT_LENS[:6])
     for request in requests:
@@ -186,6 +216,9 @@ def test_a_step_failing_before_its_table_updates_arrive_leaves_no_stale_row(fail
         except StepFailed as failed:
             failures += 1
             outs = failed.outputs
+        except RuntimeError:  # async scheduling: a step that failed before its launch raises as it is
+            failures += 1
+            outs = []
         for out in outs:
             tokens[out.request_id] += out.new_token_ids
     engine.close()
