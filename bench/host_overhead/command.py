@@ -85,8 +85,10 @@ def run(args: argparse.Namespace) -> int:
     from bench.report import default_json_path, write_json
 
     torch.set_num_threads(args.threads)
-    # Early rows decode while later ones prefill (1024 prompt tokens a step): room for those steps too.
-    prefill_steps = -(-max(batches) * args.prompt_len // 1024) + 8
+    # Early rows decode while later ones prefill (1024 tokens a step, the decoding rows' among them): room
+    # for those steps too.
+    batch = max(batches)
+    prefill_steps = -(-batch * args.prompt_len // max(1024 - batch, 64)) + 8
     max_context = args.prompt_len + prefill_steps + args.warmup + args.steps * args.reps + 1  # + op count
     # An engine per workload: their repetitions take turns, so the difference is measured side by side.
     engines = {
@@ -133,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
         "host_ms_without_argmax": each(
             lambda r: r.host_ms - (0.0 if argmax_off or r.workload != GREEDY else r.argmax_ms)
         ),
+        "table_update_bytes": each(lambda r: r.table_update_bytes),
+        "table_rows_bytes": each(lambda r: r.table_rows_bytes),
         "decode_steps": each(lambda r: r.decode_steps),
         "tokens": each(lambda r: r.tokens),
         "forward_calls": sum(stub.calls for _, stub in engines.values()),
@@ -155,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(payload: dict) -> str:
+    from bench.host_overhead.steps import GREEDY
     from bench.report import format_table
     from gpu.step_clock import PHASES
 
@@ -181,6 +186,11 @@ def render(payload: dict) -> str:
     extra = payload.get("sampled_minus_greedy_ms")
     differences = ", ".join(f"batch {b} {ms:+.3f}" for b, ms in (extra or {}).items())
     added = f"sampled - greedy, host ms (median of the rounds' differences): {differences}\n" if extra else ""
+    sent = payload.get("table_update_bytes", {}).get(GREEDY, {})
+    if any(sent.values()):  # --device-argmax
+        own = payload["table_rows_bytes"][GREEDY]
+        sizes = ", ".join(f"batch {b} {sent[b]:,.0f} B (its rows: {own[b]:,.0f} B)" for b in sent)
+        added += f"block table sent to the device per decode step (greedy): its updates, {sizes}\n"
     note = added + (
         "ms per decode step (medians); host = the step without the stub forward; argmax: inside sample\n"
         "sampler: its tensor work per step (inside sample), ops: the tensor operations it issues (kernel\n"

@@ -82,13 +82,20 @@ class StubDeviceStep:
     "on the device", as the decode graph returns it, so the sampler takes those ids and the host does
     exactly what it does around a graph step (the argmax itself is the device's, not timed here)."""
 
-    def __init__(self, stub: StubForward) -> None:
-        self.stub = stub
+    def __init__(self, stub: StubForward, block_size: int) -> None:
+        self.stub, self.block_size = stub, block_size
         self._greedy = torch.full((len(stub._logits),), stub.token, dtype=torch.int64)
+        # Block table bytes the steps would send the device: their updates (index and value, int64), and
+        # what a step's own rows up to its widest context come to (the per-step table sent before them)
+        self.update_bytes = self.rows_bytes = 0
 
     def run(self, inputs: StepInputs, before_forward: Any = None, lora: Any = None) -> Any:
         from gpu.cuda.step import StepLogits
 
+        meta = inputs.attention
+        if inputs.table_updates is not None:
+            self.update_bytes += 16 * len(inputs.table_updates.index)
+            self.rows_bytes += 8 * meta.num_decodes * -(-meta.max_decode_len // self.block_size)
         if before_forward is not None:  # placeholders filled "on the device", as the CUDA step does
             before_forward(inputs.input_ids)
         logits = self.stub(inputs, None, None)
@@ -163,6 +170,9 @@ class HostSteps:
     argmax_ms: float  # the sampler's argmax over the stub logits alone (device work on CUDA)
     decode_steps: int  # steps measured
     tokens: int  # tokens those steps returned (batch per step)
+    # --device-argmax: block table bytes per step sent to the device (its updates), and the step's rows
+    table_update_bytes: float = 0.0
+    table_rows_bytes: float = 0.0
     host_reps: tuple[float, ...] = ()  # host_ms of each repetition, in order (paired across workloads)
 
 
@@ -198,7 +208,7 @@ def stub_engine(
     if device_argmax:
         from gpu.logits_processors import LogitsState
 
-        engine.runner.cuda_step = StubDeviceStep(stub)  # type: ignore[assignment]
+        engine.runner.cuda_step = StubDeviceStep(stub, engine.config.block_size)  # type: ignore[assignment]
         engine.runner.inputs.device_tables = True  # as on CUDA: each step logs its block-table updates
         # as on CUDA: penalty counts on the "device" (gpu/penalty_counts.py), counted there
         engine._logits = LogitsState(engine.model.config.vocab_size, True, engine._seeds)
@@ -241,11 +251,14 @@ class HostRun:
         self.phase_ms: list[dict[str, float]] = []
         self.sampler_ms: list[float] = []
         self.steps = self.tokens = 0
+        self.table_bytes = [0, 0]  # updates, rows: over the steps timed
 
     def rep(self, steps: int) -> None:
         """Time `steps` decode steps."""
         engine = self.engine
         sampler = SamplerClock(engine.runner.forward.token if self.device_argmax else None)
+        device = engine.runner.cuda_step if self.device_argmax else None
+        sent = (device.update_bytes, device.rows_bytes) if device is not None else (0, 0)
         try:
             before = engine.clock.snapshot()
             start, cpu = time.perf_counter(), time.thread_time()
@@ -257,6 +270,9 @@ class HostRun:
             self.phase_ms.append({p: (after[p] - before[p]) / steps * 1000 for p in PHASES})
             self.sampler_ms.append(sampler.seconds / steps * 1000)
             self.steps += steps
+            if device is not None:
+                self.table_bytes[0] += device.update_bytes - sent[0]
+                self.table_bytes[1] += device.rows_bytes - sent[1]
         finally:
             sampler.close()
 
@@ -282,6 +298,8 @@ class HostRun:
             argmax_ms=_argmax_ms(self.engine, self.batch),
             decode_steps=self.steps,
             tokens=self.tokens,
+            table_update_bytes=self.table_bytes[0] / max(self.steps, 1),
+            table_rows_bytes=self.table_bytes[1] / max(self.steps, 1),
             host_reps=host_reps,
         )
 

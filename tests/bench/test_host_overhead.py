@@ -72,3 +72,8 @@ def test_host_overhead_with_the_argmax_on_the_device(tmp_path, monkeypatch):
         for batch in ("2", "3"):
             whole = sum(phases[batch].values()) - phases[batch]["forward"]
             assert host[batch] < whole  # the sampler's time is not the host's
+    # As on CUDA, a decode step sends the device its block table's updates: at most a new block a row,
+    # against the step's own rows up to its widest context (what a step sent before)
+    for batch in ("2", "3"):
+        sent, rows = (payload[key]["greedy"][batch] for key in ("table_update_bytes", "table_rows_bytes"))
+        assert sent < 16 * int(batch) <= rows  # rows of 2 blocks and more (20-token prompts, 16 a block)
