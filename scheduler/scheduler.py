@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections import Counter
 from collections.abc import Mapping
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
 
+from scheduler.adapter_slots import AdapterSlots
 from scheduler.budget import TokenBudget
 from scheduler.config import SchedulerConfig
 from scheduler.deadlines import DeadlineHeap
@@ -78,10 +78,7 @@ class Scheduler:
         # Sequences whose in-flight token is their last (max_tokens, max_model_len): not scheduled again.
         # Filled by AsyncScheduler.advance; always empty for synchronous steps.
         self._last_in_flight: set[Sequence] = set()
-        # LoRA: running sequences per adapter (at most config.max_loras adapters), and the adapter that
-        # takes no new sequences while another waits for a slot, so that it leaves (see _admit_waiting).
-        self._loras: dict[str, int] = {}
-        self._draining: str | None = None
+        self._adapters = AdapterSlots(config.max_loras)  # LoRA: which adapters run, which one drains
 
     # ---- requests in and out -------------------------------------------------------------------------
 
@@ -302,7 +299,7 @@ class Scheduler:
         (seats and blocks made now would only go to others)."""
         head = self._waiting.peek()
         freed: list[Sequence] = []  # an adapter's sequences, preempted for the head's slot
-        if head is not None and self._needs_slot(head):
+        if head is not None and self._adapters.needs_slot(head.lora):
             freed = lora_victims(head, self._running)
             if not freed:
                 return []
@@ -440,11 +437,11 @@ class Scheduler:
 
         LoRA: a sequence whose adapter cannot enter (max_loras adapters running already) is looked past,
         keeping its place, and so are, behind it, the sequences of one running adapter chosen to drain
-        (`_adapter_to_drain`): that adapter leaves once its sequences end, and the first waiting sequence
+        (`AdapterSlots.drain_one`): that adapter leaves once its sequences end, and the first waiting sequence
         that needs a slot takes it. Others behind it are admitted meanwhile (base sequences, other running
         adapters'), so the batch stays full and no sequence waits for ever."""
         chunks: list[ScheduledChunk] = []
-        waiting = self._waiting
+        waiting, adapters = self._waiting, self._adapters
         blocked = False  # a sequence waits for an adapter slot, ahead of those looked at now
         skipped = 0
         try:
@@ -452,15 +449,15 @@ class Scheduler:
                 seq = waiting.peek()
                 if seq is None:
                     if not blocked:
-                        self._draining = None  # nothing waits for a slot any more
+                        adapters.draining = None  # nothing waits for a slot any more
                     break
                 if seq in self._last_in_flight:  # its last token is in flight: it is ending
                     break
                 if seq.lora is not None and (
-                    self._needs_slot(seq) or (blocked and seq.lora == self._draining)
+                    adapters.needs_slot(seq.lora) or (blocked and seq.lora == adapters.draining)
                 ):
-                    if not blocked and self._draining is None and self._loras:
-                        self._draining = self._adapter_to_drain()
+                    if not blocked and adapters.draining is None and adapters.running:
+                        adapters.drain_one(s.lora for s in waiting)
                     blocked = True
                     skipped += 1
                     if skipped > LORA_LOOKAHEAD:  # bounded work per step; the head keeps its turn
@@ -473,33 +470,6 @@ class Scheduler:
             waiting.restore()
         return chunks
 
-    def _adapter_to_drain(self) -> str:
-        """The running adapter whose leaving holds back the least work: the fewest sequences waiting for
-        it (none: draining it delays nobody), then the fewest running (it leaves soonest)."""
-        waiting = Counter(seq.lora for seq in self._waiting if seq.lora in self._loras)
-        return min(self._loras, key=lambda lora: (waiting[lora], self._loras[lora], lora))
-
-    def _needs_slot(self, seq: Sequence) -> bool:
-        """Its adapter is not running and every slot is taken."""
-        return (
-            seq.lora is not None and seq.lora not in self._loras and len(self._loras) >= self.config.max_loras
-        )
-
-    def _lora_enter(self, seq: Sequence) -> None:
-        if seq.lora is not None:
-            self._loras[seq.lora] = self._loras.get(seq.lora, 0) + 1
-
-    def _lora_leave(self, seq: Sequence) -> None:
-        if seq.lora is None:
-            return
-        left = self._loras[seq.lora] - 1
-        if left:
-            self._loras[seq.lora] = left
-            return
-        del self._loras[seq.lora]
-        if self._draining == seq.lora:
-            self._draining = None
-
     def _admit(self, seq: Sequence, budget: TokenBudget, chunks: list[ScheduledChunk]) -> bool:
         """Admit the head of the waiting queue with its first chunk, if its blocks fit."""
         cached = self._cached_prefix(seq)
@@ -510,7 +480,7 @@ class Scheduler:
         self._waiting.remove(seq)
         seq.status = SequenceStatus.RUNNING
         self._running.append(seq)
-        self._lora_enter(seq)
+        self._adapters.enter(seq.lora)
         self._running_sorted = False
         self._prefix_hit_tokens += num_cached_tokens
         chunks.append(self._chunk(seq, n, budget))
@@ -549,7 +519,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence, now: float) -> None:
         """Recompute-style preemption: drop its KV, keep its tokens, back to the front of its class."""
         self._running.remove(seq)
-        self._lora_leave(seq)
+        self._adapters.leave(seq.lora)
         self.kv.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
@@ -568,7 +538,7 @@ class Scheduler:
                 self.kv.allocate(child, 0, group.shared_prefix(child, self.kv.block_size, self.kv.window))
                 child.status = SequenceStatus.RUNNING
                 self._running.append(child)
-                self._lora_enter(child)
+                self._adapters.enter(child.lora)
                 self._running_sorted = False
             else:
                 child.status = SequenceStatus.WAITING
@@ -579,7 +549,7 @@ class Scheduler:
         """The one place a live sequence ends: its blocks are freed here, exactly once."""
         if seq.status is SequenceStatus.RUNNING:
             self._running.remove(seq)
-            self._lora_leave(seq)
+            self._adapters.leave(seq.lora)
             self.kv.free(seq)
         elif seq.status is SequenceStatus.WAITING:
             self._waiting.remove(seq)  # waiting sequences hold no blocks
