@@ -12,7 +12,9 @@ decode graph does, the engine keeps penalty counts on the device as on CUDA, and
 work is the stand-in device's, as the forward is (not run: a sampled row's token is the stub's): host time
 is what the host does beside the device, settings built, copied and tokens read back included. The
 sampler's tensor operations per step are counted in a step of their own (each at least one kernel launch
-on CUDA, host time that a measurement on the CPU cannot separate from the kernels' work).
+on CUDA, host time that a measurement on the CPU cannot separate from the kernels' work). The inputs are
+built as on CUDA, the block table's updates logged for the device's copy: what a decode step sends is printed
+beside the step's own rows up to its widest context (what a step sent before those updates).
 
 Then the kernel launches of the CUDA step's eager prefill and mixed steps, per layer
 (bench/host_overhead/launches.py).
