@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from gpu.engine import Engine, EngineConfig, EngineRequest
+from gpu.engine_types import StepFailed
 from gpu.generation_config import eos_token_ids
 from gpu.model import LoadedModel, build_default, default_config
 from gpu.tokenizer import ByteTokenizer
@@ -126,3 +127,27 @@ def run_to_end(engine: Any, requests: list[EngineRequest]) -> dict[str, list]:
         for out in engine.step():
             outs.setdefault(out.request_id, []).append(out)
     return outs
+
+
+def run_through_failures(
+    engine: Engine, requests: list[EngineRequest]
+) -> tuple[dict[str, list[int]], list[Exception]]:
+    """Add the requests and step the engine until they finish, as a worker's loop does: a step that fails is
+    recorded, its outputs kept, and stepping goes on. Returns each request's tokens and the failures: each a
+    StepFailed, or the step's own RuntimeError where async scheduling raised it before the step's launch."""
+    for request in requests:
+        engine.add_request(request)
+    tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    failures: list[Exception] = []
+    while engine.has_unfinished():
+        try:
+            outs = engine.step()
+        except StepFailed as failed:
+            failures.append(failed)
+            outs = failed.outputs
+        except RuntimeError as exc:
+            failures.append(exc)
+            outs = []
+        for out in outs:
+            tokens[out.request_id] += out.new_token_ids
+    return tokens, failures

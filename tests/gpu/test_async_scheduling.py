@@ -14,7 +14,7 @@ import pytest
 from gpu.engine import Engine, EngineRequest
 from gpu.engine_types import GrammarSpec, StepFailed
 from scheduler.types import FinishReason, SamplingParams
-from tests.gpu.factories import greedy, make_engine, make_prompts
+from tests.gpu.factories import greedy, make_engine, make_prompts, run_through_failures
 
 # A step of the caller: called after each step() with the engine and the outputs so far (per request).
 Hook = Callable[[Engine, dict[str, list[tuple]]], None]
@@ -223,21 +223,11 @@ def test_a_failed_step_rolls_back_and_the_requests_still_finish(fail_at: int):
             raise RuntimeError("injected")
 
     engine.fault_hook = fail_once
-    for request in requests:
-        engine.add_request(request)
-    tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
-    failures = 0
-    while engine.has_unfinished():
-        try:
-            outs = engine.step()
-        except StepFailed as failed:
-            failures += 1
-            assert failed.seq_ids and isinstance(failed.__cause__, RuntimeError)
-            outs = failed.outputs
-        for out in outs:
-            tokens[out.request_id] += out.new_token_ids
+    tokens, failures = run_through_failures(engine, requests)
     engine.close()
-    assert failures == 1 and tokens == want and engine.stats().kv_blocks_used == 0
+    [failed] = failures
+    assert isinstance(failed, StepFailed) and failed.seq_ids and isinstance(failed.__cause__, RuntimeError)
+    assert tokens == want and engine.stats().kv_blocks_used == 0
 
 
 def test_cuda_step_logic_on_the_worker_thread_matches_hf():

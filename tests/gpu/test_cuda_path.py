@@ -14,12 +14,18 @@ from gpu.cuda.graphs import IDS, LENS, POSITIONS, SLOTS, DecodeGraphs, DecodeOut
 from gpu.cuda.staging import PinnedStaging
 from gpu.cuda.step import CudaStep
 from gpu.cuda.tables import DeviceBlockTables
-from gpu.engine_types import StepFailed
 from gpu.forward import LlamaForward
 from gpu.inputs import TableUpdates
 from gpu.kv_cache import KVCache, KVShape
 from gpu.lora.manager import LoraManager
-from tests.gpu.factories import assert_matches_hf, make_engine, make_model, make_prompts, make_requests
+from tests.gpu.factories import (
+    assert_matches_hf,
+    make_engine,
+    make_model,
+    make_prompts,
+    make_requests,
+    run_through_failures,
+)
 from tests.gpu.test_attention import BLOCK, DIM, HEADS, KV_HEADS, dense_reference, run_step
 from tests.gpu.test_gold import OUTPUT_LENS, run_and_check
 
@@ -206,23 +212,9 @@ def test_a_step_failing_before_its_table_updates_arrive_leaves_no_stale_row(
     monkeypatch.setattr(owner, name, fail_once)
     prompts = make_prompts(6, 3, 30, seed=11)
     requests = make_requests(prompts, OUTPUT_LENS[:6])
-    for request in requests:
-        engine.add_request(request)
-    tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
-    failures = 0
-    while engine.has_unfinished():
-        try:
-            outs = engine.step()
-        except StepFailed as failed:
-            failures += 1
-            outs = failed.outputs
-        except RuntimeError:  # async scheduling: a step that failed before its launch raises as it is
-            failures += 1
-            outs = []
-        for out in outs:
-            tokens[out.request_id] += out.new_token_ids
+    tokens, failures = run_through_failures(engine, requests)
     engine.close()
-    assert failures == 1
+    assert len(failures) == 1  # a StepFailed, or (async, before the launch) the step's own error
     for request, prompt in zip(requests, prompts, strict=True):
         assert_matches_hf(model, prompt, tokens[request.request_id], request.sampling.max_tokens)
 
